@@ -1,0 +1,557 @@
+//! Configuration: embedded defaults, then the config file, then `LANEWAY_*`
+//! environment variables; unknown keys rejected; every problem reported at
+//! once with its key path.
+//!
+//! Loading is split from validation so a reload can check a new config
+//! completely before anything uses it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+use crate::op::Priority;
+
+/// The defaults, compiled in: the documented file is the defaults.
+pub const DEFAULTS: &str = include_str!("../../../config/default.toml");
+
+/// Environment variables with this prefix set config keys.
+pub const ENV_PREFIX: &str = "LANEWAY_";
+
+/// `LANEWAY_*` variables that are not config keys.
+const ENV_RESERVED: [&str; 2] = ["LANEWAY_CONFIG", "LANEWAY_LOG"];
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// `[database]`
+    pub database: DatabaseConfig,
+    /// `[queue]`
+    pub queue: QueueConfig,
+    /// `[kinds.NAME]`
+    pub kinds: BTreeMap<String, KindConfig>,
+}
+
+/// `[database]`
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct DatabaseConfig {
+    /// `sqlite:FILE` or `postgres://…`.
+    pub url: String,
+    /// Pool size (PostgreSQL) or reader connections (SQLite).
+    pub max_connections: u32,
+    /// Connection acquire timeout.
+    pub connect_timeout_ms: u64,
+    /// SQLite-only settings.
+    pub sqlite: SqliteConfig,
+}
+
+/// `[database.sqlite]`
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct SqliteConfig {
+    /// Durability of a commit.
+    pub synchronous: Synchronous,
+    /// Write-lock wait per connection.
+    pub busy_timeout_ms: u64,
+}
+
+/// SQLite `synchronous` levels laneway allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Synchronous {
+    /// Durable through power loss.
+    Full,
+    /// Durable through a process crash only.
+    Normal,
+}
+
+/// `[queue]`
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct QueueConfig {
+    /// Largest payload accepted.
+    pub max_payload_bytes: usize,
+    /// Claim duration.
+    pub lease_ms: u64,
+    /// Most ops per claim.
+    pub claim_batch: u32,
+}
+
+/// Whether a kind's ops must name lanes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LanePresence {
+    /// At least one lane.
+    Required,
+    /// Zero lanes allowed (the op gets a lane of its own).
+    Optional,
+}
+
+/// How a kind's lanes order its ops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LaneMode {
+    /// Per-lane FIFO that holds under failure (seed 000).
+    Strict,
+    /// Mutual exclusion with an in-flight cap (seed 003 signer lanes).
+    Serial,
+}
+
+/// `[kinds.NAME]`
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct KindConfig {
+    /// Default priority for enqueues that do not name one.
+    #[serde(default = "default_priority")]
+    pub priority: Priority,
+    /// Whether lanes are required.
+    #[serde(default = "default_lanes")]
+    pub lanes: LanePresence,
+    /// Lane ordering.
+    #[serde(default = "default_lane_mode")]
+    pub lane_mode: LaneMode,
+}
+
+fn default_priority() -> Priority {
+    Priority::Normal
+}
+
+fn default_lanes() -> LanePresence {
+    LanePresence::Required
+}
+
+fn default_lane_mode() -> LaneMode {
+    LaneMode::Strict
+}
+
+/// One thing wrong with the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// Dotted key path (`database.sqlite.synchronous`), or the file or
+    /// variable when the problem is not a key.
+    pub path: String,
+    /// What was wrong and what was expected.
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+/// Errors from loading configuration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// Every problem found, in key order.
+    #[error("invalid configuration ({} problem{}):\n{}", .0.len(), if .0.len() == 1 { "" } else { "s" }, list(.0))]
+    Invalid(Vec<Problem>),
+}
+
+impl ConfigError {
+    /// The problems found.
+    pub fn problems(&self) -> &[Problem] {
+        match self {
+            ConfigError::Invalid(p) => p,
+        }
+    }
+}
+
+fn list(problems: &[Problem]) -> String {
+    problems
+        .iter()
+        .map(|p| format!("  - {p}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Where the config file comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileSource {
+    /// Named explicitly: it must exist.
+    Explicit(PathBuf),
+    /// The default path: used if it exists.
+    Default(PathBuf),
+}
+
+impl FileSource {
+    /// The default config file, `./laneway.toml`.
+    pub fn default_path() -> Self {
+        FileSource::Default(PathBuf::from("laneway.toml"))
+    }
+}
+
+/// Loads and validates the configuration from all three layers.
+///
+/// # Errors
+///
+/// [`ConfigError::Invalid`] with every problem found.
+pub fn load(file: &FileSource, env: impl IntoIterator<Item = (String, String)>) -> Result<Config, ConfigError> {
+    let mut problems = Vec::new();
+    let mut merged = parse_table(DEFAULTS, "built-in defaults", &mut problems);
+
+    let file_text = match file {
+        FileSource::Explicit(path) => match std::fs::read_to_string(path) {
+            Ok(text) => Some((text, path.clone())),
+            Err(e) => {
+                problems.push(Problem {
+                    path: path.display().to_string(),
+                    message: format!("cannot read config file: {e}"),
+                });
+                None
+            }
+        },
+        FileSource::Default(path) => std::fs::read_to_string(path).ok().map(|t| (t, path.clone())),
+    };
+    if let Some((text, path)) = file_text {
+        let table = parse_table(&text, &path.display().to_string(), &mut problems);
+        merge(&mut merged, table);
+    }
+    merge(&mut merged, env_table(env, &mut problems));
+
+    if !problems.is_empty() {
+        return Err(ConfigError::Invalid(problems));
+    }
+    from_table(merged)
+}
+
+/// Loads only the defaults plus a TOML string (tests, examples).
+///
+/// # Errors
+///
+/// [`ConfigError::Invalid`] with every problem found.
+pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
+    let mut problems = Vec::new();
+    let mut merged = parse_table(DEFAULTS, "built-in defaults", &mut problems);
+    let table = parse_table(text, "config", &mut problems);
+    merge(&mut merged, table);
+    if !problems.is_empty() {
+        return Err(ConfigError::Invalid(problems));
+    }
+    from_table(merged)
+}
+
+fn parse_table(text: &str, origin: &str, problems: &mut Vec<Problem>) -> toml::Table {
+    match text.parse::<toml::Table>() {
+        Ok(t) => t,
+        Err(e) => {
+            problems.push(Problem {
+                path: origin.to_owned(),
+                message: format!("not valid TOML: {}", e.message()),
+            });
+            toml::Table::new()
+        }
+    }
+}
+
+/// Turns `LANEWAY_A__B=value` into `{a = {b = value}}`. A value that parses as
+/// a TOML value (number, boolean, array, quoted string) is taken as that;
+/// anything else is a string.
+fn env_table(env: impl IntoIterator<Item = (String, String)>, problems: &mut Vec<Problem>) -> toml::Table {
+    let mut table = toml::Table::new();
+    for (name, raw) in env {
+        let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
+            continue;
+        };
+        if ENV_RESERVED.contains(&name.as_str()) {
+            continue;
+        }
+        let path: Vec<String> = rest.split("__").map(str::to_ascii_lowercase).collect();
+        if path.iter().any(String::is_empty) {
+            problems.push(Problem {
+                path: name.clone(),
+                message: "environment variable does not name a key path (use LANEWAY_SECTION__KEY)".to_owned(),
+            });
+            continue;
+        }
+        let value = format!("v = {raw}")
+            .parse::<toml::Table>()
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .unwrap_or(toml::Value::String(raw));
+        if !insert_path(&mut table, &path, value) {
+            problems.push(Problem {
+                path: name.clone(),
+                message: "sets a key inside a value that is not a table".to_owned(),
+            });
+        }
+    }
+    table
+}
+
+/// Sets `path` in `table`, creating intermediate tables; `false` when a
+/// parent on the path is not a table.
+fn insert_path(table: &mut toml::Table, path: &[String], value: toml::Value) -> bool {
+    match path {
+        [] => false,
+        [last] => {
+            table.insert(last.clone(), value);
+            true
+        }
+        [first, rest @ ..] => match table
+            .entry(first.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+        {
+            toml::Value::Table(inner) => insert_path(inner, rest, value),
+            _ => false,
+        },
+    }
+}
+
+/// Deep-merges `over` into `base`; tables merge, anything else replaces.
+fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (key, value) in over {
+        match (base.get_mut(&key), value) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            (_, v) => {
+                base.insert(key, v);
+            }
+        }
+    }
+}
+
+fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
+    let mut problems = Vec::new();
+    let database = section::<DatabaseConfig>(&mut table, "database", &mut problems);
+    let queue = section::<QueueConfig>(&mut table, "queue", &mut problems);
+    let mut kinds = BTreeMap::new();
+    match table.remove("kinds") {
+        Some(toml::Value::Table(kind_tables)) => {
+            for (name, value) in kind_tables {
+                let path = format!("kinds.{name}");
+                if let Some(kind) = typed::<KindConfig>(value, &path, &mut problems) {
+                    kinds.insert(name, kind);
+                }
+            }
+        }
+        Some(_) => problems.push(Problem {
+            path: "kinds".to_owned(),
+            message: "expected a table of kinds".to_owned(),
+        }),
+        None => {}
+    }
+    for key in table.keys() {
+        problems.push(Problem {
+            path: key.clone(),
+            message: "unknown key (expected one of: database, queue, kinds)".to_owned(),
+        });
+    }
+    if let (Some(database), Some(queue)) = (database, queue) {
+        let config = Config { database, queue, kinds };
+        problems.extend(validate(&config));
+        if problems.is_empty() {
+            return Ok(config);
+        }
+    }
+    problems.sort_by(|a, b| a.path.cmp(&b.path));
+    Err(ConfigError::Invalid(problems))
+}
+
+fn section<T: DeserializeOwned>(table: &mut toml::Table, key: &str, problems: &mut Vec<Problem>) -> Option<T> {
+    match table.remove(key) {
+        Some(value) => typed(value, key, problems),
+        None => {
+            problems.push(Problem {
+                path: key.to_owned(),
+                message: "missing section".to_owned(),
+            });
+            None
+        }
+    }
+}
+
+/// Deserializes one value, recording a type error with its full path and
+/// every unknown key beneath it (not only the first).
+fn typed<T: DeserializeOwned>(value: toml::Value, prefix: &str, problems: &mut Vec<Problem>) -> Option<T> {
+    let mut unknown = Vec::new();
+    let result: Result<T, _> = {
+        let mut record = |path: serde_ignored::Path<'_>| unknown.push(path.to_string());
+        let de = serde_ignored::Deserializer::new(value, &mut record);
+        serde_path_to_error::deserialize(de)
+    };
+    let join = |inner: &str| {
+        if inner.is_empty() || inner == "." {
+            prefix.to_owned()
+        } else {
+            format!("{prefix}.{inner}")
+        }
+    };
+    for path in &unknown {
+        problems.push(Problem {
+            path: join(path),
+            message: "unknown key".to_owned(),
+        });
+    }
+    match result {
+        Ok(v) => Some(v),
+        Err(e) => {
+            let path = join(&e.path().to_string());
+            problems.push(Problem {
+                path,
+                message: e.into_inner().to_string(),
+            });
+            None
+        }
+    }
+}
+
+/// Checks values that parse but make no sense.
+fn validate(config: &Config) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let mut bad = |path: &str, message: String| {
+        problems.push(Problem {
+            path: path.to_owned(),
+            message,
+        })
+    };
+    let url = &config.database.url;
+    if !(url.starts_with("sqlite:") || url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        bad(
+            "database.url",
+            format!("expected sqlite:FILE or postgres://…, got {:?}", crate::queue::redact_url(url)),
+        );
+    }
+    if config.database.max_connections == 0 {
+        bad("database.max_connections", "expected at least 1".to_owned());
+    }
+    if config.database.connect_timeout_ms == 0 {
+        bad("database.connect_timeout_ms", "expected at least 1".to_owned());
+    }
+    const MAX_PAYLOAD: usize = 64 * 1024 * 1024;
+    if !(1..=MAX_PAYLOAD).contains(&config.queue.max_payload_bytes) {
+        bad(
+            "queue.max_payload_bytes",
+            format!("expected 1 to {MAX_PAYLOAD}, got {}", config.queue.max_payload_bytes),
+        );
+    }
+    if config.queue.lease_ms < 1000 {
+        bad(
+            "queue.lease_ms",
+            format!("expected at least 1000 (a lease shorter than a second expires under load), got {}", config.queue.lease_ms),
+        );
+    }
+    if !(1..=10_000).contains(&config.queue.claim_batch) {
+        bad(
+            "queue.claim_batch",
+            format!("expected 1 to 10000, got {}", config.queue.claim_batch),
+        );
+    }
+    for name in config.kinds.keys() {
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+            bad(
+                &format!("kinds.{name}"),
+                "kind names are letters, digits, '_' and '-'".to_owned(),
+            );
+        }
+    }
+    problems
+}
+
+impl Config {
+    /// The queue limits this config sets.
+    pub fn limits(&self) -> crate::queue::Limits {
+        crate::queue::Limits {
+            max_payload_bytes: self.queue.max_payload_bytes,
+        }
+    }
+
+    /// The config a kind runs with.
+    ///
+    /// # Errors
+    ///
+    /// A message listing the configured kinds when `kind` is not one.
+    pub fn kind(&self, kind: &str) -> Result<&KindConfig, String> {
+        self.kinds.get(kind).ok_or_else(|| {
+            format!(
+                "unknown kind {kind:?} (configured kinds: {})",
+                self.kinds.keys().cloned().collect::<Vec<_>>().join(", ")
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    #[test]
+    fn defaults_alone_are_valid() {
+        let config = from_toml_str("").expect("defaults");
+        assert_eq!(config.database.url, "sqlite://laneway.db");
+        assert_eq!(config.database.sqlite.synchronous, Synchronous::Full);
+        assert_eq!(config.queue.max_payload_bytes, 1024 * 1024);
+        assert_eq!(config.kind("withdraw").map(|k| k.priority), Ok(Priority::Critical));
+        assert_eq!(config.kind("rebalance").map(|k| k.lane_mode), Ok(LaneMode::Serial));
+    }
+
+    #[test]
+    fn file_then_env_override_defaults() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("laneway.toml");
+        std::fs::write(&path, "[queue]\nlease_ms = 5000\n[database]\nurl = \"sqlite://a.db\"\n").expect("write");
+        let config = load(
+            &FileSource::Explicit(path),
+            env(&[
+                ("LANEWAY_DATABASE__URL", "postgres://u@h/db"),
+                ("LANEWAY_DATABASE__SQLITE__SYNCHRONOUS", "normal"),
+                ("LANEWAY_CONFIG", "ignored"),
+                ("HOME", "/root"),
+            ]),
+        )
+        .expect("valid");
+        assert_eq!(config.queue.lease_ms, 5000);
+        assert_eq!(config.database.url, "postgres://u@h/db");
+        assert_eq!(config.database.sqlite.synchronous, Synchronous::Normal);
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once_with_its_path() {
+        let err = from_toml_str(
+            r#"
+            colour = "blue"
+            [database]
+            url = "mysql://nope"
+            max_connections = 0
+            [database.sqlite]
+            synchronous = "sometimes"
+            [queue]
+            lease_ms = 10
+            claim_btach = 5
+            [kinds.fancy]
+            priority = "urgent"
+            "#,
+        )
+        .unwrap_err();
+        let paths: Vec<&str> = err.problems().iter().map(|p| p.path.as_str()).collect();
+        assert!(paths.contains(&"colour"), "{err}");
+        assert!(paths.contains(&"database.sqlite.synchronous"), "{err}");
+        assert!(paths.contains(&"queue.claim_btach"), "{err}");
+        assert!(paths.contains(&"kinds.fancy.priority"), "{err}");
+        let text = err.to_string();
+        assert!(text.contains("sometimes"), "{text}");
+        assert!(text.contains("urgent"), "{text}");
+    }
+
+    #[test]
+    fn semantic_problems_are_all_reported() {
+        let err = from_toml_str("[database]\nurl = \"mysql://x\"\nmax_connections = 0\n[queue]\nlease_ms = 10\n").unwrap_err();
+        let paths: Vec<&str> = err.problems().iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(paths, vec!["database.max_connections", "database.url", "queue.lease_ms"], "{err}");
+    }
+
+    #[test]
+    fn a_missing_explicit_file_is_an_error_but_a_missing_default_is_not() {
+        let missing = PathBuf::from("/nonexistent/laneway.toml");
+        assert!(load(&FileSource::Explicit(missing.clone()), env(&[])).is_err());
+        assert!(load(&FileSource::Default(missing), env(&[])).is_ok());
+    }
+
+    #[test]
+    fn unknown_env_keys_are_rejected_with_the_variable_path() {
+        let err = load(&FileSource::Default(PathBuf::from("/nonexistent")), env(&[("LANEWAY_QUEUE__LEASE", "1")])).unwrap_err();
+        assert_eq!(err.problems()[0].path, "queue.lease", "{err}");
+    }
+}

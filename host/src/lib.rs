@@ -1,0 +1,13 @@
+//! laneway: a WebAssembly-pluggable delivery host.
+//!
+//! The host owns the durable queue ([`queue`]), the op lifecycle ([`op`]),
+//! configuration ([`config`]) and the operator CLI ([`cli`]). See
+//! `ARCHITECTURE.md` for the map and the invariants.
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod enqueue;
+pub mod op;
+pub mod queue;

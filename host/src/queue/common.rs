@@ -1,0 +1,148 @@
+//! Checks and helpers both backends share, so they reject the same input in
+//! the same words.
+
+use chrono::{DateTime, SubsecRound, Utc};
+
+use super::{Limits, NewOp, QueueError};
+
+/// Longest outbox, kind, lane, key, subject or correlation id accepted.
+const MAX_NAME_BYTES: usize = 2048;
+
+/// Checks an op before anything is written, and returns it with duplicate
+/// lanes dropped (first occurrence kept).
+///
+/// # Errors
+///
+/// [`QueueError::InvalidOp`] naming the first problem found.
+pub fn validate_new_op(op: &NewOp, limits: Limits) -> Result<NewOp, QueueError> {
+    let invalid = |msg: String| Err(QueueError::InvalidOp(msg));
+    for (field, value) in [("outbox", Some(&op.outbox)), ("kind", Some(&op.kind))]
+        .into_iter()
+        .chain([
+            ("idempotency_key", op.idempotency_key.as_ref()),
+            ("coalesce_key", op.coalesce_key.as_ref()),
+            ("subject", op.subject.as_ref()),
+            ("correlation_id", op.correlation_id.as_ref()),
+        ])
+    {
+        if let Some(value) = value {
+            if value.trim().is_empty() {
+                return invalid(format!("{field} must not be empty"));
+            }
+            if value.len() > MAX_NAME_BYTES {
+                return invalid(format!("{field} is {} bytes, over the {MAX_NAME_BYTES}-byte limit", value.len()));
+            }
+        }
+    }
+    if op.payload.len() > limits.max_payload_bytes {
+        return invalid(format!(
+            "payload is {} bytes, over the {}-byte limit",
+            op.payload.len(),
+            limits.max_payload_bytes
+        ));
+    }
+    if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&op.payload) {
+        return invalid(format!("payload is not valid JSON: {e}"));
+    }
+    let mut lanes: Vec<String> = Vec::with_capacity(op.lanes.len());
+    for lane in &op.lanes {
+        if lane.trim().is_empty() {
+            return invalid("lane names must not be empty".to_owned());
+        }
+        if lane.len() > MAX_NAME_BYTES {
+            return invalid(format!("a lane is {} bytes, over the {MAX_NAME_BYTES}-byte limit", lane.len()));
+        }
+        if !lanes.contains(lane) {
+            lanes.push(lane.clone());
+        }
+    }
+    Ok(NewOp { lanes, ..op.clone() })
+}
+
+/// Compares the migrations applied to a database with those this binary
+/// carries.
+///
+/// # Errors
+///
+/// [`QueueError::SchemaTooNew`] when the database has a version this binary
+/// does not know; [`QueueError::SchemaBehind`] when one it knows is missing.
+pub fn check_versions(applied: &[i64], known: &[i64]) -> Result<(), QueueError> {
+    let newest_known = known.iter().copied().max().unwrap_or(0);
+    if let Some(found) = applied.iter().copied().filter(|v| !known.contains(v)).max() {
+        return Err(QueueError::SchemaTooNew {
+            found,
+            known: newest_known,
+        });
+    }
+    if let Some(missing) = known.iter().copied().filter(|v| !applied.contains(v)).min() {
+        return Err(QueueError::SchemaBehind { missing });
+    }
+    Ok(())
+}
+
+/// Now, cut to whole milliseconds so both backends store the same instant.
+pub fn now_ms(clock: &dyn crate::clock::Clock) -> DateTime<Utc> {
+    clock.now().trunc_subsecs(3)
+}
+
+/// A std duration as a chrono one, saturating instead of failing.
+pub fn chrono_duration(d: std::time::Duration) -> chrono::Duration {
+    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(payload: &str) -> NewOp {
+        NewOp::new("actor", "activitypub", payload)
+    }
+
+    #[test]
+    fn valid_op_keeps_first_occurrence_of_each_lane() {
+        let mut o = op(r#"{"a":1}"#);
+        o.lanes = vec!["b".into(), "a".into(), "b".into()];
+        let checked = validate_new_op(&o, Limits::default()).expect("valid");
+        assert_eq!(checked.lanes, vec!["b".to_owned(), "a".to_owned()]);
+    }
+
+    #[test]
+    fn malformed_json_is_rejected_with_the_parser_message() {
+        let err = validate_new_op(&op("{nope"), Limits::default()).unwrap_err();
+        assert!(err.to_string().starts_with("invalid op: payload is not valid JSON"), "{err}");
+    }
+
+    #[test]
+    fn payload_over_the_limit_is_rejected_before_parsing() {
+        let limits = Limits { max_payload_bytes: 8 };
+        let err = validate_new_op(&op(r#"{"long":"value"}"#), limits).unwrap_err();
+        assert_eq!(err.to_string(), "invalid op: payload is 16 bytes, over the 8-byte limit");
+    }
+
+    #[test]
+    fn empty_names_are_rejected() {
+        let mut o = op("{}");
+        o.outbox = " ".into();
+        assert!(validate_new_op(&o, Limits::default()).is_err());
+        let mut o = op("{}");
+        o.lanes = vec![String::new()];
+        assert!(validate_new_op(&o, Limits::default()).is_err());
+        let mut o = op("{}");
+        o.idempotency_key = Some(String::new());
+        assert!(validate_new_op(&o, Limits::default()).is_err());
+    }
+
+    #[test]
+    fn schema_versions_are_compared_both_ways() {
+        assert!(check_versions(&[1, 2], &[1, 2]).is_ok());
+        assert!(matches!(
+            check_versions(&[1], &[1, 2]),
+            Err(QueueError::SchemaBehind { missing: 2 })
+        ));
+        assert!(matches!(
+            check_versions(&[1, 2, 3], &[1, 2]),
+            Err(QueueError::SchemaTooNew { found: 3, known: 2 })
+        ));
+        assert!(matches!(check_versions(&[], &[1]), Err(QueueError::SchemaBehind { missing: 1 })));
+    }
+}

@@ -1,0 +1,433 @@
+//! The durable queue: one [`Queue`] trait, two backends (SQLite embedded,
+//! PostgreSQL shared by several hosts), and the only place in laneway that
+//! issues SQL.
+//!
+//! Every op stays in the database until it reaches a terminal state. A claim
+//! is a committed `submitted` row carrying a lease (owner, token, expiry); no
+//! transaction is held open while an op is delivered. Every change a
+//! dispatcher makes is a compare-and-set on the status, attempt number and
+//! lease token it claimed with, so a stale dispatcher can never overwrite a
+//! newer state. Operator changes are a compare-and-set on the status.
+
+mod common;
+pub mod postgres;
+pub mod sqlite;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::clock::Clock;
+use crate::config::DatabaseConfig;
+use crate::op::{Attempt, AttemptRecord, IllegalTransition, Lease, Op, OpId, Priority, Status};
+
+pub use common::validate_new_op;
+
+/// Which database a queue lives in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// Embedded, one file, one machine.
+    Sqlite,
+    /// Shared by several hosts.
+    Postgres,
+}
+
+/// Errors from the queue layer. Variants name decisions a caller makes.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// The database could not be reached or opened.
+    #[error("cannot open database {url}: {source}")]
+    Unreachable {
+        /// The URL with any password removed.
+        url: String,
+        /// The driver's error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The URL names no backend laneway supports.
+    #[error("unsupported database url {0:?} (expected sqlite:… or postgres://…)")]
+    UnsupportedUrl(String),
+    /// The schema is older than this laneway; `laneway migrate` fixes it.
+    #[error("database schema is behind this laneway (missing migration {missing}); run `laneway migrate`")]
+    SchemaBehind {
+        /// The first migration version not applied.
+        missing: i64,
+    },
+    /// The schema was written by a newer laneway; this one must not touch it.
+    #[error("database schema version {found} is newer than this laneway knows ({known}); upgrade laneway")]
+    SchemaTooNew {
+        /// The newest version applied to the database.
+        found: i64,
+        /// The newest version this binary carries.
+        known: i64,
+    },
+    /// Applying migrations failed.
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The op is malformed; nothing was written.
+    #[error("invalid op: {0}")]
+    InvalidOp(String),
+    /// No op has that id.
+    #[error("op {0} not found")]
+    NotFound(OpId),
+    /// An operator action the op's status does not allow.
+    #[error("op {id}: {source}")]
+    Illegal {
+        /// The op.
+        id: OpId,
+        /// Why.
+        #[source]
+        source: IllegalTransition,
+    },
+    /// The change conflicts with another op or a concurrent writer.
+    #[error("op {id}: {message}")]
+    Conflict {
+        /// The op (0 when it was never written).
+        id: OpId,
+        /// What conflicted.
+        message: String,
+    },
+    /// A row holds a value no laneway writes (hand-edited, or corrupt).
+    #[error("op {id} has an unreadable {column}: {value:?}")]
+    Corrupt {
+        /// The op.
+        id: OpId,
+        /// The column.
+        column: &'static str,
+        /// What was found.
+        value: String,
+    },
+    /// Any other database failure; the operation had no effect.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// An op to enqueue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NewOp {
+    /// The queue the op belongs to.
+    pub outbox: String,
+    /// The executor kind.
+    pub kind: String,
+    /// Priority tier.
+    pub priority: Priority,
+    /// Lanes (recipients, signer accounts); duplicates are dropped.
+    pub lanes: Vec<String>,
+    /// JSON text, stored exactly as given.
+    pub payload: String,
+    /// Unique per outbox forever; a repeat returns the existing op.
+    pub idempotency_key: Option<String>,
+    /// Unique among the outbox's non-terminal ops; a repeat is declined.
+    pub coalesce_key: Option<String>,
+    /// The user or actor the op acts for.
+    pub subject: Option<String>,
+    /// What a dead letter relates to.
+    pub correlation_id: Option<String>,
+    /// Not before this time (default: now).
+    pub not_before: Option<DateTime<Utc>>,
+}
+
+impl NewOp {
+    /// An op with the given identity and payload and every option unset.
+    pub fn new(outbox: impl Into<String>, kind: impl Into<String>, payload: impl Into<String>) -> Self {
+        Self {
+            outbox: outbox.into(),
+            kind: kind.into(),
+            priority: Priority::Normal,
+            lanes: Vec::new(),
+            payload: payload.into(),
+            idempotency_key: None,
+            coalesce_key: None,
+            subject: None,
+            correlation_id: None,
+            not_before: None,
+        }
+    }
+}
+
+/// What an enqueue did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "result", content = "id", rename_all = "snake_case")]
+pub enum Enqueued {
+    /// A new op was written.
+    Created(OpId),
+    /// The idempotency key matched this existing op; nothing was written.
+    Existing(OpId),
+    /// Declined: an op with the same coalesce key is already pending or
+    /// submitted in this outbox (this one).
+    AlreadyPending(OpId),
+}
+
+impl Enqueued {
+    /// The op the caller should track.
+    pub fn id(self) -> OpId {
+        match self {
+            Enqueued::Created(id) | Enqueued::Existing(id) | Enqueued::AlreadyPending(id) => id,
+        }
+    }
+}
+
+/// Which pending ops a claim may take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRequest {
+    /// Only ops of this outbox (all outboxes when `None`).
+    pub outbox: Option<String>,
+    /// Only ops of these kinds (all kinds when `None`).
+    pub kinds: Option<Vec<String>>,
+    /// At most this many ops.
+    pub limit: u32,
+    /// The lease to take them under.
+    pub lease: LeaseSpec,
+}
+
+/// Who takes a lease and for how long.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseSpec {
+    /// The claiming host or dispatcher (for operators; the token is the fence).
+    pub owner: String,
+    /// How long the claim lasts without an extension.
+    pub duration: Duration,
+}
+
+/// A claimed op and the lease to report back with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    /// The op as it stands after the claim.
+    pub op: Op,
+    /// The lease every follow-up change must name.
+    pub lease: Lease,
+}
+
+/// How a dispatcher finishes a claimed attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finish {
+    /// Delivered: the op is confirmed.
+    Confirm {
+        /// Final receipt (replaces any checkpointed one when `Some`).
+        receipt: Option<String>,
+    },
+    /// Not delivered this time: back to pending until `next_attempt_at`.
+    Retry {
+        /// Earliest next claim.
+        next_attempt_at: DateTime<Utc>,
+        /// Why.
+        error: String,
+        /// Whether the next attempt uses a bumped fee.
+        fee_bump: bool,
+    },
+    /// Dead-letter: permanent failure or the budget is spent.
+    Fail {
+        /// Why.
+        error: String,
+    },
+}
+
+/// One finished attempt, applied under its lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    /// The lease the attempt ran under.
+    pub lease: Lease,
+    /// What happens to the op.
+    pub finish: Finish,
+    /// The attempt row to record.
+    pub attempt: AttemptRecord,
+}
+
+/// Whether a compare-and-set took effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Cas {
+    /// The row was in the expected state and changed.
+    Applied,
+    /// The row had moved on (lease taken over, finished, cancelled): nothing changed.
+    Stale,
+}
+
+impl Cas {
+    /// `true` when applied.
+    pub fn applied(self) -> bool {
+        self == Cas::Applied
+    }
+}
+
+/// Filters for operator listings. Unset fields match everything.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OpFilter {
+    /// Only this status.
+    pub status: Option<Status>,
+    /// Only this kind.
+    pub kind: Option<String>,
+    /// Only this tier.
+    pub priority: Option<Priority>,
+    /// Only ops for this subject.
+    pub subject: Option<String>,
+    /// Only this outbox.
+    pub outbox: Option<String>,
+    /// Only ops with an id greater than this (paging).
+    pub after_id: Option<OpId>,
+    /// At most this many (newest first when `newest_first`).
+    pub limit: u32,
+    /// Order by id descending instead of ascending.
+    pub newest_first: bool,
+}
+
+/// Queue depth for one (status, priority) pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Depth {
+    /// Status.
+    pub status: Status,
+    /// Tier.
+    pub priority: Priority,
+    /// How many ops.
+    pub count: i64,
+}
+
+/// Limits the queue enforces on every enqueue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest payload accepted, in bytes.
+    pub max_payload_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_payload_bytes: 1024 * 1024,
+        }
+    }
+}
+
+/// The queue store. Both backends implement it and pass one conformance suite.
+#[async_trait]
+pub trait Queue: Send + Sync + std::fmt::Debug {
+    /// Which backend this is.
+    fn backend(&self) -> Backend;
+
+    /// Applies every migration this binary carries.
+    async fn migrate(&self) -> Result<(), QueueError>;
+
+    /// Checks that the schema is exactly what this binary expects.
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError::SchemaBehind`] or [`QueueError::SchemaTooNew`].
+    async fn check_schema(&self) -> Result<(), QueueError>;
+
+    /// Enqueues ops in one transaction of the queue's own: all or none.
+    async fn enqueue(&self, ops: &[NewOp]) -> Result<Vec<Enqueued>, QueueError>;
+
+    /// Claims up to `limit` due pending ops in dispatch order (priority, then
+    /// sequence), each under a fresh lease.
+    async fn claim(&self, request: &ClaimRequest) -> Result<Vec<Claimed>, QueueError>;
+
+    /// Claims exactly these ops if they are still pending (and due); the
+    /// ones that are not are left out of the result.
+    async fn claim_ids(&self, ids: &[OpId], lease: &LeaseSpec) -> Result<Vec<Claimed>, QueueError>;
+
+    /// Finishes attempts in one transaction, recording each attempt row.
+    /// Each item is applied only if its lease is still current.
+    async fn complete(&self, completions: &[Completion]) -> Result<Vec<Cas>, QueueError>;
+
+    /// Persists what the executor is about to do (e.g. a transaction hash)
+    /// before it does it, under the current lease.
+    async fn checkpoint(&self, lease: &Lease, receipt: &str) -> Result<Cas, QueueError>;
+
+    /// Pushes the leases' expiry to now + `duration`.
+    async fn extend_leases(&self, leases: &[Lease], duration: Duration) -> Result<Vec<Cas>, QueueError>;
+
+    /// Gives back claims that were never started; their attempt is not counted.
+    async fn release(&self, leases: &[Lease]) -> Result<Vec<Cas>, QueueError>;
+
+    /// Submitted ops whose lease ran out, oldest expiry first.
+    async fn expired_leases(&self, limit: u32) -> Result<Vec<Claimed>, QueueError>;
+
+    /// Returns an op whose lease expired to pending (keeping any receipt, so
+    /// the executor reconciles before redelivering) and records the attempt
+    /// as `lease_expired`; or dead-letters it when `dead_letter` is set.
+    async fn expire(&self, lease: &Lease, next_attempt_at: DateTime<Utc>, dead_letter: bool) -> Result<Cas, QueueError>;
+
+    /// Operator: cancels a pending op.
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError::NotFound`], or [`QueueError::Illegal`] if it is not pending.
+    async fn cancel(&self, id: OpId) -> Result<Op, QueueError>;
+
+    /// Operator: sends a failed op back to pending, due now, with a fresh
+    /// attempt budget.
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError::NotFound`], or [`QueueError::Illegal`] if it is not failed.
+    async fn force_retry(&self, id: OpId) -> Result<Op, QueueError>;
+
+    /// One op.
+    async fn get(&self, id: OpId) -> Result<Option<Op>, QueueError>;
+
+    /// An op's attempt history, oldest first.
+    async fn attempts(&self, id: OpId) -> Result<Vec<Attempt>, QueueError>;
+
+    /// Ops matching a filter.
+    async fn list(&self, filter: &OpFilter) -> Result<Vec<Op>, QueueError>;
+
+    /// Queue depth by status and priority.
+    async fn depth(&self) -> Result<Vec<Depth>, QueueError>;
+}
+
+/// Opens the queue named by the config's database URL.
+///
+/// # Errors
+///
+/// [`QueueError::UnsupportedUrl`] or [`QueueError::Unreachable`].
+pub async fn open(config: &DatabaseConfig, limits: Limits, clock: Arc<dyn Clock>) -> Result<Arc<dyn Queue>, QueueError> {
+    let url = config.url.as_str();
+    if url.starts_with("sqlite:") {
+        Ok(Arc::new(sqlite::SqliteQueue::open(config, limits, clock).await?))
+    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+        Ok(Arc::new(postgres::PgQueue::open(config, limits, clock).await?))
+    } else {
+        Err(QueueError::UnsupportedUrl(redact_url(url)))
+    }
+}
+
+/// A fresh lease token.
+pub(crate) fn new_token() -> Uuid {
+    Uuid::new_v4()
+}
+
+/// The URL with any password replaced, for error messages and logs.
+pub fn redact_url(url: &str) -> String {
+    // postgres://user:secret@host/db → postgres://user:***@host/db
+    if let Some((scheme, rest)) = url.split_once("://") {
+        if let Some((creds, host)) = rest.split_once('@') {
+            if let Some((user, _)) = creds.split_once(':') {
+                return format!("{scheme}://{user}:***@{host}");
+            }
+        }
+    }
+    url.to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted_from_urls() {
+        assert_eq!(redact_url("postgres://u:pw@h:5432/db"), "postgres://u:***@h:5432/db");
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("sqlite://laneway.db"), "sqlite://laneway.db");
+    }
+
+    #[test]
+    fn enqueued_reports_the_op_to_track() {
+        assert_eq!(Enqueued::Created(3).id(), 3);
+        assert_eq!(Enqueued::Existing(4).id(), 4);
+        assert_eq!(Enqueued::AlreadyPending(5).id(), 5);
+    }
+}

@@ -1,0 +1,680 @@
+//! The PostgreSQL backend: how laneway scales past one machine.
+//!
+//! Several hosts share one database. A claim locks candidate rows with
+//! `FOR UPDATE SKIP LOCKED` only for the claiming statement and commits them
+//! as `submitted` with a lease; no transaction stays open while an op is
+//! delivered. An insert trigger fills `op_lanes` and sends
+//! `NOTIFY laneway_ops, '<outbox>'`, so producers that insert with plain SQL
+//! wake the hosts too.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
+use sqlx::{Postgres, QueryBuilder, Row, Transaction};
+use uuid::Uuid;
+
+use super::common::{check_versions, chrono_duration, now_ms, validate_new_op};
+use super::{
+    new_token, Backend, Cas, ClaimRequest, Claimed, Completion, Depth, Enqueued, Finish, LeaseSpec, Limits, NewOp,
+    OpFilter, Queue, QueueError,
+};
+use crate::clock::Clock;
+use crate::config::DatabaseConfig;
+use crate::op::{
+    state, truncate_error, Attempt, AttemptClass, AttemptRecord, Lease, Op, OpId, Priority, Status, Transition,
+};
+
+static MIGRATOR: Migrator = sqlx::migrate!("../migrations/postgres");
+
+/// The channel the insert trigger notifies, with the outbox as payload.
+pub const NOTIFY_CHANNEL: &str = "laneway_ops";
+
+const OP_COLUMNS: &str = "ops.id, ops.outbox, ops.kind, ops.priority, ops.lanes, ops.payload::text AS payload, \
+     ops.idempotency_key, ops.coalesce_key, ops.subject, ops.correlation_id, ops.status, ops.attempts, \
+     ops.attempt_floor, ops.fee_bumps, ops.next_attempt_at, ops.lease_owner, ops.lease_token, ops.lease_until, \
+     ops.receipt, ops.last_error, ops.created_at, ops.updated_at, ops.finished_at";
+
+/// The PostgreSQL queue.
+#[derive(Debug, Clone)]
+pub struct PgQueue {
+    pool: PgPool,
+    limits: Limits,
+    clock: Arc<dyn Clock>,
+}
+
+impl PgQueue {
+    /// Connects to the database named by `config.url`.
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError::Unreachable`] when no connection can be made.
+    pub async fn open(config: &DatabaseConfig, limits: Limits, clock: Arc<dyn Clock>) -> Result<Self, QueueError> {
+        let unreachable = |source| QueueError::Unreachable {
+            url: super::redact_url(&config.url),
+            source,
+        };
+        let options = PgConnectOptions::from_str(&config.url).map_err(unreachable)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(config.max_connections)
+            .acquire_timeout(Duration::from_millis(config.connect_timeout_ms))
+            .connect_with(options)
+            .await
+            .map_err(unreachable)?;
+        Ok(Self { pool, limits, clock })
+    }
+
+    /// The pool, for callers' own tables and for `LISTEN`.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Begins a transaction for enqueueing together with the caller's rows.
+    ///
+    /// # Errors
+    ///
+    /// A database error.
+    pub async fn begin(&self) -> Result<Transaction<'static, Postgres>, QueueError> {
+        Ok(self.pool.begin().await?)
+    }
+
+    /// Enqueues ops on the caller's connection, inside whatever transaction
+    /// the caller has open: they commit or roll back with it.
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError::InvalidOp`] (nothing written) or a database error.
+    pub async fn enqueue_in(&self, conn: &mut PgConnection, ops: &[NewOp]) -> Result<Vec<Enqueued>, QueueError> {
+        let checked = ops
+            .iter()
+            .map(|op| validate_new_op(op, self.limits))
+            .collect::<Result<Vec<_>, _>>()?;
+        let now = now_ms(self.clock.as_ref());
+        let mut results = Vec::with_capacity(checked.len());
+        for op in &checked {
+            results.push(insert_one(conn, op, now).await?);
+        }
+        Ok(results)
+    }
+
+    fn now(&self) -> DateTime<Utc> {
+        now_ms(self.clock.as_ref())
+    }
+
+    async fn claim_where(
+        &self,
+        lease: &LeaseSpec,
+        filter: impl FnOnce(&mut QueryBuilder<'_, Postgres>, DateTime<Utc>),
+    ) -> Result<Vec<Claimed>, QueueError> {
+        let now = self.now();
+        let token = new_token();
+        let until = now + chrono_duration(lease.duration);
+        let mut q = QueryBuilder::<Postgres>::new("WITH picked AS (");
+        filter(&mut q, now);
+        q.push(" FOR UPDATE SKIP LOCKED) UPDATE ops SET status = ")
+            .push_bind(Transition::Claim.to().as_str())
+            .push(", attempts = ops.attempts + 1, lease_owner = ")
+            .push_bind(lease.owner.clone())
+            .push(", lease_token = ")
+            .push_bind(token)
+            .push(", lease_until = ")
+            .push_bind(until)
+            .push(", updated_at = ")
+            .push_bind(now)
+            .push(" FROM picked WHERE ops.id = picked.id RETURNING ")
+            .push(OP_COLUMNS);
+        let rows = q.build().fetch_all(&self.pool).await?;
+        let mut claimed = rows
+            .iter()
+            .map(|row| {
+                op_from_row(row).map(|op| Claimed {
+                    lease: Lease {
+                        op_id: op.id,
+                        attempt: op.attempts,
+                        token,
+                    },
+                    op,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        claimed.sort_by_key(|c| (c.op.priority, c.op.id));
+        Ok(claimed)
+    }
+
+    async fn cas_each(
+        &self,
+        leases: &[Lease],
+        set: &str,
+        bind: impl Fn(&Lease) -> Vec<SqlValue>,
+    ) -> Result<Vec<Cas>, QueueError> {
+        let mut tx = self.pool.begin().await?;
+        let mut out = Vec::with_capacity(leases.len());
+        for lease in leases {
+            let values = bind(lease);
+            let n = values.len();
+            let sql = format!(
+                "UPDATE ops SET {set} WHERE id = ${} AND status = 'submitted' AND attempts = ${} AND lease_token = ${}",
+                n + 1,
+                n + 2,
+                n + 3
+            );
+            let mut query = sqlx::query(&sql);
+            for value in values {
+                query = match value {
+                    SqlValue::Time(v) => query.bind(v),
+                    SqlValue::Text(v) => query.bind(v),
+                };
+            }
+            let done = query
+                .bind(lease.op_id)
+                .bind(lease.attempt)
+                .bind(lease.token)
+                .execute(&mut *tx)
+                .await?;
+            out.push(cas(done.rows_affected()));
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn operator_change(&self, id: OpId, transition: Transition, set: &str) -> Result<Op, QueueError> {
+        let now = self.now();
+        let mut tx = self.pool.begin().await?;
+        // $1 status, $2 now, $3 id, $4 expected status.
+        let sql = format!("UPDATE ops SET status = $1, {set} WHERE id = $3 AND status = $4 RETURNING {OP_COLUMNS}");
+        let row = sqlx::query(&sql)
+            .bind(transition.to().as_str())
+            .bind(now)
+            .bind(id)
+            .bind(transition.from().as_str())
+            .fetch_optional(&mut *tx)
+            .await;
+        let row = match row {
+            Ok(row) => row,
+            Err(e) if is_unique_violation(&e) => {
+                return Err(QueueError::Conflict {
+                    id,
+                    message: "another op with the same coalesce key is pending in this outbox".to_owned(),
+                })
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(row) = row {
+            let op = op_from_row(&row)?;
+            tx.commit().await?;
+            return Ok(op);
+        }
+        let status: Option<String> = sqlx::query_scalar("SELECT status FROM ops WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        tx.rollback().await?;
+        match status {
+            None => Err(QueueError::NotFound(id)),
+            Some(s) => match state::apply(parse_status(id, &s)?, transition) {
+                Err(source) => Err(QueueError::Illegal { id, source }),
+                Ok(_) => Err(QueueError::Conflict {
+                    id,
+                    message: "the op changed concurrently; try again".to_owned(),
+                }),
+            },
+        }
+    }
+}
+
+/// A bind value for the generic CAS helper.
+enum SqlValue {
+    Time(DateTime<Utc>),
+    Text(Option<String>),
+}
+
+async fn insert_one(conn: &mut PgConnection, op: &NewOp, now: DateTime<Utc>) -> Result<Enqueued, QueueError> {
+    let due = op.not_before.map_or(now, |t| t.max(now));
+    // A conflicting op can reach a terminal state between the insert and the
+    // look-up that explains the conflict; then the insert is simply retried.
+    for _ in 0..3 {
+        let inserted: Option<i64> = sqlx::query_scalar(
+            "INSERT INTO ops (outbox, kind, priority, lanes, payload, idempotency_key, coalesce_key, subject, \
+             correlation_id, next_attempt_at, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5::json, $6, $7, $8, $9, $10, $11, $11) ON CONFLICT DO NOTHING RETURNING id",
+        )
+        .bind(&op.outbox)
+        .bind(&op.kind)
+        .bind(op.priority.rank())
+        .bind(&op.lanes)
+        .bind(&op.payload)
+        .bind(&op.idempotency_key)
+        .bind(&op.coalesce_key)
+        .bind(&op.subject)
+        .bind(&op.correlation_id)
+        .bind(due)
+        .bind(now)
+        .fetch_optional(&mut *conn)
+        .await?;
+        if let Some(id) = inserted {
+            return Ok(Enqueued::Created(id));
+        }
+        if let Some(key) = &op.idempotency_key {
+            let existing: Option<i64> =
+                sqlx::query_scalar("SELECT id FROM ops WHERE outbox = $1 AND idempotency_key = $2")
+                    .bind(&op.outbox)
+                    .bind(key)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+            if let Some(id) = existing {
+                return Ok(Enqueued::Existing(id));
+            }
+        }
+        if let Some(key) = &op.coalesce_key {
+            let pending: Option<i64> = sqlx::query_scalar(
+                "SELECT id FROM ops WHERE outbox = $1 AND coalesce_key = $2 AND status IN ('pending', 'submitted')",
+            )
+            .bind(&op.outbox)
+            .bind(key)
+            .fetch_optional(&mut *conn)
+            .await?;
+            if let Some(id) = pending {
+                return Ok(Enqueued::AlreadyPending(id));
+            }
+        }
+    }
+    Err(QueueError::Conflict {
+        id: 0,
+        message: "enqueue kept conflicting with concurrent changes; try again".to_owned(),
+    })
+}
+
+#[async_trait]
+impl Queue for PgQueue {
+    fn backend(&self) -> Backend {
+        Backend::Postgres
+    }
+
+    async fn migrate(&self) -> Result<(), QueueError> {
+        MIGRATOR.run(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn check_schema(&self) -> Result<(), QueueError> {
+        let has_table: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+            .fetch_one(&self.pool)
+            .await?;
+        let applied: Vec<i64> = if has_table {
+            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+                .fetch_all(&self.pool)
+                .await?
+        } else {
+            Vec::new()
+        };
+        let known: Vec<i64> = MIGRATOR.iter().map(|m| m.version).collect();
+        check_versions(&applied, &known)
+    }
+
+    async fn enqueue(&self, ops: &[NewOp]) -> Result<Vec<Enqueued>, QueueError> {
+        let mut tx = self.pool.begin().await?;
+        let results = self.enqueue_in(&mut tx, ops).await?;
+        tx.commit().await?;
+        Ok(results)
+    }
+
+    async fn claim(&self, request: &ClaimRequest) -> Result<Vec<Claimed>, QueueError> {
+        let outbox = request.outbox.clone();
+        let kinds = request.kinds.clone();
+        let limit = i64::from(request.limit);
+        self.claim_where(&request.lease, move |q, now| {
+            q.push("SELECT id FROM ops WHERE status = 'pending' AND next_attempt_at <= ")
+                .push_bind(now);
+            if let Some(outbox) = outbox {
+                q.push(" AND outbox = ").push_bind(outbox);
+            }
+            if let Some(kinds) = kinds {
+                q.push(" AND kind = ANY(").push_bind(kinds).push(")");
+            }
+            q.push(" ORDER BY priority, id LIMIT ").push_bind(limit);
+        })
+        .await
+    }
+
+    async fn claim_ids(&self, ids: &[OpId], lease: &LeaseSpec) -> Result<Vec<Claimed>, QueueError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids = ids.to_vec();
+        self.claim_where(lease, move |q, now| {
+            q.push("SELECT id FROM ops WHERE id = ANY(")
+                .push_bind(ids)
+                .push(") AND status = 'pending' AND next_attempt_at <= ")
+                .push_bind(now);
+        })
+        .await
+    }
+
+    async fn complete(&self, completions: &[Completion]) -> Result<Vec<Cas>, QueueError> {
+        let now = self.now();
+        let mut tx = self.pool.begin().await?;
+        let mut out = Vec::with_capacity(completions.len());
+        for c in completions {
+            let (transition, receipt, error, next_at, bump) = match &c.finish {
+                Finish::Confirm { receipt } => (Transition::Confirm, receipt.clone(), None, None, 0),
+                Finish::Retry {
+                    next_attempt_at,
+                    error,
+                    fee_bump,
+                } => (
+                    Transition::Retry,
+                    None,
+                    Some(truncate_error(error)),
+                    Some(*next_attempt_at),
+                    i32::from(*fee_bump),
+                ),
+                Finish::Fail { error } => (Transition::Fail, None, Some(truncate_error(error)), None, 0),
+            };
+            let finished_at = transition.to().is_terminal().then_some(now);
+            let done = sqlx::query(
+                "UPDATE ops SET status = $1, receipt = COALESCE($2, receipt), last_error = COALESCE($3, last_error), \
+                 next_attempt_at = COALESCE($4, next_attempt_at), fee_bumps = fee_bumps + $5, lease_owner = NULL, \
+                 lease_token = NULL, lease_until = NULL, updated_at = $6, finished_at = $7 \
+                 WHERE id = $8 AND status = $9 AND attempts = $10 AND lease_token = $11",
+            )
+            .bind(transition.to().as_str())
+            .bind(receipt)
+            .bind(error)
+            .bind(next_at)
+            .bind(bump)
+            .bind(now)
+            .bind(finished_at)
+            .bind(c.lease.op_id)
+            .bind(transition.from().as_str())
+            .bind(c.lease.attempt)
+            .bind(c.lease.token)
+            .execute(&mut *tx)
+            .await?;
+            let result = cas(done.rows_affected());
+            if result.applied() {
+                insert_attempt(&mut tx, c.lease.op_id, c.lease.attempt, &c.attempt).await?;
+            }
+            out.push(result);
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn checkpoint(&self, lease: &Lease, receipt: &str) -> Result<Cas, QueueError> {
+        let now = self.now();
+        let receipt = receipt.to_owned();
+        let results = self
+            .cas_each(std::slice::from_ref(lease), "receipt = $1, updated_at = $2", |_| {
+                vec![SqlValue::Text(Some(receipt.clone())), SqlValue::Time(now)]
+            })
+            .await?;
+        Ok(results.first().copied().unwrap_or(Cas::Stale))
+    }
+
+    async fn extend_leases(&self, leases: &[Lease], duration: Duration) -> Result<Vec<Cas>, QueueError> {
+        let until = self.now() + chrono_duration(duration);
+        self.cas_each(leases, "lease_until = $1", |_| vec![SqlValue::Time(until)])
+            .await
+    }
+
+    async fn release(&self, leases: &[Lease]) -> Result<Vec<Cas>, QueueError> {
+        let now = self.now();
+        let set = format!(
+            "status = '{}', attempts = attempts - 1, lease_owner = NULL, lease_token = NULL, lease_until = NULL, \
+             updated_at = $1",
+            Transition::Release.to()
+        );
+        self.cas_each(leases, &set, |_| vec![SqlValue::Time(now)]).await
+    }
+
+    async fn expired_leases(&self, limit: u32) -> Result<Vec<Claimed>, QueueError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {OP_COLUMNS} FROM ops WHERE status = 'submitted' AND lease_until < $1 ORDER BY lease_until LIMIT $2"
+        ))
+        .bind(self.now())
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(op_from_row)
+            .filter_map(|op| match op {
+                Ok(op) => op.lease().map(|lease| Ok(Claimed { op, lease })),
+                Err(e) => Some(Err(e)),
+            })
+            .collect()
+    }
+
+    async fn expire(&self, lease: &Lease, next_attempt_at: DateTime<Utc>, dead_letter: bool) -> Result<Cas, QueueError> {
+        let now = self.now();
+        let transition = if dead_letter {
+            Transition::Fail
+        } else {
+            Transition::Expire
+        };
+        let finished_at = transition.to().is_terminal().then_some(now);
+        let mut tx = self.pool.begin().await?;
+        // The CTE reads the row as claimed (when, by whom) before the update
+        // overwrites it; the attempt row is written from that.
+        let row = sqlx::query(
+            "WITH old AS (SELECT id, updated_at, lease_owner FROM ops \
+             WHERE id = $5 AND status = 'submitted' AND attempts = $6 AND lease_token = $7 FOR UPDATE) \
+             UPDATE ops SET status = $1, next_attempt_at = $2, last_error = 'lease expired', lease_owner = NULL, \
+             lease_token = NULL, lease_until = NULL, updated_at = $3, finished_at = $4 \
+             FROM old WHERE ops.id = old.id RETURNING old.updated_at AS claimed_at, old.lease_owner AS owner",
+        )
+        .bind(transition.to().as_str())
+        .bind(next_attempt_at)
+        .bind(now)
+        .bind(finished_at)
+        .bind(lease.op_id)
+        .bind(lease.attempt)
+        .bind(lease.token)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            tx.rollback().await?;
+            return Ok(Cas::Stale);
+        };
+        let owner: Option<String> = row.try_get("owner")?;
+        let record = AttemptRecord {
+            started_at: row.try_get("claimed_at")?,
+            finished_at: now,
+            class: AttemptClass::LeaseExpired,
+            detail: None,
+            fee: None,
+            error: Some(format!("lease held by {} expired", owner.as_deref().unwrap_or("?"))),
+        };
+        insert_attempt(&mut tx, lease.op_id, lease.attempt, &record).await?;
+        tx.commit().await?;
+        Ok(Cas::Applied)
+    }
+
+    async fn cancel(&self, id: OpId) -> Result<Op, QueueError> {
+        self.operator_change(id, Transition::Cancel, "updated_at = $2, finished_at = $2")
+            .await
+    }
+
+    async fn force_retry(&self, id: OpId) -> Result<Op, QueueError> {
+        self.operator_change(
+            id,
+            Transition::ForceRetry,
+            "attempt_floor = attempts, next_attempt_at = $2, updated_at = $2, finished_at = NULL",
+        )
+        .await
+    }
+
+    async fn get(&self, id: OpId) -> Result<Option<Op>, QueueError> {
+        let row = sqlx::query(&format!("SELECT {OP_COLUMNS} FROM ops WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(op_from_row).transpose()
+    }
+
+    async fn attempts(&self, id: OpId) -> Result<Vec<Attempt>, QueueError> {
+        let rows = sqlx::query(
+            "SELECT op_id, attempt, started_at, finished_at, outcome, detail, fee, error FROM attempts \
+             WHERE op_id = $1 ORDER BY attempt",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let op_id: i64 = row.try_get("op_id")?;
+                let outcome: String = row.try_get("outcome")?;
+                Ok(Attempt {
+                    op_id,
+                    attempt: row.try_get("attempt")?,
+                    record: AttemptRecord {
+                        started_at: row.try_get("started_at")?,
+                        finished_at: row.try_get("finished_at")?,
+                        class: AttemptClass::parse(&outcome).ok_or(QueueError::Corrupt {
+                            id: op_id,
+                            column: "attempts.outcome",
+                            value: outcome.clone(),
+                        })?,
+                        detail: row.try_get("detail")?,
+                        fee: row.try_get("fee")?,
+                        error: row.try_get("error")?,
+                    },
+                })
+            })
+            .collect()
+    }
+
+    async fn list(&self, filter: &OpFilter) -> Result<Vec<Op>, QueueError> {
+        let mut q = QueryBuilder::<Postgres>::new(format!("SELECT {OP_COLUMNS} FROM ops WHERE TRUE"));
+        if let Some(status) = filter.status {
+            q.push(" AND status = ").push_bind(status.as_str());
+        }
+        if let Some(kind) = &filter.kind {
+            q.push(" AND kind = ").push_bind(kind.clone());
+        }
+        if let Some(priority) = filter.priority {
+            q.push(" AND priority = ").push_bind(priority.rank());
+        }
+        if let Some(subject) = &filter.subject {
+            q.push(" AND subject = ").push_bind(subject.clone());
+        }
+        if let Some(outbox) = &filter.outbox {
+            q.push(" AND outbox = ").push_bind(outbox.clone());
+        }
+        if let Some(after) = filter.after_id {
+            q.push(if filter.newest_first { " AND id < " } else { " AND id > " })
+                .push_bind(after);
+        }
+        q.push(if filter.newest_first {
+            " ORDER BY id DESC"
+        } else {
+            " ORDER BY id"
+        });
+        q.push(" LIMIT ").push_bind(i64::from(filter.limit));
+        let rows = q.build().fetch_all(&self.pool).await?;
+        rows.iter().map(op_from_row).collect()
+    }
+
+    async fn depth(&self) -> Result<Vec<Depth>, QueueError> {
+        let rows = sqlx::query(
+            "SELECT status, priority, COUNT(*) AS n FROM ops GROUP BY status, priority ORDER BY status, priority",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let status: String = row.try_get("status")?;
+                let priority: i16 = row.try_get("priority")?;
+                Ok(Depth {
+                    status: parse_status(0, &status)?,
+                    priority: parse_priority(0, priority)?,
+                    count: row.try_get("n")?,
+                })
+            })
+            .collect()
+    }
+}
+
+async fn insert_attempt(
+    conn: &mut PgConnection,
+    op_id: OpId,
+    attempt: i32,
+    record: &AttemptRecord,
+) -> Result<(), QueueError> {
+    sqlx::query(
+        "INSERT INTO attempts (op_id, attempt, started_at, finished_at, outcome, detail, fee, error) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+    )
+    .bind(op_id)
+    .bind(attempt)
+    .bind(record.started_at)
+    .bind(record.finished_at)
+    .bind(record.class.as_str())
+    .bind(&record.detail)
+    .bind(record.fee)
+    .bind(record.error.as_deref().map(truncate_error))
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+fn cas(rows: u64) -> Cas {
+    if rows == 1 {
+        Cas::Applied
+    } else {
+        Cas::Stale
+    }
+}
+
+fn parse_status(id: OpId, s: &str) -> Result<Status, QueueError> {
+    s.parse().map_err(|_| QueueError::Corrupt {
+        id,
+        column: "status",
+        value: s.to_owned(),
+    })
+}
+
+fn parse_priority(id: OpId, rank: i16) -> Result<Priority, QueueError> {
+    Priority::from_rank(i64::from(rank)).ok_or(QueueError::Corrupt {
+        id,
+        column: "priority",
+        value: rank.to_string(),
+    })
+}
+
+fn is_unique_violation(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
+}
+
+fn op_from_row(row: &PgRow) -> Result<Op, QueueError> {
+    let id: i64 = row.try_get("id")?;
+    let status: String = row.try_get("status")?;
+    let lease_token: Option<Uuid> = row.try_get("lease_token")?;
+    Ok(Op {
+        id,
+        outbox: row.try_get("outbox")?,
+        kind: row.try_get("kind")?,
+        priority: parse_priority(id, row.try_get("priority")?)?,
+        lanes: row.try_get("lanes")?,
+        payload: row.try_get("payload")?,
+        idempotency_key: row.try_get("idempotency_key")?,
+        coalesce_key: row.try_get("coalesce_key")?,
+        subject: row.try_get("subject")?,
+        correlation_id: row.try_get("correlation_id")?,
+        status: parse_status(id, &status)?,
+        attempts: row.try_get("attempts")?,
+        attempt_floor: row.try_get("attempt_floor")?,
+        fee_bumps: row.try_get("fee_bumps")?,
+        next_attempt_at: row.try_get("next_attempt_at")?,
+        lease_owner: row.try_get("lease_owner")?,
+        lease_token,
+        lease_until: row.try_get("lease_until")?,
+        receipt: row.try_get("receipt")?,
+        last_error: row.try_get("last_error")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        finished_at: row.try_get("finished_at")?,
+    })
+}

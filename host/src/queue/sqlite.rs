@@ -1,0 +1,780 @@
+//! The embedded SQLite backend.
+//!
+//! One writer connection takes every write in a `BEGIN IMMEDIATE` transaction
+//! (a deferred transaction that reads before it writes fails with
+//! `SQLITE_BUSY` when another connection commits in between, whatever the
+//! busy timeout); a separate read-only pool serves listings. WAL journal,
+//! `synchronous=FULL` by default, `busy_timeout` set on every connection.
+//! Timestamps are stored as Unix milliseconds.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::migrate::Migrator;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
+
+use super::common::{check_versions, chrono_duration, now_ms, validate_new_op};
+use super::{
+    new_token, Backend, Cas, ClaimRequest, Claimed, Completion, Depth, Enqueued, Finish, LeaseSpec, Limits, NewOp,
+    OpFilter, Queue, QueueError,
+};
+use crate::clock::Clock;
+use crate::config::{DatabaseConfig, Synchronous};
+use crate::op::{
+    state, truncate_error, Attempt, AttemptClass, AttemptRecord, Lease, Op, OpId, Priority, Status, Transition,
+};
+
+static MIGRATOR: Migrator = sqlx::migrate!("../migrations/sqlite");
+
+const OP_COLUMNS: &str = "id, outbox, kind, priority, lanes, payload, idempotency_key, coalesce_key, subject, \
+     correlation_id, status, attempts, attempt_floor, fee_bumps, next_attempt_at, lease_owner, lease_token, \
+     lease_until, receipt, last_error, created_at, updated_at, finished_at";
+
+/// The SQLite queue.
+#[derive(Debug, Clone)]
+pub struct SqliteQueue {
+    writer: SqlitePool,
+    reader: SqlitePool,
+    limits: Limits,
+    clock: Arc<dyn Clock>,
+}
+
+impl SqliteQueue {
+    /// Opens (creating if needed) the database file named by `config.url`.
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError::Unreachable`] when the file cannot be opened, and
+    /// [`QueueError::UnsupportedUrl`] for an in-memory URL (the writer and
+    /// the readers would each get a database of their own).
+    pub async fn open(config: &DatabaseConfig, limits: Limits, clock: Arc<dyn Clock>) -> Result<Self, QueueError> {
+        let url = &config.url;
+        if url.contains(":memory:") || url.contains("mode=memory") {
+            return Err(QueueError::UnsupportedUrl(format!(
+                "{url} (in-memory SQLite cannot be shared by laneway's writer and readers; use a file)"
+            )));
+        }
+        let unreachable = |source| QueueError::Unreachable {
+            url: url.clone(),
+            source,
+        };
+        let busy = Duration::from_millis(config.sqlite.busy_timeout_ms);
+        let acquire = Duration::from_millis(config.connect_timeout_ms);
+        let base = SqliteConnectOptions::from_str(url)
+            .map_err(unreachable)?
+            .busy_timeout(busy)
+            .foreign_keys(true);
+        let writer_options = base
+            .clone()
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(match config.sqlite.synchronous {
+                Synchronous::Full => SqliteSynchronous::Full,
+                Synchronous::Normal => SqliteSynchronous::Normal,
+            });
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(acquire)
+            .connect_with(writer_options)
+            .await
+            .map_err(unreachable)?;
+        let reader = SqlitePoolOptions::new()
+            .max_connections(config.max_connections)
+            .acquire_timeout(acquire)
+            .connect_with(base.read_only(true))
+            .await
+            .map_err(unreachable)?;
+        Ok(Self {
+            writer,
+            reader,
+            limits,
+            clock,
+        })
+    }
+
+    /// The writer pool (one connection), for callers that keep their own
+    /// business tables in the same database file.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.writer
+    }
+
+    /// Begins a write transaction on the writer connection, for enqueueing
+    /// together with the caller's own rows (the transactional outbox).
+    ///
+    /// While it is open, the writer is taken: do not call other queue
+    /// methods until it commits or rolls back.
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError::Database`] when the write lock cannot be had.
+    pub async fn begin(&self) -> Result<Transaction<'static, Sqlite>, QueueError> {
+        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
+    /// Enqueues ops on the caller's connection, inside whatever transaction
+    /// the caller has open: they commit or roll back with it.
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError::InvalidOp`] (nothing written) or a database error.
+    pub async fn enqueue_in(&self, conn: &mut SqliteConnection, ops: &[NewOp]) -> Result<Vec<Enqueued>, QueueError> {
+        let checked = ops
+            .iter()
+            .map(|op| validate_new_op(op, self.limits))
+            .collect::<Result<Vec<_>, _>>()?;
+        let now = now_ms(self.clock.as_ref());
+        let mut results = Vec::with_capacity(checked.len());
+        for op in &checked {
+            results.push(insert_one(conn, op, now).await?);
+        }
+        Ok(results)
+    }
+
+    async fn write(&self) -> Result<Transaction<'static, Sqlite>, QueueError> {
+        self.begin().await
+    }
+
+    fn now(&self) -> DateTime<Utc> {
+        now_ms(self.clock.as_ref())
+    }
+
+    async fn claim_where(
+        &self,
+        lease: &LeaseSpec,
+        filter: impl FnOnce(&mut QueryBuilder<'_, Sqlite>, i64),
+    ) -> Result<Vec<Claimed>, QueueError> {
+        let now = self.now();
+        let token = new_token();
+        let until = now + chrono_duration(lease.duration);
+        let mut q = QueryBuilder::<Sqlite>::new("UPDATE ops SET status = ");
+        q.push_bind(Transition::Claim.to().as_str())
+            .push(", attempts = attempts + 1, lease_owner = ")
+            .push_bind(lease.owner.clone())
+            .push(", lease_token = ")
+            .push_bind(token.to_string())
+            .push(", lease_until = ")
+            .push_bind(ms(until))
+            .push(", updated_at = ")
+            .push_bind(ms(now))
+            .push(" WHERE status = ")
+            .push_bind(Transition::Claim.from().as_str())
+            .push(" AND next_attempt_at <= ")
+            .push_bind(ms(now))
+            .push(" AND id IN (");
+        filter(&mut q, ms(now));
+        q.push(") RETURNING ").push(OP_COLUMNS);
+        let mut tx = self.write().await?;
+        let rows = q.build().fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        let mut claimed = rows
+            .iter()
+            .map(op_from_row)
+            .map(|op| {
+                op.map(|op| Claimed {
+                    lease: Lease {
+                        op_id: op.id,
+                        attempt: op.attempts,
+                        token,
+                    },
+                    op,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // RETURNING gives no order; callers get dispatch order.
+        claimed.sort_by_key(|c| (c.op.priority, c.op.id));
+        Ok(claimed)
+    }
+
+    /// Applies a compare-and-set update to each lease in one transaction.
+    async fn cas_each(
+        &self,
+        leases: &[Lease],
+        set: &str,
+        bind: impl Fn(&Lease) -> Vec<SqlValue>,
+    ) -> Result<Vec<Cas>, QueueError> {
+        let sql = format!(
+            "UPDATE ops SET {set} WHERE id = ? AND status = 'submitted' AND attempts = ? AND lease_token = ?"
+        );
+        let mut tx = self.write().await?;
+        let mut out = Vec::with_capacity(leases.len());
+        for lease in leases {
+            let mut query = sqlx::query(&sql);
+            for value in bind(lease) {
+                query = match value {
+                    SqlValue::Int(v) => query.bind(v),
+                    SqlValue::Text(v) => query.bind(v),
+                };
+            }
+            let done = query
+                .bind(lease.op_id)
+                .bind(lease.attempt)
+                .bind(lease.token.to_string())
+                .execute(&mut *tx)
+                .await?;
+            out.push(cas(done.rows_affected()));
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn operator_change(
+        &self,
+        id: OpId,
+        transition: Transition,
+        set: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Op, QueueError> {
+        let mut tx = self.write().await?;
+        // Numbered parameters: ?1 status, ?2 now, ?3 id, ?4 expected status.
+        let sql = format!("UPDATE ops SET status = ?1, {set} WHERE id = ?3 AND status = ?4 RETURNING {OP_COLUMNS}");
+        let row = sqlx::query(&sql)
+            .bind(transition.to().as_str())
+            .bind(ms(now))
+            .bind(id)
+            .bind(transition.from().as_str())
+            .fetch_optional(&mut *tx)
+            .await;
+        let row = match row {
+            Ok(row) => row,
+            Err(e) if is_unique_violation(&e) => {
+                return Err(QueueError::Conflict {
+                    id,
+                    message: "another op with the same coalesce key is pending in this outbox".to_owned(),
+                })
+            }
+            Err(e) => return Err(e.into()),
+        };
+        match row {
+            Some(row) => {
+                let op = op_from_row(&row)?;
+                tx.commit().await?;
+                Ok(op)
+            }
+            None => {
+                let status: Option<String> = sqlx::query_scalar("SELECT status FROM ops WHERE id = ?")
+                    .bind(id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                tx.rollback().await?;
+                match status {
+                    None => Err(QueueError::NotFound(id)),
+                    Some(s) => {
+                        let from = parse_status(id, &s)?;
+                        match state::apply(from, transition) {
+                            Err(source) => Err(QueueError::Illegal { id, source }),
+                            // The status allowed it, so another writer changed
+                            // the row between our update and this read.
+                            Ok(_) => Err(QueueError::Conflict {
+                                id,
+                                message: "the op changed concurrently; try again".to_owned(),
+                            }),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A bind value for the generic CAS helper.
+enum SqlValue {
+    Int(i64),
+    Text(Option<String>),
+}
+
+async fn insert_one(conn: &mut SqliteConnection, op: &NewOp, now: DateTime<Utc>) -> Result<Enqueued, QueueError> {
+    let lanes = serde_json::to_string(&op.lanes).map_err(|e| QueueError::InvalidOp(e.to_string()))?;
+    let due = op.not_before.map_or(now, |t| t.max(now));
+    // A conflicting op can reach a terminal state between the insert and the
+    // look-up that explains the conflict; then the insert is simply retried.
+    for _ in 0..3 {
+        let inserted: Option<i64> = sqlx::query_scalar(
+            "INSERT INTO ops (outbox, kind, priority, lanes, payload, idempotency_key, coalesce_key, subject, \
+             correlation_id, next_attempt_at, created_at, updated_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING id",
+        )
+        .bind(&op.outbox)
+        .bind(&op.kind)
+        .bind(op.priority.rank())
+        .bind(&lanes)
+        .bind(&op.payload)
+        .bind(&op.idempotency_key)
+        .bind(&op.coalesce_key)
+        .bind(&op.subject)
+        .bind(&op.correlation_id)
+        .bind(ms(due))
+        .bind(ms(now))
+        .bind(ms(now))
+        .fetch_optional(&mut *conn)
+        .await?;
+        if let Some(id) = inserted {
+            return Ok(Enqueued::Created(id));
+        }
+        if let Some(key) = &op.idempotency_key {
+            let existing: Option<i64> =
+                sqlx::query_scalar("SELECT id FROM ops WHERE outbox = ? AND idempotency_key = ?")
+                    .bind(&op.outbox)
+                    .bind(key)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+            if let Some(id) = existing {
+                return Ok(Enqueued::Existing(id));
+            }
+        }
+        if let Some(key) = &op.coalesce_key {
+            let pending: Option<i64> = sqlx::query_scalar(
+                "SELECT id FROM ops WHERE outbox = ? AND coalesce_key = ? AND status IN ('pending', 'submitted')",
+            )
+            .bind(&op.outbox)
+            .bind(key)
+            .fetch_optional(&mut *conn)
+            .await?;
+            if let Some(id) = pending {
+                return Ok(Enqueued::AlreadyPending(id));
+            }
+        }
+    }
+    Err(QueueError::Conflict {
+        id: 0,
+        message: "enqueue kept conflicting with concurrent changes; try again".to_owned(),
+    })
+}
+
+#[async_trait]
+impl Queue for SqliteQueue {
+    fn backend(&self) -> Backend {
+        Backend::Sqlite
+    }
+
+    async fn migrate(&self) -> Result<(), QueueError> {
+        MIGRATOR.run(&self.writer).await?;
+        Ok(())
+    }
+
+    async fn check_schema(&self) -> Result<(), QueueError> {
+        let has_table: Option<String> = sqlx::query_scalar(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
+        )
+        .fetch_optional(&self.reader)
+        .await?;
+        let applied: Vec<i64> = if has_table.is_some() {
+            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+                .fetch_all(&self.reader)
+                .await?
+        } else {
+            Vec::new()
+        };
+        let known: Vec<i64> = MIGRATOR.iter().map(|m| m.version).collect();
+        check_versions(&applied, &known)
+    }
+
+    async fn enqueue(&self, ops: &[NewOp]) -> Result<Vec<Enqueued>, QueueError> {
+        let mut tx = self.write().await?;
+        let results = self.enqueue_in(&mut tx, ops).await?;
+        tx.commit().await?;
+        Ok(results)
+    }
+
+    async fn claim(&self, request: &ClaimRequest) -> Result<Vec<Claimed>, QueueError> {
+        let outbox = request.outbox.clone();
+        let kinds = request.kinds.clone();
+        let limit = i64::from(request.limit);
+        self.claim_where(&request.lease, move |q, now| {
+            q.push("SELECT id FROM ops WHERE status = 'pending' AND next_attempt_at <= ")
+                .push_bind(now);
+            if let Some(outbox) = outbox {
+                q.push(" AND outbox = ").push_bind(outbox);
+            }
+            if let Some(kinds) = kinds {
+                q.push(" AND kind IN (");
+                let mut sep = q.separated(", ");
+                for kind in kinds {
+                    sep.push_bind(kind);
+                }
+                q.push(")");
+            }
+            q.push(" ORDER BY priority, id LIMIT ").push_bind(limit);
+        })
+        .await
+    }
+
+    async fn claim_ids(&self, ids: &[OpId], lease: &LeaseSpec) -> Result<Vec<Claimed>, QueueError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids = ids.to_vec();
+        self.claim_where(lease, move |q, _| {
+            let mut sep = q.separated(", ");
+            for id in ids {
+                sep.push_bind(id);
+            }
+        })
+        .await
+    }
+
+    async fn complete(&self, completions: &[Completion]) -> Result<Vec<Cas>, QueueError> {
+        let now = self.now();
+        let mut tx = self.write().await?;
+        let mut out = Vec::with_capacity(completions.len());
+        for c in completions {
+            let (transition, receipt, error, next_at, bump) = match &c.finish {
+                Finish::Confirm { receipt } => (Transition::Confirm, receipt.clone(), None, None, 0),
+                Finish::Retry {
+                    next_attempt_at,
+                    error,
+                    fee_bump,
+                } => (
+                    Transition::Retry,
+                    None,
+                    Some(truncate_error(error)),
+                    Some(ms(*next_attempt_at)),
+                    i32::from(*fee_bump),
+                ),
+                Finish::Fail { error } => (Transition::Fail, None, Some(truncate_error(error)), None, 0),
+            };
+            let finished_at = transition.to().is_terminal().then_some(ms(now));
+            let done = sqlx::query(
+                "UPDATE ops SET status = ?, receipt = COALESCE(?, receipt), last_error = COALESCE(?, last_error), \
+                 next_attempt_at = COALESCE(?, next_attempt_at), fee_bumps = fee_bumps + ?, lease_owner = NULL, \
+                 lease_token = NULL, lease_until = NULL, updated_at = ?, finished_at = ? \
+                 WHERE id = ? AND status = ? AND attempts = ? AND lease_token = ?",
+            )
+            .bind(transition.to().as_str())
+            .bind(receipt)
+            .bind(error)
+            .bind(next_at)
+            .bind(bump)
+            .bind(ms(now))
+            .bind(finished_at)
+            .bind(c.lease.op_id)
+            .bind(transition.from().as_str())
+            .bind(c.lease.attempt)
+            .bind(c.lease.token.to_string())
+            .execute(&mut *tx)
+            .await?;
+            let result = cas(done.rows_affected());
+            if result.applied() {
+                insert_attempt(&mut tx, c.lease.op_id, c.lease.attempt, &c.attempt).await?;
+            }
+            out.push(result);
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn checkpoint(&self, lease: &Lease, receipt: &str) -> Result<Cas, QueueError> {
+        let now = ms(self.now());
+        let receipt = receipt.to_owned();
+        let results = self
+            .cas_each(std::slice::from_ref(lease), "receipt = ?, updated_at = ?", |_| {
+                vec![SqlValue::Text(Some(receipt.clone())), SqlValue::Int(now)]
+            })
+            .await?;
+        Ok(results.first().copied().unwrap_or(Cas::Stale))
+    }
+
+    async fn extend_leases(&self, leases: &[Lease], duration: Duration) -> Result<Vec<Cas>, QueueError> {
+        let now = self.now();
+        let until = ms(now + chrono_duration(duration));
+        self.cas_each(leases, "lease_until = ?", |_| vec![SqlValue::Int(until)])
+            .await
+    }
+
+    async fn release(&self, leases: &[Lease]) -> Result<Vec<Cas>, QueueError> {
+        let now = ms(self.now());
+        let set = format!(
+            "status = '{}', attempts = attempts - 1, lease_owner = NULL, lease_token = NULL, lease_until = NULL, \
+             updated_at = ?",
+            Transition::Release.to()
+        );
+        self.cas_each(leases, &set, |_| vec![SqlValue::Int(now)]).await
+    }
+
+    async fn expired_leases(&self, limit: u32) -> Result<Vec<Claimed>, QueueError> {
+        let now = self.now();
+        let rows = sqlx::query(&format!(
+            "SELECT {OP_COLUMNS} FROM ops WHERE status = 'submitted' AND lease_until < ? ORDER BY lease_until LIMIT ?"
+        ))
+        .bind(ms(now))
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter()
+            .map(op_from_row)
+            .filter_map(|op| match op {
+                Ok(op) => op.lease().map(|lease| Ok(Claimed { op, lease })),
+                Err(e) => Some(Err(e)),
+            })
+            .collect()
+    }
+
+    async fn expire(&self, lease: &Lease, next_attempt_at: DateTime<Utc>, dead_letter: bool) -> Result<Cas, QueueError> {
+        let now = self.now();
+        let transition = if dead_letter {
+            Transition::Fail
+        } else {
+            Transition::Expire
+        };
+        let mut tx = self.write().await?;
+        // Record the attempt first, while the row still shows when it was claimed.
+        let recorded = sqlx::query(
+            "INSERT INTO attempts (op_id, attempt, started_at, finished_at, outcome, error) \
+             SELECT id, attempts, updated_at, ?, 'lease_expired', 'lease held by ' || COALESCE(lease_owner, '?') || ' expired' \
+             FROM ops WHERE id = ? AND status = 'submitted' AND attempts = ? AND lease_token = ?",
+        )
+        .bind(ms(now))
+        .bind(lease.op_id)
+        .bind(lease.attempt)
+        .bind(lease.token.to_string())
+        .execute(&mut *tx)
+        .await?;
+        if recorded.rows_affected() == 0 {
+            tx.rollback().await?;
+            return Ok(Cas::Stale);
+        }
+        let finished_at = transition.to().is_terminal().then_some(ms(now));
+        sqlx::query(
+            "UPDATE ops SET status = ?, next_attempt_at = ?, last_error = 'lease expired', lease_owner = NULL, \
+             lease_token = NULL, lease_until = NULL, updated_at = ?, finished_at = ? WHERE id = ?",
+        )
+        .bind(transition.to().as_str())
+        .bind(ms(next_attempt_at))
+        .bind(ms(now))
+        .bind(finished_at)
+        .bind(lease.op_id)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Cas::Applied)
+    }
+
+    async fn cancel(&self, id: OpId) -> Result<Op, QueueError> {
+        let now = self.now();
+        self.operator_change(id, Transition::Cancel, "updated_at = ?2, finished_at = ?2", now)
+            .await
+    }
+
+    async fn force_retry(&self, id: OpId) -> Result<Op, QueueError> {
+        let now = self.now();
+        self.operator_change(
+            id,
+            Transition::ForceRetry,
+            "attempt_floor = attempts, next_attempt_at = ?2, updated_at = ?2, finished_at = NULL",
+            now,
+        )
+        .await
+    }
+
+    async fn get(&self, id: OpId) -> Result<Option<Op>, QueueError> {
+        let row = sqlx::query(&format!("SELECT {OP_COLUMNS} FROM ops WHERE id = ?"))
+            .bind(id)
+            .fetch_optional(&self.reader)
+            .await?;
+        row.as_ref().map(op_from_row).transpose()
+    }
+
+    async fn attempts(&self, id: OpId) -> Result<Vec<Attempt>, QueueError> {
+        let rows = sqlx::query(
+            "SELECT op_id, attempt, started_at, finished_at, outcome, detail, fee, error FROM attempts \
+             WHERE op_id = ? ORDER BY attempt",
+        )
+        .bind(id)
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let op_id: i64 = row.try_get("op_id")?;
+                let outcome: String = row.try_get("outcome")?;
+                Ok(Attempt {
+                    op_id,
+                    attempt: row.try_get("attempt")?,
+                    record: AttemptRecord {
+                        started_at: from_ms(op_id, "started_at", row.try_get("started_at")?)?,
+                        finished_at: from_ms(op_id, "finished_at", row.try_get("finished_at")?)?,
+                        class: AttemptClass::parse(&outcome).ok_or(QueueError::Corrupt {
+                            id: op_id,
+                            column: "attempts.outcome",
+                            value: outcome.clone(),
+                        })?,
+                        detail: row.try_get("detail")?,
+                        fee: row.try_get("fee")?,
+                        error: row.try_get("error")?,
+                    },
+                })
+            })
+            .collect()
+    }
+
+    async fn list(&self, filter: &OpFilter) -> Result<Vec<Op>, QueueError> {
+        let mut q = QueryBuilder::<Sqlite>::new(format!("SELECT {OP_COLUMNS} FROM ops WHERE 1 = 1"));
+        if let Some(status) = filter.status {
+            q.push(" AND status = ").push_bind(status.as_str());
+        }
+        if let Some(kind) = &filter.kind {
+            q.push(" AND kind = ").push_bind(kind.clone());
+        }
+        if let Some(priority) = filter.priority {
+            q.push(" AND priority = ").push_bind(priority.rank());
+        }
+        if let Some(subject) = &filter.subject {
+            q.push(" AND subject = ").push_bind(subject.clone());
+        }
+        if let Some(outbox) = &filter.outbox {
+            q.push(" AND outbox = ").push_bind(outbox.clone());
+        }
+        if let Some(after) = filter.after_id {
+            if filter.newest_first {
+                q.push(" AND id < ").push_bind(after);
+            } else {
+                q.push(" AND id > ").push_bind(after);
+            }
+        }
+        q.push(if filter.newest_first {
+            " ORDER BY id DESC"
+        } else {
+            " ORDER BY id"
+        });
+        q.push(" LIMIT ").push_bind(i64::from(filter.limit));
+        let rows = q.build().fetch_all(&self.reader).await?;
+        rows.iter().map(op_from_row).collect()
+    }
+
+    async fn depth(&self) -> Result<Vec<Depth>, QueueError> {
+        let rows = sqlx::query(
+            "SELECT status, priority, COUNT(*) AS n FROM ops GROUP BY status, priority ORDER BY status, priority",
+        )
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let status: String = row.try_get("status")?;
+                let priority: i64 = row.try_get("priority")?;
+                Ok(Depth {
+                    status: parse_status(0, &status)?,
+                    priority: parse_priority(0, priority)?,
+                    count: row.try_get("n")?,
+                })
+            })
+            .collect()
+    }
+}
+
+async fn insert_attempt(
+    conn: &mut SqliteConnection,
+    op_id: OpId,
+    attempt: i32,
+    record: &AttemptRecord,
+) -> Result<(), QueueError> {
+    sqlx::query(
+        "INSERT INTO attempts (op_id, attempt, started_at, finished_at, outcome, detail, fee, error) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(op_id)
+    .bind(attempt)
+    .bind(ms(record.started_at))
+    .bind(ms(record.finished_at))
+    .bind(record.class.as_str())
+    .bind(&record.detail)
+    .bind(record.fee)
+    .bind(record.error.as_deref().map(truncate_error))
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+fn cas(rows: u64) -> Cas {
+    if rows == 1 {
+        Cas::Applied
+    } else {
+        Cas::Stale
+    }
+}
+
+fn ms(t: DateTime<Utc>) -> i64 {
+    t.timestamp_millis()
+}
+
+fn from_ms(id: OpId, column: &'static str, v: i64) -> Result<DateTime<Utc>, QueueError> {
+    DateTime::from_timestamp_millis(v).ok_or(QueueError::Corrupt {
+        id,
+        column,
+        value: v.to_string(),
+    })
+}
+
+fn opt_from_ms(id: OpId, column: &'static str, v: Option<i64>) -> Result<Option<DateTime<Utc>>, QueueError> {
+    v.map(|v| from_ms(id, column, v)).transpose()
+}
+
+fn parse_status(id: OpId, s: &str) -> Result<Status, QueueError> {
+    s.parse().map_err(|_| QueueError::Corrupt {
+        id,
+        column: "status",
+        value: s.to_owned(),
+    })
+}
+
+fn parse_priority(id: OpId, rank: i64) -> Result<Priority, QueueError> {
+    Priority::from_rank(rank).ok_or(QueueError::Corrupt {
+        id,
+        column: "priority",
+        value: rank.to_string(),
+    })
+}
+
+fn is_unique_violation(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
+}
+
+fn op_from_row(row: &SqliteRow) -> Result<Op, QueueError> {
+    let id: i64 = row.try_get("id")?;
+    let lanes_text: String = row.try_get("lanes")?;
+    let lanes: Vec<String> = serde_json::from_str(&lanes_text).map_err(|_| QueueError::Corrupt {
+        id,
+        column: "lanes",
+        value: lanes_text.clone(),
+    })?;
+    let status: String = row.try_get("status")?;
+    let token: Option<String> = row.try_get("lease_token")?;
+    let lease_token = token
+        .map(|t| {
+            t.parse().map_err(|_| QueueError::Corrupt {
+                id,
+                column: "lease_token",
+                value: t.clone(),
+            })
+        })
+        .transpose()?;
+    Ok(Op {
+        id,
+        outbox: row.try_get("outbox")?,
+        kind: row.try_get("kind")?,
+        priority: parse_priority(id, row.try_get("priority")?)?,
+        lanes,
+        payload: row.try_get("payload")?,
+        idempotency_key: row.try_get("idempotency_key")?,
+        coalesce_key: row.try_get("coalesce_key")?,
+        subject: row.try_get("subject")?,
+        correlation_id: row.try_get("correlation_id")?,
+        status: parse_status(id, &status)?,
+        attempts: row.try_get("attempts")?,
+        attempt_floor: row.try_get("attempt_floor")?,
+        fee_bumps: row.try_get("fee_bumps")?,
+        next_attempt_at: from_ms(id, "next_attempt_at", row.try_get("next_attempt_at")?)?,
+        lease_owner: row.try_get("lease_owner")?,
+        lease_token,
+        lease_until: opt_from_ms(id, "lease_until", row.try_get("lease_until")?)?,
+        receipt: row.try_get("receipt")?,
+        last_error: row.try_get("last_error")?,
+        created_at: from_ms(id, "created_at", row.try_get("created_at")?)?,
+        updated_at: from_ms(id, "updated_at", row.try_get("updated_at")?)?,
+        finished_at: opt_from_ms(id, "finished_at", row.try_get("finished_at")?)?,
+    })
+}
