@@ -1,1 +1,10 @@
-fn main(){}
+//! laneway's integration tests: one binary, so wasmtime and sqlx link once.
+//!
+//! PostgreSQL tests use `TEST_PG_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/test`) and fail, never skip, when it
+//! is unreachable.
+
+mod cli;
+mod queue_conformance;
+mod support;
+mod backend_specific;

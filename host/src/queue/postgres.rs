@@ -59,6 +59,25 @@ impl PgQueue {
             source,
         };
         let options = PgConnectOptions::from_str(&config.url).map_err(unreachable)?;
+        Self::open_with(options, config, limits, clock).await
+    }
+
+    /// Connects with explicit options (a search path, say) and the pool
+    /// settings from `config`.
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError::Unreachable`] when no connection can be made.
+    pub async fn open_with(
+        options: PgConnectOptions,
+        config: &DatabaseConfig,
+        limits: Limits,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, QueueError> {
+        let unreachable = |source| QueueError::Unreachable {
+            url: super::redact_url(&config.url),
+            source,
+        };
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections)
             .acquire_timeout(Duration::from_millis(config.connect_timeout_ms))
@@ -125,7 +144,9 @@ impl PgQueue {
             .push_bind(until)
             .push(", updated_at = ")
             .push_bind(now)
-            .push(" FROM picked WHERE ops.id = picked.id RETURNING ")
+            // Re-checked here too, so the claim stays a compare-and-set even if
+            // the picking query is ever changed to not lock.
+            .push(" FROM picked WHERE ops.id = picked.id AND ops.status = 'pending' RETURNING ")
             .push(OP_COLUMNS);
         let rows = q.build().fetch_all(&self.pool).await?;
         let mut claimed = rows

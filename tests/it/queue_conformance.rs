@@ -1,0 +1,506 @@
+//! The queue conformance suite: every test runs unchanged against SQLite and
+//! PostgreSQL (River's driver-test idea), through the `Queue` trait only.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{ensure, Context};
+use chrono::Duration as Span;
+use laneway::op::{AttemptClass, AttemptRecord, Lease, Priority, Status};
+use laneway::queue::{
+    Cas, ClaimRequest, Claimed, Completion, Enqueued, Finish, LeaseSpec, NewOp, OpFilter, Queue, QueueError,
+};
+
+use crate::support::TestDb;
+
+crate::on_both_backends!(
+    enqueue_stores_every_field_and_the_payload_text_exactly,
+    idempotency_key_returns_the_existing_op_forever,
+    coalesce_key_declines_while_pending_and_frees_at_terminal,
+    an_invalid_op_in_a_batch_writes_nothing,
+    claim_takes_due_ops_by_priority_then_sequence,
+    claim_filters_by_outbox_and_kind,
+    claim_ids_takes_only_ops_still_pending,
+    eight_claimers_never_share_an_op,
+    a_stale_lease_cannot_complete_or_checkpoint,
+    retry_backs_off_and_counts_attempts_across_claims,
+    permanent_failure_dead_letters_and_force_retry_grants_a_fresh_budget,
+    cancel_only_applies_to_pending_ops,
+    release_gives_the_attempt_back,
+    extended_leases_do_not_expire,
+    checkpointed_receipt_survives_lease_expiry,
+    expiry_at_the_budget_dead_letters,
+    list_filters_and_depth,
+);
+
+fn op(outbox: &str, lanes: &[&str]) -> NewOp {
+    let mut op = NewOp::new(outbox, "activitypub", r#"{"type":"Announce"}"#);
+    op.lanes = lanes.iter().map(|l| (*l).to_owned()).collect();
+    op
+}
+
+fn lease_spec(owner: &str) -> LeaseSpec {
+    LeaseSpec {
+        owner: owner.to_owned(),
+        duration: Duration::from_secs(30),
+    }
+}
+
+fn claim_all(limit: u32) -> ClaimRequest {
+    ClaimRequest {
+        outbox: None,
+        kinds: None,
+        limit,
+        lease: lease_spec("test-host"),
+    }
+}
+
+fn record(db: &TestDb, class: AttemptClass) -> AttemptRecord {
+    let now = laneway::clock::Clock::now(&db.clock);
+    AttemptRecord {
+        started_at: now,
+        finished_at: now,
+        class,
+        detail: Some("202".to_owned()),
+        fee: None,
+        error: None,
+    }
+}
+
+fn confirm(db: &TestDb, lease: Lease) -> Completion {
+    Completion {
+        lease,
+        finish: Finish::Confirm { receipt: None },
+        attempt: record(db, AttemptClass::Confirmed),
+    }
+}
+
+async fn claim_one(q: &dyn Queue) -> anyhow::Result<Claimed> {
+    let mut claimed = q.claim(&claim_all(1)).await?;
+    claimed.pop().context("expected one claimable op")
+}
+
+async fn enqueue_one(q: &dyn Queue, op: NewOp) -> anyhow::Result<i64> {
+    let results = q.enqueue(&[op]).await?;
+    match results.as_slice() {
+        [Enqueued::Created(id)] => Ok(*id),
+        other => anyhow::bail!("expected a created op, got {other:?}"),
+    }
+}
+
+async fn enqueue_stores_every_field_and_the_payload_text_exactly(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    // Key order and white space are the producer's; the store must not normalise them.
+    let payload = "{ \"z\": 1,  \"a\": [true, null] }";
+    let mut new = NewOp::new("https://a.example/actor", "activitypub", payload);
+    new.priority = Priority::Critical;
+    new.lanes = vec!["https://b.example/inbox".into(), "https://c.example/inbox".into(), "https://b.example/inbox".into()];
+    new.idempotency_key = Some("idem-1".into());
+    new.coalesce_key = Some("announce:entry-1:b".into());
+    new.subject = Some("user-7".into());
+    new.correlation_id = Some("urn:ledger:1".into());
+    let id = enqueue_one(q, new).await?;
+    let op = q.get(id).await?.context("stored op")?;
+    ensure!(op.payload == payload, "payload changed: {:?}", op.payload);
+    ensure!(op.priority == Priority::Critical);
+    ensure!(op.lanes == vec!["https://b.example/inbox".to_owned(), "https://c.example/inbox".to_owned()], "{:?}", op.lanes);
+    ensure!(op.status == Status::Pending && op.attempts == 0 && op.lease_token.is_none());
+    ensure!(op.idempotency_key.as_deref() == Some("idem-1"));
+    ensure!(op.coalesce_key.as_deref() == Some("announce:entry-1:b"));
+    ensure!(op.subject.as_deref() == Some("user-7"));
+    ensure!(op.correlation_id.as_deref() == Some("urn:ledger:1"));
+    ensure!(op.created_at == laneway::clock::Clock::now(&db.clock), "created_at {}", op.created_at);
+    ensure!(q.get(id + 1000).await?.is_none());
+    Ok(())
+}
+
+async fn idempotency_key_returns_the_existing_op_forever(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let mut first = op("outbox-a", &["L"]);
+    first.idempotency_key = Some("deposit:u1:tx9".into());
+    let id = enqueue_one(q, first.clone()).await?;
+    // Within one batch too.
+    let again = q.enqueue(&[first.clone(), first.clone()]).await?;
+    ensure!(again == vec![Enqueued::Existing(id), Enqueued::Existing(id)], "{again:?}");
+    // Still the same op after it has been delivered: keys never expire.
+    let claimed = claim_one(q).await?;
+    ensure!(q.complete(&[confirm(&db, claimed.lease)]).await? == vec![Cas::Applied]);
+    ensure!(q.enqueue(&[first.clone()]).await? == vec![Enqueued::Existing(id)]);
+    // The key is per outbox.
+    let mut other = first;
+    other.outbox = "outbox-b".into();
+    ensure!(matches!(q.enqueue(&[other]).await?.as_slice(), [Enqueued::Created(o)] if *o != id));
+    Ok(())
+}
+
+async fn coalesce_key_declines_while_pending_and_frees_at_terminal(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let mut announce = op("case-manager", &["https://coord/inbox"]);
+    announce.coalesce_key = Some("announce:entry-4:coord".into());
+    let id = enqueue_one(q, announce.clone()).await?;
+    ensure!(q.enqueue(&[announce.clone()]).await? == vec![Enqueued::AlreadyPending(id)]);
+    // Still declined while it is in flight.
+    let claimed = claim_one(q).await?;
+    ensure!(q.enqueue(&[announce.clone()]).await? == vec![Enqueued::AlreadyPending(id)]);
+    // Once delivered, a replay is a new op.
+    q.complete(&[confirm(&db, claimed.lease)]).await?;
+    ensure!(matches!(q.enqueue(&[announce]).await?.as_slice(), [Enqueued::Created(n)] if *n > id));
+    ensure!(q.list(&OpFilter { limit: 10, ..OpFilter::default() }).await?.len() == 2);
+    Ok(())
+}
+
+async fn an_invalid_op_in_a_batch_writes_nothing(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let good = op("o", &["L"]);
+    let mut bad = op("o", &["L"]);
+    bad.payload = "{not json".into();
+    let err = q.enqueue(&[good.clone(), bad]).await.err().context("expected an error")?;
+    ensure!(matches!(err, QueueError::InvalidOp(_)), "{err}");
+    let mut big = good.clone();
+    big.payload = format!("\"{}\"", "x".repeat(1024 * 1024));
+    ensure!(matches!(q.enqueue(&[good, big]).await, Err(QueueError::InvalidOp(_))));
+    ensure!(q.list(&OpFilter { limit: 10, ..OpFilter::default() }).await?.is_empty());
+    Ok(())
+}
+
+async fn claim_takes_due_ops_by_priority_then_sequence(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let mut ops = Vec::new();
+    for (i, priority) in [Priority::Low, Priority::Normal, Priority::Critical, Priority::Normal, Priority::Low]
+        .into_iter()
+        .enumerate()
+    {
+        let mut o = op("o", &[&format!("L{i}")]);
+        o.priority = priority;
+        ops.push(o);
+    }
+    let mut later = op("o", &["later"]);
+    later.priority = Priority::Critical;
+    later.not_before = Some(laneway::clock::Clock::now(&db.clock) + Span::seconds(60));
+    ops.push(later);
+    let ids: Vec<i64> = q.enqueue(&ops).await?.into_iter().map(Enqueued::id).collect();
+    let claimed = q.claim(&claim_all(10)).await?;
+    let order: Vec<i64> = claimed.iter().map(|c| c.op.id).collect();
+    ensure!(order == vec![ids[2], ids[1], ids[3], ids[0], ids[4]], "order {order:?} ids {ids:?}");
+    for c in &claimed {
+        ensure!(c.op.status == Status::Submitted && c.op.attempts == 1 && c.lease.attempt == 1);
+        ensure!(c.op.lease_owner.as_deref() == Some("test-host"));
+        ensure!(c.op.lease_token == Some(c.lease.token));
+    }
+    ensure!(q.claim(&claim_all(10)).await?.is_empty(), "the delayed op is not due yet");
+    db.clock.advance(Span::seconds(61));
+    ensure!(q.claim(&claim_all(10)).await?.iter().map(|c| c.op.id).collect::<Vec<_>>() == vec![ids[5]]);
+    Ok(())
+}
+
+async fn claim_filters_by_outbox_and_kind(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let a = enqueue_one(q, op("a", &["L"])).await?;
+    let mut deposit = op("b", &["G"]);
+    deposit.kind = "deposit".into();
+    let b = enqueue_one(q, deposit).await?;
+    let only_b = ClaimRequest {
+        outbox: Some("b".into()),
+        ..claim_all(10)
+    };
+    ensure!(q.claim(&only_b).await?.iter().map(|c| c.op.id).collect::<Vec<_>>() == vec![b]);
+    let _ = a;
+    let only_kind = ClaimRequest {
+        kinds: Some(vec!["deposit".into(), "withdraw".into()]),
+        ..claim_all(10)
+    };
+    ensure!(q.claim(&only_kind).await?.is_empty(), "the deposit is already claimed");
+    let ap = ClaimRequest {
+        kinds: Some(vec!["activitypub".into()]),
+        ..claim_all(10)
+    };
+    ensure!(q.claim(&ap).await?.iter().map(|c| c.op.id).collect::<Vec<_>>() == vec![a]);
+    Ok(())
+}
+
+async fn claim_ids_takes_only_ops_still_pending(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let ids: Vec<i64> = q
+        .enqueue(&[op("o", &["A"]), op("o", &["B"]), op("o", &["C"])])
+        .await?
+        .into_iter()
+        .map(Enqueued::id)
+        .collect();
+    let first = q.claim_ids(&[ids[0], ids[2]], &lease_spec("h1")).await?;
+    ensure!(first.iter().map(|c| c.op.id).collect::<Vec<_>>() == vec![ids[0], ids[2]]);
+    q.cancel(ids[1]).await?;
+    let second = q.claim_ids(&ids, &lease_spec("h2")).await?;
+    ensure!(second.is_empty(), "claimed {second:?}");
+    ensure!(q.claim_ids(&[], &lease_spec("h2")).await?.is_empty());
+    Ok(())
+}
+
+async fn eight_claimers_never_share_an_op(db: TestDb) -> anyhow::Result<()> {
+    const OPS: usize = 10_000;
+    let q = db.queue.clone();
+    let batch: Vec<NewOp> = (0..1000).map(|i| op(&format!("outbox-{}", i % 7), &[&format!("lane-{i}")])).collect();
+    for _ in 0..OPS / 1000 {
+        q.enqueue(&batch).await?;
+    }
+    let mut workers = Vec::new();
+    for w in 0..8 {
+        let q: Arc<dyn Queue> = q.clone();
+        let clock = db.clock.clone();
+        workers.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            let request = ClaimRequest {
+                lease: lease_spec(&format!("claimer-{w}")),
+                ..claim_all(64)
+            };
+            loop {
+                let claimed = q.claim(&request).await?;
+                if claimed.is_empty() {
+                    break;
+                }
+                let now = laneway::clock::Clock::now(&clock);
+                let completions: Vec<Completion> = claimed
+                    .iter()
+                    .map(|c| Completion {
+                        lease: c.lease,
+                        finish: Finish::Confirm { receipt: None },
+                        attempt: AttemptRecord {
+                            started_at: now,
+                            finished_at: now,
+                            class: AttemptClass::Confirmed,
+                            detail: None,
+                            fee: None,
+                            error: None,
+                        },
+                    })
+                    .collect();
+                let results = q.complete(&completions).await?;
+                anyhow::ensure!(results.iter().all(|r| r.applied()), "a fresh lease was refused");
+                mine.extend(claimed.iter().map(|c| c.op.id));
+            }
+            anyhow::Ok(mine)
+        }));
+    }
+    let mut seen = HashSet::new();
+    let mut total = 0;
+    for w in workers {
+        for id in w.await?? {
+            total += 1;
+            ensure!(seen.insert(id), "op {id} was claimed twice");
+        }
+    }
+    ensure!(total == OPS, "claimed {total} of {OPS}");
+    let depth = q.depth().await?;
+    let confirmed: i64 = depth.iter().filter(|d| d.status == Status::Confirmed).map(|d| d.count).sum();
+    ensure!(confirmed == OPS as i64, "{depth:?}");
+    Ok(())
+}
+
+async fn a_stale_lease_cannot_complete_or_checkpoint(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let id = enqueue_one(q, op("o", &["L"])).await?;
+    let stale = claim_one(q).await?;
+    // The holder stalls past its lease; recovery takes the op back.
+    db.clock.advance(Span::seconds(31));
+    let expired = q.expired_leases(10).await?;
+    ensure!(expired.iter().map(|c| c.lease).collect::<Vec<_>>() == vec![stale.lease], "{expired:?}");
+    ensure!(q.expire(&stale.lease, laneway::clock::Clock::now(&db.clock), false).await? == Cas::Applied);
+    ensure!(q.expire(&stale.lease, laneway::clock::Clock::now(&db.clock), false).await? == Cas::Stale);
+    let fresh = claim_one(q).await?;
+    ensure!(fresh.lease.attempt == 2 && fresh.lease.token != stale.lease.token);
+    // The stalled dispatcher wakes up and reports: every change is refused.
+    ensure!(q.complete(&[confirm(&db, stale.lease)]).await? == vec![Cas::Stale]);
+    ensure!(q.checkpoint(&stale.lease, "tx-old").await? == Cas::Stale);
+    ensure!(q.extend_leases(&[stale.lease], Duration::from_secs(30)).await? == vec![Cas::Stale]);
+    ensure!(q.release(&[stale.lease]).await? == vec![Cas::Stale]);
+    // A forged token for the current attempt is refused too.
+    let forged = Lease {
+        token: uuid::Uuid::new_v4(),
+        ..fresh.lease
+    };
+    ensure!(q.complete(&[confirm(&db, forged)]).await? == vec![Cas::Stale]);
+    ensure!(q.complete(&[confirm(&db, fresh.lease)]).await? == vec![Cas::Applied]);
+    // Completing twice is refused: confirmed is terminal.
+    ensure!(q.complete(&[confirm(&db, fresh.lease)]).await? == vec![Cas::Stale]);
+    let op = q.get(id).await?.context("op")?;
+    ensure!(op.status == Status::Confirmed && op.finished_at.is_some() && op.lease_token.is_none());
+    let history: Vec<(i32, AttemptClass)> = q.attempts(id).await?.iter().map(|a| (a.attempt, a.record.class)).collect();
+    ensure!(history == vec![(1, AttemptClass::LeaseExpired), (2, AttemptClass::Confirmed)], "{history:?}");
+    Ok(())
+}
+
+async fn retry_backs_off_and_counts_attempts_across_claims(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let id = enqueue_one(q, op("o", &["L"])).await?;
+    for attempt in 1..=3 {
+        let c = claim_one(q).await?;
+        ensure!(c.lease.attempt == attempt);
+        let next = laneway::clock::Clock::now(&db.clock) + Span::seconds(10);
+        let retry = Completion {
+            lease: c.lease,
+            finish: Finish::Retry {
+                next_attempt_at: next,
+                error: format!("HTTP 503 on attempt {attempt}"),
+                fee_bump: true,
+            },
+            attempt: AttemptRecord {
+                detail: Some("503".into()),
+                error: Some("service unavailable".into()),
+                ..record(&db, AttemptClass::Retryable)
+            },
+        };
+        ensure!(q.complete(&[retry]).await? == vec![Cas::Applied]);
+        let op = q.get(id).await?.context("op")?;
+        ensure!(op.status == Status::Pending && op.next_attempt_at == next && op.attempts == attempt);
+        ensure!(op.last_error.as_deref() == Some(format!("HTTP 503 on attempt {attempt}").as_str()));
+        ensure!(q.claim(&claim_all(1)).await?.is_empty(), "claimed during backoff");
+        db.clock.advance(Span::seconds(10));
+    }
+    let op = q.get(id).await?.context("op")?;
+    ensure!(op.fee_bumps == 3 && op.budget_attempts() == 3);
+    let history = q.attempts(id).await?;
+    ensure!(history.len() == 3 && history.iter().all(|a| a.record.class == AttemptClass::Retryable));
+    ensure!(history[2].record.detail.as_deref() == Some("503"));
+    Ok(())
+}
+
+async fn permanent_failure_dead_letters_and_force_retry_grants_a_fresh_budget(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let mut new = op("o", &["L"]);
+    new.correlation_id = Some("urn:ledger:entry-9".into());
+    let id = enqueue_one(q, new).await?;
+    let c = claim_one(q).await?;
+    let fail = Completion {
+        lease: c.lease,
+        finish: Finish::Fail {
+            error: "HTTP 410 Gone".into(),
+        },
+        attempt: AttemptRecord {
+            detail: Some("410".into()),
+            ..record(&db, AttemptClass::Permanent)
+        },
+    };
+    ensure!(q.complete(&[fail]).await? == vec![Cas::Applied]);
+    let dead = q.get(id).await?.context("op")?;
+    ensure!(dead.status == Status::Failed && dead.finished_at.is_some());
+    ensure!(dead.last_error.as_deref() == Some("HTTP 410 Gone") && dead.correlation_id.as_deref() == Some("urn:ledger:entry-9"));
+    ensure!(q.claim(&claim_all(1)).await?.is_empty(), "a dead letter was claimed");
+    let retried = q.force_retry(id).await?;
+    ensure!(retried.status == Status::Pending && retried.finished_at.is_none());
+    ensure!(retried.attempts == 1 && retried.attempt_floor == 1 && retried.budget_attempts() == 0);
+    match q.force_retry(id).await {
+        Err(QueueError::Illegal { id: got, .. }) if got == id => {}
+        other => anyhow::bail!("force-retry of a pending op gave {other:?}"),
+    }
+    let again = claim_one(q).await?;
+    ensure!(again.lease.attempt == 2, "attempt numbers are never reused");
+    ensure!(matches!(q.force_retry(id + 99).await, Err(QueueError::NotFound(_))));
+    Ok(())
+}
+
+async fn cancel_only_applies_to_pending_ops(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let a = enqueue_one(q, op("o", &["A"])).await?;
+    let b = enqueue_one(q, op("o", &["B"])).await?;
+    let cancelled = q.cancel(a).await?;
+    ensure!(cancelled.status == Status::Cancelled && cancelled.finished_at.is_some());
+    let claimed = claim_one(q).await?;
+    ensure!(claimed.op.id == b);
+    match q.cancel(b).await {
+        Err(QueueError::Illegal { source, .. }) => ensure!(source.from == Status::Submitted),
+        other => anyhow::bail!("cancel of a submitted op gave {other:?}"),
+    }
+    ensure!(matches!(q.cancel(a).await, Err(QueueError::Illegal { .. })));
+    ensure!(matches!(q.cancel(b + 50).await, Err(QueueError::NotFound(_))));
+    ensure!(q.get(b).await?.map(|o| o.status) == Some(Status::Submitted));
+    Ok(())
+}
+
+async fn release_gives_the_attempt_back(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let id = enqueue_one(q, op("o", &["L"])).await?;
+    let c = claim_one(q).await?;
+    ensure!(q.release(&[c.lease]).await? == vec![Cas::Applied]);
+    let op = q.get(id).await?.context("op")?;
+    ensure!(op.status == Status::Pending && op.attempts == 0 && op.lease_token.is_none());
+    ensure!(q.attempts(id).await?.is_empty());
+    ensure!(claim_one(q).await?.lease.attempt == 1);
+    Ok(())
+}
+
+async fn extended_leases_do_not_expire(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    enqueue_one(q, op("o", &["A"])).await?;
+    enqueue_one(q, op("o", &["B"])).await?;
+    let claimed = q.claim(&claim_all(2)).await?;
+    db.clock.advance(Span::seconds(20));
+    ensure!(q.extend_leases(&[claimed[0].lease], Duration::from_secs(30)).await? == vec![Cas::Applied]);
+    db.clock.advance(Span::seconds(20));
+    let expired: Vec<Lease> = q.expired_leases(10).await?.iter().map(|c| c.lease).collect();
+    ensure!(expired == vec![claimed[1].lease], "{expired:?}");
+    Ok(())
+}
+
+async fn checkpointed_receipt_survives_lease_expiry(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let id = enqueue_one(q, op("o", &["signer"])).await?;
+    let c = claim_one(q).await?;
+    ensure!(q.checkpoint(&c.lease, r#"{"hash":"d8ec9b68"}"#).await? == Cas::Applied);
+    db.clock.advance(Span::seconds(31));
+    ensure!(q.expire(&c.lease, laneway::clock::Clock::now(&db.clock), false).await? == Cas::Applied);
+    let reclaimed = claim_one(q).await?;
+    ensure!(reclaimed.op.receipt.as_deref() == Some(r#"{"hash":"d8ec9b68"}"#), "the receipt must reach reconcile");
+    let done = Completion {
+        lease: reclaimed.lease,
+        finish: Finish::Confirm {
+            receipt: Some(r#"{"hash":"d8ec9b68","ledger":42}"#.into()),
+        },
+        attempt: record(&db, AttemptClass::Confirmed),
+    };
+    q.complete(&[done]).await?;
+    ensure!(q.get(id).await?.and_then(|o| o.receipt).as_deref() == Some(r#"{"hash":"d8ec9b68","ledger":42}"#));
+    Ok(())
+}
+
+async fn expiry_at_the_budget_dead_letters(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let id = enqueue_one(q, op("o", &["L"])).await?;
+    let c = claim_one(q).await?;
+    db.clock.advance(Span::seconds(31));
+    ensure!(q.expire(&c.lease, laneway::clock::Clock::now(&db.clock), true).await? == Cas::Applied);
+    let op = q.get(id).await?.context("op")?;
+    ensure!(op.status == Status::Failed && op.finished_at.is_some() && op.last_error.as_deref() == Some("lease expired"));
+    Ok(())
+}
+
+async fn list_filters_and_depth(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let mut a = op("alice", &["L1"]);
+    a.subject = Some("u1".into());
+    let mut b = op("bob", &["L2"]);
+    b.kind = "withdraw".into();
+    b.priority = Priority::Critical;
+    let c = op("alice", &["L3"]);
+    let ids: Vec<i64> = q.enqueue(&[a, b, c]).await?.into_iter().map(Enqueued::id).collect();
+    let all = |f: OpFilter| OpFilter { limit: 100, ..f };
+    let ids_of = |ops: Vec<laneway::op::Op>| ops.into_iter().map(|o| o.id).collect::<Vec<_>>();
+    ensure!(ids_of(q.list(&all(OpFilter::default())).await?) == ids);
+    ensure!(ids_of(q.list(&all(OpFilter { outbox: Some("alice".into()), ..OpFilter::default() })).await?) == vec![ids[0], ids[2]]);
+    ensure!(ids_of(q.list(&all(OpFilter { kind: Some("withdraw".into()), ..OpFilter::default() })).await?) == vec![ids[1]]);
+    ensure!(ids_of(q.list(&all(OpFilter { priority: Some(Priority::Critical), ..OpFilter::default() })).await?) == vec![ids[1]]);
+    ensure!(ids_of(q.list(&all(OpFilter { subject: Some("u1".into()), ..OpFilter::default() })).await?) == vec![ids[0]]);
+    ensure!(ids_of(q.list(&all(OpFilter { newest_first: true, ..OpFilter::default() })).await?) == vec![ids[2], ids[1], ids[0]]);
+    ensure!(ids_of(q.list(&OpFilter { limit: 1, after_id: Some(ids[0]), ..OpFilter::default() }).await?) == vec![ids[1]]);
+    q.cancel(ids[2]).await?;
+    ensure!(ids_of(q.list(&all(OpFilter { status: Some(Status::Cancelled), ..OpFilter::default() })).await?) == vec![ids[2]]);
+    let depth: Vec<(Status, Priority, i64)> = q.depth().await?.iter().map(|d| (d.status, d.priority, d.count)).collect();
+    for want in [
+        (Status::Pending, Priority::Critical, 1),
+        (Status::Pending, Priority::Normal, 1),
+        (Status::Cancelled, Priority::Normal, 1),
+    ] {
+        ensure!(depth.contains(&want), "{want:?} not in {depth:?}");
+    }
+    ensure!(depth.len() == 3, "{depth:?}");
+    Ok(())
+}
