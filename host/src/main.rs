@@ -1,1 +1,51 @@
-fn main() {}
+//! The `laneway` binary: parses the command line, runs the command, and turns
+//! errors into one line on standard error and a non-zero exit.
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+
+use laneway::cli::{self, Io};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let cli = match cli::parse(std::env::args_os()) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // clap prints usage or help itself, to the right stream.
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_env("LANEWAY_LOG").unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("laneway: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut stdin = std::io::stdin();
+    let mut stdout = std::io::stdout();
+    let io = Io {
+        // Non-UTF-8 variables cannot be config keys; skip them rather than panic.
+        env: std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+            .collect(),
+        stdin: &mut stdin,
+        stdout: &mut stdout,
+    };
+    match runtime.block_on(cli::run(cli, io)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("laneway: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

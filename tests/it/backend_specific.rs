@@ -17,28 +17,42 @@ fn announce(n: u32) -> NewOp {
 #[tokio::test]
 async fn sqlite_enqueue_commits_and_rolls_back_with_the_business_row() -> anyhow::Result<()> {
     let db = support::sqlite().await?;
-    let TestBackend::Sqlite(queue) = &db.kind else { anyhow::bail!("not sqlite") };
+    let TestBackend::Sqlite(queue) = &db.kind else {
+        anyhow::bail!("not sqlite")
+    };
     sqlx::query("CREATE TABLE ledger (id INTEGER PRIMARY KEY, entry INTEGER NOT NULL)")
         .execute(queue.pool())
         .await?;
 
     let mut tx = queue.begin().await?;
-    sqlx::query("INSERT INTO ledger (entry) VALUES (1)").execute(&mut *tx).await?;
+    sqlx::query("INSERT INTO ledger (entry) VALUES (1)")
+        .execute(&mut *tx)
+        .await?;
     let rolled_back = queue.enqueue_in(&mut tx, &[announce(1)]).await?;
     tx.rollback().await?;
 
     let mut tx = queue.begin().await?;
-    sqlx::query("INSERT INTO ledger (entry) VALUES (2)").execute(&mut *tx).await?;
+    sqlx::query("INSERT INTO ledger (entry) VALUES (2)")
+        .execute(&mut *tx)
+        .await?;
     let committed = queue.enqueue_in(&mut tx, &[announce(2)]).await?;
     tx.commit().await?;
 
-    let ops = db.queue.list(&OpFilter { limit: 10, ..OpFilter::default() }).await?;
+    let ops = db
+        .queue
+        .list(&OpFilter {
+            limit: 10,
+            ..OpFilter::default()
+        })
+        .await?;
     ensure!(ops.len() == 1 && ops[0].payload == r#"{"entry":2}"#, "{ops:?}");
     ensure!(matches!(committed.as_slice(), [Enqueued::Created(id)] if *id == ops[0].id));
     // SQLite hands a rolled-back id out again; what matters is that only the
     // committed payload exists.
     ensure!(rolled_back.len() == 1);
-    let entries: Vec<i64> = sqlx::query_scalar("SELECT entry FROM ledger").fetch_all(queue.pool()).await?;
+    let entries: Vec<i64> = sqlx::query_scalar("SELECT entry FROM ledger")
+        .fetch_all(queue.pool())
+        .await?;
     ensure!(entries == vec![2]);
     Ok(())
 }
@@ -46,25 +60,42 @@ async fn sqlite_enqueue_commits_and_rolls_back_with_the_business_row() -> anyhow
 #[tokio::test]
 async fn postgres_enqueue_commits_and_rolls_back_with_the_business_row() -> anyhow::Result<()> {
     let db = support::postgres().await?;
-    let TestBackend::Postgres(queue) = &db.kind else { anyhow::bail!("not postgres") };
+    let TestBackend::Postgres(queue) = &db.kind else {
+        anyhow::bail!("not postgres")
+    };
     sqlx::query("CREATE TABLE ledger (id BIGSERIAL PRIMARY KEY, entry INTEGER NOT NULL)")
         .execute(queue.pool())
         .await?;
 
     let mut tx = queue.begin().await?;
-    sqlx::query("INSERT INTO ledger (entry) VALUES (1)").execute(&mut *tx).await?;
+    sqlx::query("INSERT INTO ledger (entry) VALUES (1)")
+        .execute(&mut *tx)
+        .await?;
     let rolled_back = queue.enqueue_in(&mut tx, &[announce(1)]).await?;
     tx.rollback().await?;
 
     let mut tx = queue.begin().await?;
-    sqlx::query("INSERT INTO ledger (entry) VALUES (2)").execute(&mut *tx).await?;
+    sqlx::query("INSERT INTO ledger (entry) VALUES (2)")
+        .execute(&mut *tx)
+        .await?;
     queue.enqueue_in(&mut tx, &[announce(2)]).await?;
     tx.commit().await?;
 
-    let ops = db.queue.list(&OpFilter { limit: 10, ..OpFilter::default() }).await?;
+    let ops = db
+        .queue
+        .list(&OpFilter {
+            limit: 10,
+            ..OpFilter::default()
+        })
+        .await?;
     ensure!(ops.len() == 1 && ops[0].payload == r#"{"entry":2}"#, "{ops:?}");
-    ensure!(db.queue.get(rolled_back[0].id()).await?.is_none(), "a rolled-back op is visible");
-    let entries: Vec<i32> = sqlx::query_scalar("SELECT entry FROM ledger").fetch_all(queue.pool()).await?;
+    ensure!(
+        db.queue.get(rolled_back[0].id()).await?.is_none(),
+        "a rolled-back op is visible"
+    );
+    let entries: Vec<i32> = sqlx::query_scalar("SELECT entry FROM ledger")
+        .fetch_all(queue.pool())
+        .await?;
     ensure!(entries == vec![2]);
     Ok(())
 }
@@ -72,7 +103,9 @@ async fn postgres_enqueue_commits_and_rolls_back_with_the_business_row() -> anyh
 #[tokio::test]
 async fn sqlite_plain_sql_producers_get_lanes_and_cannot_rewrite_an_op() -> anyhow::Result<()> {
     let db = support::sqlite().await?;
-    let TestBackend::Sqlite(queue) = &db.kind else { anyhow::bail!("not sqlite") };
+    let TestBackend::Sqlite(queue) = &db.kind else {
+        anyhow::bail!("not sqlite")
+    };
     let id: i64 = sqlx::query_scalar(
         "INSERT INTO ops (outbox, kind, lanes, payload) VALUES ('actor', 'activitypub', '[\"A\",\"B\",\"A\"]', '{}') RETURNING id",
     )
@@ -85,9 +118,14 @@ async fn sqlite_plain_sql_producers_get_lanes_and_cannot_rewrite_an_op() -> anyh
     ensure!(lanes == vec!["A".to_owned(), "B".to_owned()], "{lanes:?}");
     let op = db.queue.get(id).await?.context("op")?;
     ensure!(op.status == Status::Pending && op.attempts == 0);
-    let rewrite = sqlx::query("UPDATE ops SET payload = '{\"evil\":1}' WHERE id = ?").bind(id).execute(queue.pool()).await;
+    let rewrite = sqlx::query("UPDATE ops SET payload = '{\"evil\":1}' WHERE id = ?")
+        .bind(id)
+        .execute(queue.pool())
+        .await;
     ensure!(rewrite.is_err(), "payload rewritten");
-    let bad = sqlx::query("INSERT INTO ops (outbox, kind, payload) VALUES ('a', 'k', 'not json')").execute(queue.pool()).await;
+    let bad = sqlx::query("INSERT INTO ops (outbox, kind, payload) VALUES ('a', 'k', 'not json')")
+        .execute(queue.pool())
+        .await;
     ensure!(bad.is_err(), "malformed JSON accepted");
     Ok(())
 }
@@ -95,7 +133,9 @@ async fn sqlite_plain_sql_producers_get_lanes_and_cannot_rewrite_an_op() -> anyh
 #[tokio::test]
 async fn postgres_plain_sql_producers_get_lanes_a_notify_and_cannot_rewrite_an_op() -> anyhow::Result<()> {
     let db = support::postgres().await?;
-    let TestBackend::Postgres(queue) = &db.kind else { anyhow::bail!("not postgres") };
+    let TestBackend::Postgres(queue) = &db.kind else {
+        anyhow::bail!("not postgres")
+    };
     let mut listener = sqlx::postgres::PgListener::connect_with(queue.pool()).await?;
     listener.listen(laneway::queue::postgres::NOTIFY_CHANNEL).await?;
     let id: i64 = sqlx::query_scalar(
@@ -112,7 +152,10 @@ async fn postgres_plain_sql_producers_get_lanes_a_notify_and_cannot_rewrite_an_o
         .fetch_all(queue.pool())
         .await?;
     ensure!(lanes == vec!["A".to_owned(), "B".to_owned()], "{lanes:?}");
-    let rewrite = sqlx::query("UPDATE ops SET payload = '{\"evil\":1}' WHERE id = $1").bind(id).execute(queue.pool()).await;
+    let rewrite = sqlx::query("UPDATE ops SET payload = '{\"evil\":1}' WHERE id = $1")
+        .bind(id)
+        .execute(queue.pool())
+        .await;
     ensure!(rewrite.is_err(), "payload rewritten");
     Ok(())
 }
@@ -129,7 +172,11 @@ async fn schema_checks(db: support::TestDb, insert_future: &str) -> anyhow::Resu
         TestBackend::Postgres(q) => sqlx::query(insert_future).execute(q.pool()).await?.rows_affected(),
     };
     match db.queue.check_schema().await {
-        Err(e @ QueueError::SchemaTooNew { found: 99990101000000, .. }) => {
+        Err(
+            e @ QueueError::SchemaTooNew {
+                found: 99990101000000, ..
+            },
+        ) => {
             ensure!(e.to_string().contains("upgrade laneway"), "{e}");
         }
         other => anyhow::bail!("newer schema gave {other:?}"),
@@ -139,7 +186,8 @@ async fn schema_checks(db: support::TestDb, insert_future: &str) -> anyhow::Resu
     Ok(())
 }
 
-const FUTURE_MIGRATION: &str = "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+const FUTURE_MIGRATION: &str =
+    "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
      VALUES (99990101000000, 'from the future', TRUE, X'00', 0)";
 
 #[tokio::test]

@@ -1,1 +1,318 @@
-//! CLI tests (filled in with the CLI).
+//! The CLI, run in-process against a SQLite file: what an operator types and
+//! reads, and that bad input gets one clear error and changes nothing.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{ensure, Context};
+use laneway::cli::{self, CliError, Io};
+
+struct Env {
+    dir: tempfile::TempDir,
+    config: PathBuf,
+}
+
+impl Env {
+    fn new(extra: &str) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let config = dir.path().join("laneway.toml");
+        let db = dir.path().join("queue.db");
+        std::fs::write(
+            &config,
+            format!(
+                "[database]\nurl = \"sqlite://{}\"\nconnect_timeout_ms = 500\n{extra}",
+                db.display()
+            ),
+        )?;
+        Ok(Self { dir, config })
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Runs `laneway --config <file> args…` with `stdin`; returns stdout or the error.
+    async fn run(&self, args: &[&str], stdin: &str) -> anyhow::Result<Result<String, CliError>> {
+        run_with(&self.config, args, stdin, Vec::new()).await
+    }
+
+    async fn ok(&self, args: &[&str], stdin: &str) -> anyhow::Result<String> {
+        self.run(args, stdin)
+            .await?
+            .map_err(|e| anyhow::anyhow!("{args:?} failed: {e}"))
+    }
+
+    async fn err(&self, args: &[&str], stdin: &str) -> anyhow::Result<String> {
+        match self.run(args, stdin).await? {
+            Ok(out) => anyhow::bail!("{args:?} succeeded: {out}"),
+            Err(e) => Ok(e.to_string()),
+        }
+    }
+}
+
+async fn run_with(
+    config: &Path,
+    args: &[&str],
+    stdin: &str,
+    env: Vec<(String, String)>,
+) -> anyhow::Result<Result<String, CliError>> {
+    let mut argv = vec![
+        "laneway".to_owned(),
+        "--config".to_owned(),
+        config.display().to_string(),
+    ];
+    argv.extend(args.iter().map(|a| (*a).to_owned()));
+    let parsed = cli::parse(argv.into_iter().map(Into::into)).context("arguments")?;
+    let mut input = stdin.as_bytes();
+    let mut output = Vec::new();
+    let result = cli::run(
+        parsed,
+        Io {
+            env,
+            stdin: &mut input,
+            stdout: &mut output,
+        },
+    )
+    .await;
+    Ok(result.map(|()| String::from_utf8_lossy(&output).into_owned()))
+}
+
+const ANNOUNCE: &str = r#"{"type":"Announce","object":{"type":"CaseLedgerEntry","id":"urn:entry:1"}}"#;
+
+#[tokio::test]
+async fn an_operator_enqueues_lists_shows_cancels_and_retries() -> anyhow::Result<()> {
+    let env = Env::new("")?;
+    ensure!(env.ok(&["migrate"], "").await?.contains("current schema"));
+    let enqueue = [
+        "enqueue",
+        "--kind",
+        "activitypub",
+        "--outbox",
+        "https://cm.example/actor",
+        "--lane",
+        "https://coord.example/inbox",
+        "--coalesce-key",
+        "announce:1:coord",
+        "--correlation-id",
+        "urn:entry:1",
+    ];
+    ensure!(env.ok(&enqueue, ANNOUNCE).await? == "enqueued op 1\n");
+    let declined = env.ok(&enqueue, ANNOUNCE).await?;
+    ensure!(
+        declined.starts_with("declined: op 1 with this coalesce key is already pending"),
+        "{declined}"
+    );
+
+    std::fs::write(env.path("payload.json"), r#"{"amount":"10"}"#)?;
+    let payload = env.path("payload.json").display().to_string();
+    let json = env
+        .ok(
+            &[
+                "enqueue",
+                "--kind",
+                "withdraw",
+                "--outbox",
+                "platform",
+                "--lane",
+                "GSIGNER",
+                "--payload",
+                &payload,
+                "--idempotency-key",
+                "withdraw:u1:t1",
+                "--json",
+            ],
+            "",
+        )
+        .await?;
+    let created: serde_json::Value = serde_json::from_str(&json)?;
+    ensure!(created["result"] == "created", "{json}");
+    // Ids are a monotonic sequence with gaps: the declined enqueue used one.
+    let id = created["id"].as_i64().context("id")?;
+    ensure!(id > 1, "{json}");
+    let id_text = id.to_string();
+    let again = env
+        .ok(
+            &[
+                "enqueue",
+                "--kind",
+                "withdraw",
+                "--outbox",
+                "platform",
+                "--lane",
+                "GSIGNER",
+                "--payload",
+                &payload,
+                "--idempotency-key",
+                "withdraw:u1:t1",
+            ],
+            "",
+        )
+        .await?;
+    ensure!(again.contains(&format!("op {id} already exists")), "{again}");
+
+    let table = env.ok(&["ops", "list"], "").await?;
+    ensure!(
+        table.contains("activitypub") && table.contains("withdraw") && table.contains("critical"),
+        "{table}"
+    );
+    let listed: serde_json::Value =
+        serde_json::from_str(&env.ok(&["ops", "list", "--priority", "critical", "--json"], "").await?)?;
+    ensure!(
+        listed.as_array().map(Vec::len) == Some(1) && listed[0]["id"] == id,
+        "{listed}"
+    );
+
+    let shown = env.ok(&["ops", "show", "1"], "").await?;
+    ensure!(
+        shown.contains("urn:entry:1") && shown.contains("no attempts yet"),
+        "{shown}"
+    );
+    let shown: serde_json::Value = serde_json::from_str(&env.ok(&["ops", "show", "1", "--json"], "").await?)?;
+    ensure!(
+        shown["op"]["payload"] == ANNOUNCE && shown["attempts"].as_array().map(Vec::len) == Some(0),
+        "{shown}"
+    );
+
+    ensure!(env.ok(&["ops", "cancel", "1"], "").await? == "op 1 cancelled\n");
+    let refused = env.err(&["ops", "cancel", "1"], "").await?;
+    ensure!(
+        refused == "op 1: cannot cancel an op that is cancelled: cancel needs a pending op",
+        "{refused}"
+    );
+    let refused = env.err(&["ops", "retry", &id_text], "").await?;
+    ensure!(refused.contains("force-retry needs a failed op"), "{refused}");
+    ensure!(env.err(&["ops", "show", "99"], "").await? == "op 99 not found");
+    let stats = env.ok(&["ops", "stats", "--json"], "").await?;
+    ensure!(
+        stats.contains("\"cancelled\"") && stats.contains("\"pending\""),
+        "{stats}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn bad_input_gets_one_clear_error_and_changes_nothing() -> anyhow::Result<()> {
+    let env = Env::new("[queue]\nmax_payload_bytes = 64\n")?;
+    env.ok(&["migrate"], "").await?;
+    let base = ["enqueue", "--kind", "activitypub", "--outbox", "o", "--lane", "l"];
+    env.ok(&base, "{}").await?;
+    let before = env.ok(&["ops", "list", "--json"], "").await?;
+
+    let cases: Vec<(Vec<&str>, &str, &str)> = vec![
+        (base.to_vec(), "{\"unterminated\": ", "payload is not valid JSON"),
+        (
+            base.to_vec(),
+            "[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25]",
+            "over the 64-byte limit",
+        ),
+        (
+            [&base[..], &["--priority", "urgent"]].concat(),
+            "{}",
+            "unknown priority \"urgent\"",
+        ),
+        (
+            vec!["enqueue", "--kind", "activitypub", "--outbox", "o"],
+            "{}",
+            "needs at least one lane",
+        ),
+        (
+            vec!["enqueue", "--kind", "activitypub", "--outbox", "o", "--lane", " "],
+            "{}",
+            "needs at least one lane",
+        ),
+        (
+            vec!["enqueue", "--kind", "fax", "--outbox", "o", "--lane", "l"],
+            "{}",
+            "unknown kind \"fax\"",
+        ),
+        (
+            vec!["enqueue", "--kind", "activitypub", "--outbox", "", "--lane", "l"],
+            "{}",
+            "outbox must not be empty",
+        ),
+        (
+            [&base[..], &["--payload", "/nonexistent/p.json"]].concat(),
+            "",
+            "cannot read payload file",
+        ),
+        (vec!["ops", "list", "--status", "done"], "", "unknown status \"done\""),
+    ];
+    for (args, stdin, expected) in cases {
+        let message = env.err(&args, stdin).await?;
+        ensure!(message.contains(expected), "{args:?}: {message:?} lacks {expected:?}");
+        ensure!(
+            !message.contains('\n'),
+            "{args:?}: the error is not one line: {message:?}"
+        );
+    }
+    ensure!(
+        env.ok(&["ops", "list", "--json"], "").await? == before,
+        "bad input changed the queue"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_unreachable_or_unmigrated_or_newer_database_is_refused() -> anyhow::Result<()> {
+    let env = Env::new("")?;
+    let unmigrated = env.err(&["ops", "list"], "").await?;
+    ensure!(unmigrated.contains("run `laneway migrate`"), "{unmigrated}");
+    let nowhere = run_with(
+        &env.config,
+        &["ops", "list"],
+        "",
+        vec![(
+            "LANEWAY_DATABASE__URL".into(),
+            "postgres://nobody@127.0.0.1:1/none".into(),
+        )],
+    )
+    .await?
+    .err()
+    .context("an unreachable database was accepted")?
+    .to_string();
+    ensure!(
+        nowhere.starts_with("cannot open database postgres://nobody@127.0.0.1:1/none"),
+        "{nowhere}"
+    );
+
+    env.ok(&["migrate"], "").await?;
+    env.ok(
+        &["enqueue", "--kind", "activitypub", "--outbox", "o", "--lane", "l"],
+        "{}",
+    )
+    .await?;
+    let db = env.path("queue.db");
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display())).await?;
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (99990101000000, 'from the future', TRUE, X'00', 0)",
+    )
+    .execute(&pool)
+    .await?;
+    pool.close().await;
+    let newer = env
+        .err(
+            &["enqueue", "--kind", "activitypub", "--outbox", "o", "--lane", "l"],
+            "{}",
+        )
+        .await?;
+    ensure!(newer.contains("newer than this laneway knows"), "{newer}");
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display())).await?;
+    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM ops").fetch_one(&pool).await?;
+    ensure!(count == 1, "an op was written to a newer schema");
+    Ok(())
+}
+
+#[tokio::test]
+async fn config_problems_are_reported_together() -> anyhow::Result<()> {
+    let env = Env::new("[queue]\nlease_ms = 5\nclaim_batch = 0\nturbo = true\n")?;
+    let message = env.err(&["check-config"], "").await?;
+    for expected in [
+        "3 problems",
+        "queue.lease_ms",
+        "queue.claim_batch",
+        "queue.turbo: unknown key",
+    ] {
+        ensure!(message.contains(expected), "{message} lacks {expected}");
+    }
+    Ok(())
+}

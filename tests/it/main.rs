@@ -4,7 +4,8 @@
 //! `postgres://postgres@127.0.0.1:5432/test`) and fail, never skip, when it
 //! is unreachable.
 
+mod backend_specific;
 mod cli;
 mod queue_conformance;
 mod support;
-mod backend_specific;
+mod tidy;

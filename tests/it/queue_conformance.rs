@@ -95,7 +95,11 @@ async fn enqueue_stores_every_field_and_the_payload_text_exactly(db: TestDb) -> 
     let payload = "{ \"z\": 1,  \"a\": [true, null] }";
     let mut new = NewOp::new("https://a.example/actor", "activitypub", payload);
     new.priority = Priority::Critical;
-    new.lanes = vec!["https://b.example/inbox".into(), "https://c.example/inbox".into(), "https://b.example/inbox".into()];
+    new.lanes = vec![
+        "https://b.example/inbox".into(),
+        "https://c.example/inbox".into(),
+        "https://b.example/inbox".into(),
+    ];
     new.idempotency_key = Some("idem-1".into());
     new.coalesce_key = Some("announce:entry-1:b".into());
     new.subject = Some("user-7".into());
@@ -104,13 +108,25 @@ async fn enqueue_stores_every_field_and_the_payload_text_exactly(db: TestDb) -> 
     let op = q.get(id).await?.context("stored op")?;
     ensure!(op.payload == payload, "payload changed: {:?}", op.payload);
     ensure!(op.priority == Priority::Critical);
-    ensure!(op.lanes == vec!["https://b.example/inbox".to_owned(), "https://c.example/inbox".to_owned()], "{:?}", op.lanes);
+    ensure!(
+        op.lanes
+            == vec![
+                "https://b.example/inbox".to_owned(),
+                "https://c.example/inbox".to_owned()
+            ],
+        "{:?}",
+        op.lanes
+    );
     ensure!(op.status == Status::Pending && op.attempts == 0 && op.lease_token.is_none());
     ensure!(op.idempotency_key.as_deref() == Some("idem-1"));
     ensure!(op.coalesce_key.as_deref() == Some("announce:entry-1:b"));
     ensure!(op.subject.as_deref() == Some("user-7"));
     ensure!(op.correlation_id.as_deref() == Some("urn:ledger:1"));
-    ensure!(op.created_at == laneway::clock::Clock::now(&db.clock), "created_at {}", op.created_at);
+    ensure!(
+        op.created_at == laneway::clock::Clock::now(&db.clock),
+        "created_at {}",
+        op.created_at
+    );
     ensure!(q.get(id + 1000).await?.is_none());
     Ok(())
 }
@@ -122,7 +138,10 @@ async fn idempotency_key_returns_the_existing_op_forever(db: TestDb) -> anyhow::
     let id = enqueue_one(q, first.clone()).await?;
     // Within one batch too.
     let again = q.enqueue(&[first.clone(), first.clone()]).await?;
-    ensure!(again == vec![Enqueued::Existing(id), Enqueued::Existing(id)], "{again:?}");
+    ensure!(
+        again == vec![Enqueued::Existing(id), Enqueued::Existing(id)],
+        "{again:?}"
+    );
     // Still the same op after it has been delivered: keys never expire.
     let claimed = claim_one(q).await?;
     ensure!(q.complete(&[confirm(&db, claimed.lease)]).await? == vec![Cas::Applied]);
@@ -146,7 +165,15 @@ async fn coalesce_key_declines_while_pending_and_frees_at_terminal(db: TestDb) -
     // Once delivered, a replay is a new op.
     q.complete(&[confirm(&db, claimed.lease)]).await?;
     ensure!(matches!(q.enqueue(&[announce]).await?.as_slice(), [Enqueued::Created(n)] if *n > id));
-    ensure!(q.list(&OpFilter { limit: 10, ..OpFilter::default() }).await?.len() == 2);
+    ensure!(
+        q.list(&OpFilter {
+            limit: 10,
+            ..OpFilter::default()
+        })
+        .await?
+        .len()
+            == 2
+    );
     Ok(())
 }
 
@@ -155,21 +182,37 @@ async fn an_invalid_op_in_a_batch_writes_nothing(db: TestDb) -> anyhow::Result<(
     let good = op("o", &["L"]);
     let mut bad = op("o", &["L"]);
     bad.payload = "{not json".into();
-    let err = q.enqueue(&[good.clone(), bad]).await.err().context("expected an error")?;
+    let err = q
+        .enqueue(&[good.clone(), bad])
+        .await
+        .err()
+        .context("expected an error")?;
     ensure!(matches!(err, QueueError::InvalidOp(_)), "{err}");
     let mut big = good.clone();
     big.payload = format!("\"{}\"", "x".repeat(1024 * 1024));
     ensure!(matches!(q.enqueue(&[good, big]).await, Err(QueueError::InvalidOp(_))));
-    ensure!(q.list(&OpFilter { limit: 10, ..OpFilter::default() }).await?.is_empty());
+    ensure!(q
+        .list(&OpFilter {
+            limit: 10,
+            ..OpFilter::default()
+        })
+        .await?
+        .is_empty());
     Ok(())
 }
 
 async fn claim_takes_due_ops_by_priority_then_sequence(db: TestDb) -> anyhow::Result<()> {
     let q = db.queue.as_ref();
     let mut ops = Vec::new();
-    for (i, priority) in [Priority::Low, Priority::Normal, Priority::Critical, Priority::Normal, Priority::Low]
-        .into_iter()
-        .enumerate()
+    for (i, priority) in [
+        Priority::Low,
+        Priority::Normal,
+        Priority::Critical,
+        Priority::Normal,
+        Priority::Low,
+    ]
+    .into_iter()
+    .enumerate()
     {
         let mut o = op("o", &[&format!("L{i}")]);
         o.priority = priority;
@@ -182,15 +225,28 @@ async fn claim_takes_due_ops_by_priority_then_sequence(db: TestDb) -> anyhow::Re
     let ids: Vec<i64> = q.enqueue(&ops).await?.into_iter().map(Enqueued::id).collect();
     let claimed = q.claim(&claim_all(10)).await?;
     let order: Vec<i64> = claimed.iter().map(|c| c.op.id).collect();
-    ensure!(order == vec![ids[2], ids[1], ids[3], ids[0], ids[4]], "order {order:?} ids {ids:?}");
+    ensure!(
+        order == vec![ids[2], ids[1], ids[3], ids[0], ids[4]],
+        "order {order:?} ids {ids:?}"
+    );
     for c in &claimed {
         ensure!(c.op.status == Status::Submitted && c.op.attempts == 1 && c.lease.attempt == 1);
         ensure!(c.op.lease_owner.as_deref() == Some("test-host"));
         ensure!(c.op.lease_token == Some(c.lease.token));
     }
-    ensure!(q.claim(&claim_all(10)).await?.is_empty(), "the delayed op is not due yet");
+    ensure!(
+        q.claim(&claim_all(10)).await?.is_empty(),
+        "the delayed op is not due yet"
+    );
     db.clock.advance(Span::seconds(61));
-    ensure!(q.claim(&claim_all(10)).await?.iter().map(|c| c.op.id).collect::<Vec<_>>() == vec![ids[5]]);
+    ensure!(
+        q.claim(&claim_all(10))
+            .await?
+            .iter()
+            .map(|c| c.op.id)
+            .collect::<Vec<_>>()
+            == vec![ids[5]]
+    );
     Ok(())
 }
 
@@ -239,7 +295,9 @@ async fn claim_ids_takes_only_ops_still_pending(db: TestDb) -> anyhow::Result<()
 async fn eight_claimers_never_share_an_op(db: TestDb) -> anyhow::Result<()> {
     const OPS: usize = 10_000;
     let q = db.queue.clone();
-    let batch: Vec<NewOp> = (0..1000).map(|i| op(&format!("outbox-{}", i % 7), &[&format!("lane-{i}")])).collect();
+    let batch: Vec<NewOp> = (0..1000)
+        .map(|i| op(&format!("outbox-{}", i % 7), &[&format!("lane-{i}")]))
+        .collect();
     for _ in 0..OPS / 1000 {
         q.enqueue(&batch).await?;
     }
@@ -291,7 +349,11 @@ async fn eight_claimers_never_share_an_op(db: TestDb) -> anyhow::Result<()> {
     }
     ensure!(total == OPS, "claimed {total} of {OPS}");
     let depth = q.depth().await?;
-    let confirmed: i64 = depth.iter().filter(|d| d.status == Status::Confirmed).map(|d| d.count).sum();
+    let confirmed: i64 = depth
+        .iter()
+        .filter(|d| d.status == Status::Confirmed)
+        .map(|d| d.count)
+        .sum();
     ensure!(confirmed == OPS as i64, "{depth:?}");
     Ok(())
 }
@@ -303,9 +365,20 @@ async fn a_stale_lease_cannot_complete_or_checkpoint(db: TestDb) -> anyhow::Resu
     // The holder stalls past its lease; recovery takes the op back.
     db.clock.advance(Span::seconds(31));
     let expired = q.expired_leases(10).await?;
-    ensure!(expired.iter().map(|c| c.lease).collect::<Vec<_>>() == vec![stale.lease], "{expired:?}");
-    ensure!(q.expire(&stale.lease, laneway::clock::Clock::now(&db.clock), false).await? == Cas::Applied);
-    ensure!(q.expire(&stale.lease, laneway::clock::Clock::now(&db.clock), false).await? == Cas::Stale);
+    ensure!(
+        expired.iter().map(|c| c.lease).collect::<Vec<_>>() == vec![stale.lease],
+        "{expired:?}"
+    );
+    ensure!(
+        q.expire(&stale.lease, laneway::clock::Clock::now(&db.clock), false)
+            .await?
+            == Cas::Applied
+    );
+    ensure!(
+        q.expire(&stale.lease, laneway::clock::Clock::now(&db.clock), false)
+            .await?
+            == Cas::Stale
+    );
     let fresh = claim_one(q).await?;
     ensure!(fresh.lease.attempt == 2 && fresh.lease.token != stale.lease.token);
     // The stalled dispatcher wakes up and reports: every change is refused.
@@ -324,8 +397,16 @@ async fn a_stale_lease_cannot_complete_or_checkpoint(db: TestDb) -> anyhow::Resu
     ensure!(q.complete(&[confirm(&db, fresh.lease)]).await? == vec![Cas::Stale]);
     let op = q.get(id).await?.context("op")?;
     ensure!(op.status == Status::Confirmed && op.finished_at.is_some() && op.lease_token.is_none());
-    let history: Vec<(i32, AttemptClass)> = q.attempts(id).await?.iter().map(|a| (a.attempt, a.record.class)).collect();
-    ensure!(history == vec![(1, AttemptClass::LeaseExpired), (2, AttemptClass::Confirmed)], "{history:?}");
+    let history: Vec<(i32, AttemptClass)> = q
+        .attempts(id)
+        .await?
+        .iter()
+        .map(|a| (a.attempt, a.record.class))
+        .collect();
+    ensure!(
+        history == vec![(1, AttemptClass::LeaseExpired), (2, AttemptClass::Confirmed)],
+        "{history:?}"
+    );
     Ok(())
 }
 
@@ -383,7 +464,10 @@ async fn permanent_failure_dead_letters_and_force_retry_grants_a_fresh_budget(db
     ensure!(q.complete(&[fail]).await? == vec![Cas::Applied]);
     let dead = q.get(id).await?.context("op")?;
     ensure!(dead.status == Status::Failed && dead.finished_at.is_some());
-    ensure!(dead.last_error.as_deref() == Some("HTTP 410 Gone") && dead.correlation_id.as_deref() == Some("urn:ledger:entry-9"));
+    ensure!(
+        dead.last_error.as_deref() == Some("HTTP 410 Gone")
+            && dead.correlation_id.as_deref() == Some("urn:ledger:entry-9")
+    );
     ensure!(q.claim(&claim_all(1)).await?.is_empty(), "a dead letter was claimed");
     let retried = q.force_retry(id).await?;
     ensure!(retried.status == Status::Pending && retried.finished_at.is_none());
@@ -449,7 +533,10 @@ async fn checkpointed_receipt_survives_lease_expiry(db: TestDb) -> anyhow::Resul
     db.clock.advance(Span::seconds(31));
     ensure!(q.expire(&c.lease, laneway::clock::Clock::now(&db.clock), false).await? == Cas::Applied);
     let reclaimed = claim_one(q).await?;
-    ensure!(reclaimed.op.receipt.as_deref() == Some(r#"{"hash":"d8ec9b68"}"#), "the receipt must reach reconcile");
+    ensure!(
+        reclaimed.op.receipt.as_deref() == Some(r#"{"hash":"d8ec9b68"}"#),
+        "the receipt must reach reconcile"
+    );
     let done = Completion {
         lease: reclaimed.lease,
         finish: Finish::Confirm {
@@ -469,7 +556,9 @@ async fn expiry_at_the_budget_dead_letters(db: TestDb) -> anyhow::Result<()> {
     db.clock.advance(Span::seconds(31));
     ensure!(q.expire(&c.lease, laneway::clock::Clock::now(&db.clock), true).await? == Cas::Applied);
     let op = q.get(id).await?.context("op")?;
-    ensure!(op.status == Status::Failed && op.finished_at.is_some() && op.last_error.as_deref() == Some("lease expired"));
+    ensure!(
+        op.status == Status::Failed && op.finished_at.is_some() && op.last_error.as_deref() == Some("lease expired")
+    );
     Ok(())
 }
 
@@ -485,15 +574,77 @@ async fn list_filters_and_depth(db: TestDb) -> anyhow::Result<()> {
     let all = |f: OpFilter| OpFilter { limit: 100, ..f };
     let ids_of = |ops: Vec<laneway::op::Op>| ops.into_iter().map(|o| o.id).collect::<Vec<_>>();
     ensure!(ids_of(q.list(&all(OpFilter::default())).await?) == ids);
-    ensure!(ids_of(q.list(&all(OpFilter { outbox: Some("alice".into()), ..OpFilter::default() })).await?) == vec![ids[0], ids[2]]);
-    ensure!(ids_of(q.list(&all(OpFilter { kind: Some("withdraw".into()), ..OpFilter::default() })).await?) == vec![ids[1]]);
-    ensure!(ids_of(q.list(&all(OpFilter { priority: Some(Priority::Critical), ..OpFilter::default() })).await?) == vec![ids[1]]);
-    ensure!(ids_of(q.list(&all(OpFilter { subject: Some("u1".into()), ..OpFilter::default() })).await?) == vec![ids[0]]);
-    ensure!(ids_of(q.list(&all(OpFilter { newest_first: true, ..OpFilter::default() })).await?) == vec![ids[2], ids[1], ids[0]]);
-    ensure!(ids_of(q.list(&OpFilter { limit: 1, after_id: Some(ids[0]), ..OpFilter::default() }).await?) == vec![ids[1]]);
+    ensure!(
+        ids_of(
+            q.list(&all(OpFilter {
+                outbox: Some("alice".into()),
+                ..OpFilter::default()
+            }))
+            .await?
+        ) == vec![ids[0], ids[2]]
+    );
+    ensure!(
+        ids_of(
+            q.list(&all(OpFilter {
+                kind: Some("withdraw".into()),
+                ..OpFilter::default()
+            }))
+            .await?
+        ) == vec![ids[1]]
+    );
+    ensure!(
+        ids_of(
+            q.list(&all(OpFilter {
+                priority: Some(Priority::Critical),
+                ..OpFilter::default()
+            }))
+            .await?
+        ) == vec![ids[1]]
+    );
+    ensure!(
+        ids_of(
+            q.list(&all(OpFilter {
+                subject: Some("u1".into()),
+                ..OpFilter::default()
+            }))
+            .await?
+        ) == vec![ids[0]]
+    );
+    ensure!(
+        ids_of(
+            q.list(&all(OpFilter {
+                newest_first: true,
+                ..OpFilter::default()
+            }))
+            .await?
+        ) == vec![ids[2], ids[1], ids[0]]
+    );
+    ensure!(
+        ids_of(
+            q.list(&OpFilter {
+                limit: 1,
+                after_id: Some(ids[0]),
+                ..OpFilter::default()
+            })
+            .await?
+        ) == vec![ids[1]]
+    );
     q.cancel(ids[2]).await?;
-    ensure!(ids_of(q.list(&all(OpFilter { status: Some(Status::Cancelled), ..OpFilter::default() })).await?) == vec![ids[2]]);
-    let depth: Vec<(Status, Priority, i64)> = q.depth().await?.iter().map(|d| (d.status, d.priority, d.count)).collect();
+    ensure!(
+        ids_of(
+            q.list(&all(OpFilter {
+                status: Some(Status::Cancelled),
+                ..OpFilter::default()
+            }))
+            .await?
+        ) == vec![ids[2]]
+    );
+    let depth: Vec<(Status, Priority, i64)> = q
+        .depth()
+        .await?
+        .iter()
+        .map(|d| (d.status, d.priority, d.count))
+        .collect();
     for want in [
         (Status::Pending, Priority::Critical, 1),
         (Status::Pending, Priority::Normal, 1),

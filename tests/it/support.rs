@@ -96,10 +96,18 @@ pub async fn postgres_unmigrated() -> anyhow::Result<TestDb> {
     pg_sweep().await?;
     let schema = format!("lwtest_{}", uuid::Uuid::new_v4().simple());
     let mut conn = PgConnection::connect(&pg_url()).await?;
-    sqlx::query(&format!("CREATE SCHEMA \"{schema}\"")).execute(&mut conn).await?;
+    sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
+        .execute(&mut conn)
+        .await?;
     let options = PgConnectOptions::from_str(&pg_url())?.options([("search_path", schema.as_str())]);
     let clock = clock();
-    let queue = PgQueue::open_with(options, &database_config(&pg_url())?, Limits::default(), Arc::new(clock.clone())).await?;
+    let queue = PgQueue::open_with(
+        options,
+        &database_config(&pg_url())?,
+        Limits::default(),
+        Arc::new(clock.clone()),
+    )
+    .await?;
     Ok(TestDb {
         queue: Arc::new(queue.clone()),
         clock,

@@ -1,1 +1,361 @@
-//! The operator command line.
+//! The operator command line: argument parsing, and each command written
+//! against the [`Queue`] trait so it works on either backend.
+//!
+//! Commands take their input and output streams as arguments, so tests run
+//! them in-process and read what an operator would see.
+
+mod render;
+
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use chrono::Utc;
+use clap::{Args, Parser, Subcommand};
+
+use crate::clock::SystemClock;
+use crate::config::{self, Config, ConfigError, FileSource};
+use crate::enqueue::{self, EnqueueError, EnqueueRequest};
+use crate::op::{OpId, Priority, Status};
+use crate::queue::{self, Enqueued, OpFilter, Queue, QueueError};
+
+/// laneway: a durable, lane-ordered delivery host.
+#[derive(Debug, Parser)]
+#[command(name = "laneway", version, about)]
+pub struct Cli {
+    /// Config file (default: ./laneway.toml if it exists).
+    #[arg(long, global = true, env = "LANEWAY_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Top-level commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create or upgrade the database schema.
+    Migrate,
+    /// Put one op on the queue.
+    Enqueue(EnqueueArgs),
+    /// Inspect and act on ops.
+    #[command(subcommand)]
+    Ops(OpsCommand),
+    /// Print the effective configuration check result.
+    CheckConfig,
+}
+
+/// `laneway enqueue`
+#[derive(Debug, Args)]
+pub struct EnqueueArgs {
+    /// Executor kind (a [kinds.NAME] in the config).
+    #[arg(long)]
+    pub kind: String,
+    /// Outbox the op belongs to (an actor, a platform account).
+    #[arg(long)]
+    pub outbox: String,
+    /// critical, normal or low (default: the kind's).
+    #[arg(long)]
+    pub priority: Option<String>,
+    /// A lane (recipient inbox, signer account); repeat for several.
+    #[arg(long = "lane")]
+    pub lanes: Vec<String>,
+    /// JSON payload file, or - for standard input.
+    #[arg(long, default_value = "-")]
+    pub payload: String,
+    /// Idempotency key: a repeat returns the existing op.
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+    /// Coalesce key: declined while an op with this key is pending.
+    #[arg(long)]
+    pub coalesce_key: Option<String>,
+    /// The user or actor the op acts for.
+    #[arg(long)]
+    pub subject: Option<String>,
+    /// What a dead letter relates to.
+    #[arg(long)]
+    pub correlation_id: Option<String>,
+    /// Do not deliver before this many milliseconds from now.
+    #[arg(long)]
+    pub delay_ms: Option<u64>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `laneway ops …`
+#[derive(Debug, Subcommand)]
+pub enum OpsCommand {
+    /// List ops, oldest first (newest first with --newest).
+    List(ListArgs),
+    /// Show one op and its attempt history.
+    Show(IdArgs),
+    /// Send a failed op back to the queue with a fresh attempt budget.
+    Retry(IdArgs),
+    /// Cancel a pending op.
+    Cancel(IdArgs),
+    /// Queue depth by status and priority.
+    Stats(JsonArg),
+}
+
+/// Filters for `ops list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// pending, submitted, confirmed, failed or cancelled.
+    #[arg(long)]
+    pub status: Option<String>,
+    /// Only this kind.
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// critical, normal or low.
+    #[arg(long)]
+    pub priority: Option<String>,
+    /// Only ops for this subject.
+    #[arg(long)]
+    pub subject: Option<String>,
+    /// Only this outbox.
+    #[arg(long)]
+    pub outbox: Option<String>,
+    /// Only ops after this id (before it with --newest).
+    #[arg(long)]
+    pub after: Option<OpId>,
+    /// At most this many.
+    #[arg(long, default_value_t = 50)]
+    pub limit: u32,
+    /// Newest first.
+    #[arg(long)]
+    pub newest: bool,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// An op id argument.
+#[derive(Debug, Args)]
+pub struct IdArgs {
+    /// The op id.
+    pub id: OpId,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Just `--json`.
+#[derive(Debug, Args)]
+pub struct JsonArg {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Errors a command reports to the operator, one line each.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The queue refused or failed.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    /// The enqueue request broke its kind's rules.
+    #[error(transparent)]
+    Enqueue(#[from] EnqueueError),
+    /// An argument or input was malformed.
+    #[error("{0}")]
+    Input(String),
+    /// Writing output failed.
+    #[error("cannot write output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+/// The standard streams and environment a command runs with.
+pub struct Io<'a> {
+    /// Environment variables (for `LANEWAY_*` config).
+    pub env: Vec<(String, String)>,
+    /// Standard input (payloads).
+    pub stdin: &'a mut dyn Read,
+    /// Standard output.
+    pub stdout: &'a mut dyn Write,
+}
+
+/// Parses arguments and runs the command.
+///
+/// # Errors
+///
+/// [`CliError`] for anything the operator must fix. Usage errors come from
+/// [`parse`] before this runs.
+pub async fn run(cli: Cli, io: Io<'_>) -> Result<(), CliError> {
+    let file = match &cli.config {
+        Some(path) => FileSource::Explicit(path.clone()),
+        None => FileSource::default_path(),
+    };
+    let config = config::load(&file, io.env.clone())?;
+    match cli.command {
+        Command::CheckConfig => {
+            writeln!(
+                io.stdout,
+                "configuration is valid (database: {})",
+                queue::redact_url(&config.database.url)
+            )?;
+            Ok(())
+        }
+        Command::Migrate => {
+            let queue = open(&config).await?;
+            queue.migrate().await?;
+            writeln!(
+                io.stdout,
+                "database is at the current schema ({})",
+                queue::redact_url(&config.database.url)
+            )?;
+            Ok(())
+        }
+        Command::Enqueue(args) => enqueue_cmd(&config, args, io).await,
+        Command::Ops(ops) => ops_cmd(&config, ops, io.stdout).await,
+    }
+}
+
+/// Parses command-line arguments.
+///
+/// # Errors
+///
+/// clap's error, which knows how to print itself (usage or help).
+pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Cli, clap::Error> {
+    Cli::try_parse_from(args)
+}
+
+async fn open(config: &Config) -> Result<Arc<dyn Queue>, QueueError> {
+    queue::open(&config.database, config.limits(), Arc::new(SystemClock)).await
+}
+
+/// Opens the queue and refuses to go on unless the schema is current.
+async fn open_checked(config: &Config) -> Result<Arc<dyn Queue>, QueueError> {
+    let queue = open(config).await?;
+    queue.check_schema().await?;
+    Ok(queue)
+}
+
+fn parse_priority(s: Option<&str>) -> Result<Option<Priority>, CliError> {
+    s.map(|p| p.parse::<Priority>().map_err(|e| CliError::Input(e.to_string())))
+        .transpose()
+}
+
+fn parse_status(s: Option<&str>) -> Result<Option<Status>, CliError> {
+    s.map(|p| p.parse::<Status>().map_err(|e| CliError::Input(e.to_string())))
+        .transpose()
+}
+
+async fn enqueue_cmd(config: &Config, args: EnqueueArgs, io: Io<'_>) -> Result<(), CliError> {
+    let priority = parse_priority(args.priority.as_deref())?;
+    let payload = if args.payload == "-" {
+        let mut text = String::new();
+        io.stdin
+            .read_to_string(&mut text)
+            .map_err(|e| CliError::Input(format!("cannot read the payload from standard input: {e}")))?;
+        text
+    } else {
+        std::fs::read_to_string(&args.payload)
+            .map_err(|e| CliError::Input(format!("cannot read payload file {}: {e}", args.payload)))?
+    };
+    let not_before = args
+        .delay_ms
+        .map(|ms| Utc::now() + chrono::Duration::milliseconds(i64::try_from(ms).unwrap_or(i64::MAX)));
+    let request = EnqueueRequest {
+        kind: args.kind,
+        outbox: args.outbox,
+        priority,
+        lanes: args.lanes,
+        payload,
+        idempotency_key: args.idempotency_key,
+        coalesce_key: args.coalesce_key,
+        subject: args.subject,
+        correlation_id: args.correlation_id,
+        not_before,
+    };
+    // Refuse bad input before touching the database.
+    let op = enqueue::prepare(request, config)?;
+    queue::validate_new_op(&op, config.limits())?;
+    let queue = open_checked(config).await?;
+    let result = queue
+        .enqueue(std::slice::from_ref(&op))
+        .await?
+        .pop()
+        .ok_or_else(|| CliError::Input("the queue returned no result".to_owned()))?;
+    if args.json {
+        serde_json::to_writer(&mut *io.stdout, &result).map_err(|e| CliError::Output(e.into()))?;
+        writeln!(io.stdout)?;
+    } else {
+        match result {
+            Enqueued::Created(id) => writeln!(io.stdout, "enqueued op {id}")?,
+            Enqueued::Existing(id) => writeln!(
+                io.stdout,
+                "op {id} already exists with this idempotency key; nothing enqueued"
+            )?,
+            Enqueued::AlreadyPending(id) => writeln!(
+                io.stdout,
+                "declined: op {id} with this coalesce key is already pending in outbox {}",
+                op.outbox
+            )?,
+        }
+    }
+    Ok(())
+}
+
+async fn ops_cmd(config: &Config, command: OpsCommand, out: &mut dyn Write) -> Result<(), CliError> {
+    let queue = open_checked(config).await?;
+    match command {
+        OpsCommand::List(args) => {
+            let filter = OpFilter {
+                status: parse_status(args.status.as_deref())?,
+                kind: args.kind,
+                priority: parse_priority(args.priority.as_deref())?,
+                subject: args.subject,
+                outbox: args.outbox,
+                after_id: args.after,
+                limit: args.limit,
+                newest_first: args.newest,
+            };
+            let ops = queue.list(&filter).await?;
+            if args.json {
+                render::json(out, &ops)
+            } else {
+                render::op_table(out, &ops)
+            }
+        }
+        OpsCommand::Show(args) => {
+            let op = queue.get(args.id).await?.ok_or(QueueError::NotFound(args.id))?;
+            let attempts = queue.attempts(args.id).await?;
+            if args.json {
+                render::json(out, &serde_json::json!({ "op": op, "attempts": attempts }))
+            } else {
+                render::op_detail(out, &op, &attempts)
+            }
+        }
+        OpsCommand::Retry(args) => {
+            let op = queue.force_retry(args.id).await?;
+            if args.json {
+                render::json(out, &op)
+            } else {
+                writeln!(out, "op {} is pending again with a fresh attempt budget", op.id)?;
+                Ok(())
+            }
+        }
+        OpsCommand::Cancel(args) => {
+            let op = queue.cancel(args.id).await?;
+            if args.json {
+                render::json(out, &op)
+            } else {
+                writeln!(out, "op {} cancelled", op.id)?;
+                Ok(())
+            }
+        }
+        OpsCommand::Stats(args) => {
+            let depth = queue.depth().await?;
+            if args.json {
+                render::json(out, &depth)
+            } else {
+                render::depth_table(out, &depth)
+            }
+        }
+    }
+}

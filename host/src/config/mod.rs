@@ -407,7 +407,10 @@ fn validate(config: &Config) -> Vec<Problem> {
     if !(url.starts_with("sqlite:") || url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         bad(
             "database.url",
-            format!("expected sqlite:FILE or postgres://…, got {:?}", crate::queue::redact_url(url)),
+            format!(
+                "expected sqlite:FILE or postgres://…, got {:?}",
+                crate::queue::redact_url(url)
+            ),
         );
     }
     if config.database.max_connections == 0 {
@@ -426,7 +429,10 @@ fn validate(config: &Config) -> Vec<Problem> {
     if config.queue.lease_ms < 1000 {
         bad(
             "queue.lease_ms",
-            format!("expected at least 1000 (a lease shorter than a second expires under load), got {}", config.queue.lease_ms),
+            format!(
+                "expected at least 1000 (a lease shorter than a second expires under load), got {}",
+                config.queue.lease_ms
+            ),
         );
     }
     if !(1..=10_000).contains(&config.queue.claim_batch) {
@@ -537,9 +543,14 @@ mod tests {
 
     #[test]
     fn semantic_problems_are_all_reported() {
-        let err = from_toml_str("[database]\nurl = \"mysql://x\"\nmax_connections = 0\n[queue]\nlease_ms = 10\n").unwrap_err();
+        let err = from_toml_str("[database]\nurl = \"mysql://x\"\nmax_connections = 0\n[queue]\nlease_ms = 10\n")
+            .unwrap_err();
         let paths: Vec<&str> = err.problems().iter().map(|p| p.path.as_str()).collect();
-        assert_eq!(paths, vec!["database.max_connections", "database.url", "queue.lease_ms"], "{err}");
+        assert_eq!(
+            paths,
+            vec!["database.max_connections", "database.url", "queue.lease_ms"],
+            "{err}"
+        );
     }
 
     #[test]
@@ -551,7 +562,11 @@ mod tests {
 
     #[test]
     fn unknown_env_keys_are_rejected_with_the_variable_path() {
-        let err = load(&FileSource::Default(PathBuf::from("/nonexistent")), env(&[("LANEWAY_QUEUE__LEASE", "1")])).unwrap_err();
+        let err = load(
+            &FileSource::Default(PathBuf::from("/nonexistent")),
+            env(&[("LANEWAY_QUEUE__LEASE", "1")]),
+        )
+        .unwrap_err();
         assert_eq!(err.problems()[0].path, "queue.lease", "{err}");
     }
 }

@@ -120,11 +120,9 @@ impl Transition {
     pub const fn from(self) -> Status {
         match self {
             Transition::Claim | Transition::Cancel => Status::Pending,
-            Transition::Confirm
-            | Transition::Retry
-            | Transition::Fail
-            | Transition::Expire
-            | Transition::Release => Status::Submitted,
+            Transition::Confirm | Transition::Retry | Transition::Fail | Transition::Expire | Transition::Release => {
+                Status::Submitted
+            }
             Transition::ForceRetry => Status::Failed,
         }
     }
@@ -136,9 +134,7 @@ impl Transition {
             Transition::Confirm => Status::Confirmed,
             Transition::Fail => Status::Failed,
             Transition::Cancel => Status::Cancelled,
-            Transition::Retry | Transition::Expire | Transition::Release | Transition::ForceRetry => {
-                Status::Pending
-            }
+            Transition::Retry | Transition::Expire | Transition::Release | Transition::ForceRetry => Status::Pending,
         }
     }
 

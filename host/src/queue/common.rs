@@ -30,7 +30,10 @@ pub fn validate_new_op(op: &NewOp, limits: Limits) -> Result<NewOp, QueueError> 
                 return invalid(format!("{field} must not be empty"));
             }
             if value.len() > MAX_NAME_BYTES {
-                return invalid(format!("{field} is {} bytes, over the {MAX_NAME_BYTES}-byte limit", value.len()));
+                return invalid(format!(
+                    "{field} is {} bytes, over the {MAX_NAME_BYTES}-byte limit",
+                    value.len()
+                ));
             }
         }
     }
@@ -50,7 +53,10 @@ pub fn validate_new_op(op: &NewOp, limits: Limits) -> Result<NewOp, QueueError> 
             return invalid("lane names must not be empty".to_owned());
         }
         if lane.len() > MAX_NAME_BYTES {
-            return invalid(format!("a lane is {} bytes, over the {MAX_NAME_BYTES}-byte limit", lane.len()));
+            return invalid(format!(
+                "a lane is {} bytes, over the {MAX_NAME_BYTES}-byte limit",
+                lane.len()
+            ));
         }
         if !lanes.contains(lane) {
             lanes.push(lane.clone());
@@ -109,14 +115,20 @@ mod tests {
     #[test]
     fn malformed_json_is_rejected_with_the_parser_message() {
         let err = validate_new_op(&op("{nope"), Limits::default()).unwrap_err();
-        assert!(err.to_string().starts_with("invalid op: payload is not valid JSON"), "{err}");
+        assert!(
+            err.to_string().starts_with("invalid op: payload is not valid JSON"),
+            "{err}"
+        );
     }
 
     #[test]
     fn payload_over_the_limit_is_rejected_before_parsing() {
         let limits = Limits { max_payload_bytes: 8 };
         let err = validate_new_op(&op(r#"{"long":"value"}"#), limits).unwrap_err();
-        assert_eq!(err.to_string(), "invalid op: payload is 16 bytes, over the 8-byte limit");
+        assert_eq!(
+            err.to_string(),
+            "invalid op: payload is 16 bytes, over the 8-byte limit"
+        );
     }
 
     #[test]
@@ -143,6 +155,9 @@ mod tests {
             check_versions(&[1, 2, 3], &[1, 2]),
             Err(QueueError::SchemaTooNew { found: 3, known: 2 })
         ));
-        assert!(matches!(check_versions(&[], &[1]), Err(QueueError::SchemaBehind { missing: 1 })));
+        assert!(matches!(
+            check_versions(&[], &[1]),
+            Err(QueueError::SchemaBehind { missing: 1 })
+        ));
     }
 }

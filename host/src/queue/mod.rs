@@ -349,7 +349,8 @@ pub trait Queue: Send + Sync + std::fmt::Debug {
     /// Returns an op whose lease expired to pending (keeping any receipt, so
     /// the executor reconciles before redelivering) and records the attempt
     /// as `lease_expired`; or dead-letters it when `dead_letter` is set.
-    async fn expire(&self, lease: &Lease, next_attempt_at: DateTime<Utc>, dead_letter: bool) -> Result<Cas, QueueError>;
+    async fn expire(&self, lease: &Lease, next_attempt_at: DateTime<Utc>, dead_letter: bool)
+        -> Result<Cas, QueueError>;
 
     /// Operator: cancels a pending op.
     ///
@@ -384,7 +385,11 @@ pub trait Queue: Send + Sync + std::fmt::Debug {
 /// # Errors
 ///
 /// [`QueueError::UnsupportedUrl`] or [`QueueError::Unreachable`].
-pub async fn open(config: &DatabaseConfig, limits: Limits, clock: Arc<dyn Clock>) -> Result<Arc<dyn Queue>, QueueError> {
+pub async fn open(
+    config: &DatabaseConfig,
+    limits: Limits,
+    clock: Arc<dyn Clock>,
+) -> Result<Arc<dyn Queue>, QueueError> {
     let url = config.url.as_str();
     if url.starts_with("sqlite:") {
         Ok(Arc::new(sqlite::SqliteQueue::open(config, limits, clock).await?))

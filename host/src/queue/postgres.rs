@@ -468,7 +468,12 @@ impl Queue for PgQueue {
             .collect()
     }
 
-    async fn expire(&self, lease: &Lease, next_attempt_at: DateTime<Utc>, dead_letter: bool) -> Result<Cas, QueueError> {
+    async fn expire(
+        &self,
+        lease: &Lease,
+        next_attempt_at: DateTime<Utc>,
+        dead_letter: bool,
+    ) -> Result<Cas, QueueError> {
         let now = self.now();
         let transition = if dead_letter {
             Transition::Fail
@@ -585,8 +590,12 @@ impl Queue for PgQueue {
             q.push(" AND outbox = ").push_bind(outbox.clone());
         }
         if let Some(after) = filter.after_id {
-            q.push(if filter.newest_first { " AND id < " } else { " AND id > " })
-                .push_bind(after);
+            q.push(if filter.newest_first {
+                " AND id < "
+            } else {
+                " AND id > "
+            })
+            .push_bind(after);
         }
         q.push(if filter.newest_first {
             " ORDER BY id DESC"

@@ -199,9 +199,8 @@ impl SqliteQueue {
         set: &str,
         bind: impl Fn(&Lease) -> Vec<SqlValue>,
     ) -> Result<Vec<Cas>, QueueError> {
-        let sql = format!(
-            "UPDATE ops SET {set} WHERE id = ? AND status = 'submitted' AND attempts = ? AND lease_token = ?"
-        );
+        let sql =
+            format!("UPDATE ops SET {set} WHERE id = ? AND status = 'submitted' AND attempts = ? AND lease_token = ?");
         let mut tx = self.write().await?;
         let mut out = Vec::with_capacity(leases.len());
         for lease in leases {
@@ -359,11 +358,10 @@ impl Queue for SqliteQueue {
     }
 
     async fn check_schema(&self) -> Result<(), QueueError> {
-        let has_table: Option<String> = sqlx::query_scalar(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
-        )
-        .fetch_optional(&self.reader)
-        .await?;
+        let has_table: Option<String> =
+            sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'")
+                .fetch_optional(&self.reader)
+                .await?;
         let applied: Vec<i64> = if has_table.is_some() {
             sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
                 .fetch_all(&self.reader)
@@ -515,7 +513,12 @@ impl Queue for SqliteQueue {
             .collect()
     }
 
-    async fn expire(&self, lease: &Lease, next_attempt_at: DateTime<Utc>, dead_letter: bool) -> Result<Cas, QueueError> {
+    async fn expire(
+        &self,
+        lease: &Lease,
+        next_attempt_at: DateTime<Utc>,
+        dead_letter: bool,
+    ) -> Result<Cas, QueueError> {
         let now = self.now();
         let transition = if dead_letter {
             Transition::Fail
