@@ -5,9 +5,13 @@
 //! `ARCHITECTURE.md` for the map and the invariants.
 #![forbid(unsafe_code)]
 
+pub mod breaker;
 pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod enqueue;
+pub mod lanes;
 pub mod op;
+pub mod outcome;
 pub mod queue;
+pub mod retry;

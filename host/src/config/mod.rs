@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
+pub use crate::lanes::LaneMode;
 use crate::op::Priority;
 
 /// The defaults, compiled in: the documented file is the defaults.
@@ -85,16 +86,6 @@ pub enum LanePresence {
     Required,
     /// Zero lanes allowed (the op gets a lane of its own).
     Optional,
-}
-
-/// How a kind's lanes order its ops.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LaneMode {
-    /// Per-lane FIFO that holds under failure (seed 000).
-    Strict,
-    /// Mutual exclusion with an in-flight cap (seed 003 signer lanes).
-    Serial,
 }
 
 /// `[kinds.NAME]`

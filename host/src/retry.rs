@@ -1,0 +1,223 @@
+//! The retry policy: from an attempt's [`Outcome`] and the op's history to
+//! what happens next (confirm, retry at a time, or dead-letter).
+//!
+//! Pure: the caller passes `now` and a jitter sample, so every decision is
+//! reproducible in tests.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::outcome::Outcome;
+
+/// A kind's retry settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts (claims) before a retryable failure is dead-lettered (seed 002: 12).
+    pub max_attempts: u32,
+    /// Attempts before a misbehaving executor's op is dead-lettered.
+    pub max_fault_attempts: u32,
+    /// Backoff for the first retry; doubles per attempt.
+    pub backoff_base: Duration,
+    /// Longest backoff.
+    pub backoff_max: Duration,
+    /// Longest wait a `Retry-After` may impose.
+    pub retry_after_max: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 12,
+            max_fault_attempts: 3,
+            backoff_base: Duration::from_secs(2),
+            backoff_max: Duration::from_secs(120),
+            retry_after_max: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// What to do with an op after an attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Done.
+    Confirm {
+        /// Final receipt.
+        receipt: Option<String>,
+    },
+    /// Back to pending until `at`.
+    Retry {
+        /// Earliest next attempt.
+        at: DateTime<Utc>,
+        /// Why.
+        error: String,
+        /// Pay a higher fee next time.
+        fee_bump: bool,
+    },
+    /// Dead-letter.
+    DeadLetter {
+        /// Why, including the attempt count when the budget ran out.
+        error: String,
+    },
+}
+
+/// Full-jitter exponential backoff: a uniform sample (`jitter` in `[0, 1)`)
+/// of `[0, min(max, base * 2^(attempt-1))]`.
+pub fn backoff(policy: &RetryPolicy, attempt: u32, jitter: f64) -> Duration {
+    let exp = attempt.saturating_sub(1).min(30);
+    let ceiling = policy
+        .backoff_base
+        .checked_mul(1u32 << exp)
+        .unwrap_or(policy.backoff_max)
+        .min(policy.backoff_max);
+    ceiling.mul_f64(jitter.clamp(0.0, 1.0))
+}
+
+/// Decides the next step after attempt number `attempts` (counted against
+/// the current budget, so 1 after the first attempt).
+pub fn decide(policy: &RetryPolicy, outcome: &Outcome, attempts: u32, now: DateTime<Utc>, jitter: f64) -> Decision {
+    match outcome {
+        Outcome::Confirmed { receipt, .. } => Decision::Confirm {
+            receipt: receipt.clone(),
+        },
+        Outcome::Permanent { reason, .. } => Decision::DeadLetter { error: reason.clone() },
+        Outcome::Retryable {
+            reason,
+            retry_after,
+            fee_bump,
+            ..
+        } => {
+            if attempts >= policy.max_attempts {
+                return Decision::DeadLetter {
+                    error: format!("gave up after {attempts} attempts: {reason}"),
+                };
+            }
+            // Retry-After is honoured (never retry sooner than asked) but
+            // clamped, so a hostile or broken destination cannot park an op
+            // for a year.
+            let wait =
+                backoff(policy, attempts, jitter).max(retry_after.unwrap_or_default().min(policy.retry_after_max));
+            Decision::Retry {
+                at: now + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX),
+                error: reason.clone(),
+                fee_bump: *fee_bump,
+            }
+        }
+        Outcome::Fault(fault) => {
+            if attempts >= policy.max_fault_attempts.min(policy.max_attempts) {
+                return Decision::DeadLetter {
+                    error: format!("gave up after {attempts} attempts: {fault}"),
+                };
+            }
+            let wait = backoff(policy, attempts, jitter);
+            Decision::Retry {
+                at: now + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX),
+                error: fault.to_string(),
+                fee_bump: false,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outcome::Fault;
+    use chrono::TimeZone;
+    use proptest::prelude::*;
+
+    fn now() -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0)
+            .single()
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_the_max_and_jitter_scales_it() {
+        let p = RetryPolicy::default();
+        assert_eq!(backoff(&p, 1, 1.0), Duration::from_secs(2));
+        assert_eq!(backoff(&p, 2, 1.0), Duration::from_secs(4));
+        assert_eq!(backoff(&p, 6, 1.0), Duration::from_secs(64));
+        assert_eq!(backoff(&p, 7, 1.0), Duration::from_secs(120));
+        assert_eq!(backoff(&p, 500, 1.0), Duration::from_secs(120));
+        assert_eq!(backoff(&p, 3, 0.5), Duration::from_secs(4));
+        assert_eq!(backoff(&p, 3, 0.0), Duration::ZERO);
+    }
+
+    #[test]
+    fn retryable_failures_retry_until_the_budget_then_dead_letter() {
+        let p = RetryPolicy::default();
+        let out = Outcome::retry("HTTP 503");
+        match decide(&p, &out, 11, now(), 1.0) {
+            Decision::Retry { at, error, .. } => {
+                assert_eq!(at, now() + chrono::Duration::seconds(120));
+                assert_eq!(error, "HTTP 503");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            decide(&p, &out, 12, now(), 1.0),
+            Decision::DeadLetter {
+                error: "gave up after 12 attempts: HTTP 503".into()
+            }
+        );
+    }
+
+    #[test]
+    fn retry_after_is_honoured_but_clamped() {
+        let p = RetryPolicy {
+            retry_after_max: Duration::from_secs(60),
+            ..RetryPolicy::default()
+        };
+        let asked = |secs| Outcome::Retryable {
+            reason: "429".into(),
+            retry_after: Some(Duration::from_secs(secs)),
+            detail: Some("429".into()),
+            fee_bump: false,
+        };
+        assert!(
+            matches!(decide(&p, &asked(30), 1, now(), 0.0), Decision::Retry { at, .. } if at == now() + chrono::Duration::seconds(30))
+        );
+        assert!(
+            matches!(decide(&p, &asked(86_400), 1, now(), 0.0), Decision::Retry { at, .. } if at == now() + chrono::Duration::seconds(60))
+        );
+    }
+
+    #[test]
+    fn permanent_dead_letters_at_once_and_faults_get_fewer_tries() {
+        let p = RetryPolicy::default();
+        assert_eq!(
+            decide(&p, &Outcome::permanent("HTTP 410"), 1, now(), 0.5),
+            Decision::DeadLetter {
+                error: "HTTP 410".into()
+            }
+        );
+        let fault = Outcome::Fault(Fault::Crashed("unreachable".into()));
+        assert!(matches!(decide(&p, &fault, 2, now(), 0.5), Decision::Retry { .. }));
+        assert!(matches!(decide(&p, &fault, 3, now(), 0.5), Decision::DeadLetter { .. }));
+        assert!(matches!(
+            decide(&p, &Outcome::confirmed(), 12, now(), 0.5),
+            Decision::Confirm { .. }
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn retries_never_exceed_the_budget_nor_wait_beyond_the_caps(attempts in 1u32..40, jitter in 0.0f64..1.0, after in proptest::option::of(0u64..100_000)) {
+            let p = RetryPolicy::default();
+            let out = Outcome::Retryable { reason: "x".into(), retry_after: after.map(Duration::from_secs), detail: None, fee_bump: false };
+            match decide(&p, &out, attempts, now(), jitter) {
+                Decision::Retry { at, .. } => {
+                    prop_assert!(attempts < p.max_attempts);
+                    let wait = (at - now()).to_std().unwrap_or_default();
+                    prop_assert!(wait <= p.backoff_max.max(p.retry_after_max));
+                    if let Some(secs) = after {
+                        prop_assert!(wait >= Duration::from_secs(secs).min(p.retry_after_max));
+                    }
+                }
+                Decision::DeadLetter { .. } => prop_assert!(attempts >= p.max_attempts),
+                Decision::Confirm { .. } => prop_assert!(false, "a failure confirmed"),
+            }
+        }
+    }
+}
