@@ -9,7 +9,7 @@ use anyhow::{ensure, Context};
 use chrono::Duration as Span;
 use laneway::op::{AttemptClass, AttemptRecord, Lease, Priority, Status};
 use laneway::queue::{
-    Cas, ClaimRequest, Claimed, Completion, Enqueued, Finish, LeaseSpec, NewOp, OpFilter, Queue, QueueError,
+    Cas, ClaimRequest, Claimed, Completion, Enqueued, ExpireTo, Finish, LeaseSpec, NewOp, OpFilter, Queue, QueueError,
 };
 
 use crate::support::TestDb;
@@ -32,6 +32,11 @@ crate::on_both_backends!(
     checkpointed_receipt_survives_lease_expiry,
     expiry_at_the_budget_dead_letters,
     list_filters_and_depth,
+    candidates_are_the_outbox_non_terminal_ops_in_dispatch_order,
+    due_outboxes_lists_only_outboxes_with_due_work,
+    a_drain_slot_has_one_holder_until_it_lapses,
+    a_halting_dead_letter_holds_its_lanes_until_skipped_or_retried,
+    halted_subjects_are_flagged_on_their_candidates,
 );
 
 fn op(outbox: &str, lanes: &[&str]) -> NewOp {
@@ -370,12 +375,12 @@ async fn a_stale_lease_cannot_complete_or_checkpoint(db: TestDb) -> anyhow::Resu
         "{expired:?}"
     );
     ensure!(
-        q.expire(&stale.lease, laneway::clock::Clock::now(&db.clock), false)
+        q.expire(&stale.lease, ExpireTo::Retry(laneway::clock::Clock::now(&db.clock)))
             .await?
             == Cas::Applied
     );
     ensure!(
-        q.expire(&stale.lease, laneway::clock::Clock::now(&db.clock), false)
+        q.expire(&stale.lease, ExpireTo::Retry(laneway::clock::Clock::now(&db.clock)))
             .await?
             == Cas::Stale
     );
@@ -455,6 +460,7 @@ async fn permanent_failure_dead_letters_and_force_retry_grants_a_fresh_budget(db
         lease: c.lease,
         finish: Finish::Fail {
             error: "HTTP 410 Gone".into(),
+            halt_lanes: false,
         },
         attempt: AttemptRecord {
             detail: Some("410".into()),
@@ -531,7 +537,11 @@ async fn checkpointed_receipt_survives_lease_expiry(db: TestDb) -> anyhow::Resul
     let c = claim_one(q).await?;
     ensure!(q.checkpoint(&c.lease, r#"{"hash":"d8ec9b68"}"#).await? == Cas::Applied);
     db.clock.advance(Span::seconds(31));
-    ensure!(q.expire(&c.lease, laneway::clock::Clock::now(&db.clock), false).await? == Cas::Applied);
+    ensure!(
+        q.expire(&c.lease, ExpireTo::Retry(laneway::clock::Clock::now(&db.clock)))
+            .await?
+            == Cas::Applied
+    );
     let reclaimed = claim_one(q).await?;
     ensure!(
         reclaimed.op.receipt.as_deref() == Some(r#"{"hash":"d8ec9b68"}"#),
@@ -554,7 +564,7 @@ async fn expiry_at_the_budget_dead_letters(db: TestDb) -> anyhow::Result<()> {
     let id = enqueue_one(q, op("o", &["L"])).await?;
     let c = claim_one(q).await?;
     db.clock.advance(Span::seconds(31));
-    ensure!(q.expire(&c.lease, laneway::clock::Clock::now(&db.clock), true).await? == Cas::Applied);
+    ensure!(q.expire(&c.lease, ExpireTo::DeadLetter { halt_lanes: false }).await? == Cas::Applied);
     let op = q.get(id).await?.context("op")?;
     ensure!(
         op.status == Status::Failed && op.finished_at.is_some() && op.last_error.as_deref() == Some("lease expired")
@@ -653,5 +663,167 @@ async fn list_filters_and_depth(db: TestDb) -> anyhow::Result<()> {
         ensure!(depth.contains(&want), "{want:?} not in {depth:?}");
     }
     ensure!(depth.len() == 3, "{depth:?}");
+    Ok(())
+}
+
+async fn candidates_are_the_outbox_non_terminal_ops_in_dispatch_order(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let mut crit = op("o", &["A"]);
+    crit.priority = Priority::Critical;
+    let ids: Vec<i64> = q
+        .enqueue(&[
+            op("o", &["A"]),
+            op("o", &["B"]),
+            crit,
+            op("other", &["A"]),
+            op("o", &["C"]),
+        ])
+        .await?
+        .into_iter()
+        .map(Enqueued::id)
+        .collect();
+    q.cancel(ids[4]).await?;
+    q.claim_ids(&[ids[1]], &lease_spec("h")).await?;
+    let got: Vec<(i64, Status)> = q
+        .candidates("o", 100)
+        .await?
+        .iter()
+        .map(|c| (c.op.id, c.op.status))
+        .collect();
+    ensure!(
+        got == vec![
+            (ids[2], Status::Pending),
+            (ids[0], Status::Pending),
+            (ids[1], Status::Submitted)
+        ],
+        "{got:?}"
+    );
+    ensure!(q.candidates("o", 1).await?.len() == 1);
+    Ok(())
+}
+
+async fn due_outboxes_lists_only_outboxes_with_due_work(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let mut later = op("later", &["L"]);
+    later.not_before = Some(laneway::clock::Clock::now(&db.clock) + Span::seconds(5));
+    q.enqueue(&[op("now", &["A"]), op("now", &["B"]), later, op("claimed", &["C"])])
+        .await?;
+    q.claim(&ClaimRequest {
+        outbox: Some("claimed".into()),
+        ..claim_all(10)
+    })
+    .await?;
+    ensure!(q.due_outboxes(10).await? == vec!["now".to_owned()]);
+    db.clock.advance(Span::seconds(5));
+    let mut due = q.due_outboxes(10).await?;
+    due.sort();
+    ensure!(due == vec!["later".to_owned(), "now".to_owned()], "{due:?}");
+    Ok(())
+}
+
+async fn a_drain_slot_has_one_holder_until_it_lapses(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let ttl = Duration::from_secs(10);
+    let first = q.acquire_slot("o", "host-a", ttl).await?.context("free slot")?;
+    ensure!(q.acquire_slot("o", "host-b", ttl).await?.is_none(), "two holders");
+    ensure!(
+        q.acquire_slot("p", "host-b", ttl).await?.is_some(),
+        "slots are per outbox"
+    );
+    db.clock.advance(Span::seconds(8));
+    ensure!(q.renew_slot(&first, ttl).await? == Cas::Applied);
+    db.clock.advance(Span::seconds(8));
+    ensure!(
+        q.acquire_slot("o", "host-b", ttl).await?.is_none(),
+        "a renewed slot was taken"
+    );
+    // The holder dies without releasing: the slot lapses and another host takes it.
+    db.clock.advance(Span::seconds(3));
+    let second = q.acquire_slot("o", "host-b", ttl).await?.context("lapsed slot")?;
+    ensure!(
+        q.renew_slot(&first, ttl).await? == Cas::Stale,
+        "the old holder renewed a taken slot"
+    );
+    q.release_slot(&first).await?;
+    ensure!(
+        q.acquire_slot("o", "host-a", ttl).await?.is_none(),
+        "a stale release freed the slot"
+    );
+    q.release_slot(&second).await?;
+    ensure!(q.acquire_slot("o", "host-a", ttl).await?.is_some());
+    Ok(())
+}
+
+async fn a_halting_dead_letter_holds_its_lanes_until_skipped_or_retried(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let id = enqueue_one(q, op("o", &["A", "B"])).await?;
+    let c = claim_one(q).await?;
+    let fail = Completion {
+        lease: c.lease,
+        finish: Finish::Fail {
+            error: "poison".into(),
+            halt_lanes: true,
+        },
+        attempt: record(&db, AttemptClass::Permanent),
+    };
+    ensure!(q.complete(&[fail]).await? == vec![Cas::Applied]);
+    let halts: Vec<(String, i64)> = q
+        .lane_halts(Some("o"))
+        .await?
+        .into_iter()
+        .map(|h| (h.lane, h.op_id))
+        .collect();
+    ensure!(halts == vec![("A".to_owned(), id), ("B".to_owned(), id)], "{halts:?}");
+    ensure!(q.lane_halts(Some("elsewhere")).await?.is_empty());
+    ensure!(q.lane_halts(None).await?.len() == 2);
+    ensure!(q.skip_lane("o", "A").await? == 1);
+    ensure!(
+        q.lane_halts(None)
+            .await?
+            .iter()
+            .map(|h| h.lane.as_str())
+            .collect::<Vec<_>>()
+            == vec!["B"]
+    );
+    q.force_retry(id).await?;
+    ensure!(
+        q.lane_halts(None).await?.is_empty(),
+        "a retried dead letter still holds its lanes"
+    );
+    // A lease that lapses at the budget halts too.
+    let c = claim_one(q).await?;
+    db.clock.advance(Span::seconds(31));
+    ensure!(q.expire(&c.lease, ExpireTo::DeadLetter { halt_lanes: true }).await? == Cas::Applied);
+    ensure!(q.lane_halts(Some("o")).await?.len() == 2);
+    Ok(())
+}
+
+async fn halted_subjects_are_flagged_on_their_candidates(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let mut frozen = op("o", &["A"]);
+    frozen.subject = Some("user-1".into());
+    let mut free = op("o", &["B"]);
+    free.subject = Some("user-2".into());
+    q.enqueue(&[frozen, free]).await?;
+    q.halt_subject("user-1", Some("compliance hold")).await?;
+    q.halt_subject("user-1", Some("still held")).await?;
+    let flags: Vec<(Option<String>, bool)> = q
+        .candidates("o", 10)
+        .await?
+        .into_iter()
+        .map(|c| (c.op.subject, c.subject_halted))
+        .collect();
+    ensure!(
+        flags == vec![(Some("user-1".into()), true), (Some("user-2".into()), false)],
+        "{flags:?}"
+    );
+    let halted = q.halted_subjects().await?;
+    ensure!(
+        halted.len() == 1 && halted[0].reason.as_deref() == Some("still held"),
+        "{halted:?}"
+    );
+    ensure!(q.unhalt_subject("user-1").await?);
+    ensure!(!q.unhalt_subject("user-1").await?);
+    ensure!(q.candidates("o", 10).await?.iter().all(|c| !c.subject_halted));
     Ok(())
 }

@@ -224,7 +224,72 @@ pub enum Finish {
     Fail {
         /// Why.
         error: String,
+        /// Hold the op's lanes until an operator skips or retries it (the
+        /// `halt` poison policy); written in the same transaction.
+        halt_lanes: bool,
     },
+}
+
+/// Where an op whose lease expired goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpireTo {
+    /// Back to pending, due at this time.
+    Retry(DateTime<Utc>),
+    /// Dead-letter (the budget is spent), optionally holding its lanes.
+    DeadLetter {
+        /// As in [`Finish::Fail`].
+        halt_lanes: bool,
+    },
+}
+
+/// A non-terminal op the scheduler considers, with what it needs to know
+/// beyond the op itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CandidateOp {
+    /// The op.
+    pub op: Op,
+    /// Its subject is halted (compliance guard): it must not be attempted.
+    pub subject_halted: bool,
+}
+
+/// A held drain slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotLease {
+    /// The outbox.
+    pub outbox: String,
+    /// Fences renewals and the release.
+    pub token: Uuid,
+}
+
+/// A strict lane held by a dead letter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LaneHalt {
+    /// The outbox.
+    pub outbox: String,
+    /// The lane.
+    pub lane: String,
+    /// The dead letter holding it.
+    pub op_id: OpId,
+    /// Since when.
+    pub halted_at: DateTime<Utc>,
+}
+
+/// A halted subject.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HaltedSubject {
+    /// The subject.
+    pub subject: String,
+    /// Why, if the operator said.
+    pub reason: Option<String>,
+    /// Since when.
+    pub halted_at: DateTime<Utc>,
+}
+
+/// A stream of outbox names to wake, from producers anywhere.
+#[async_trait]
+pub trait Subscription: Send {
+    /// The next outbox with new ops.
+    async fn next(&mut self) -> Result<String, QueueError>;
 }
 
 /// One finished attempt, applied under its lease.
@@ -347,10 +412,9 @@ pub trait Queue: Send + Sync + std::fmt::Debug {
     async fn expired_leases(&self, limit: u32) -> Result<Vec<Claimed>, QueueError>;
 
     /// Returns an op whose lease expired to pending (keeping any receipt, so
-    /// the executor reconciles before redelivering) and records the attempt
-    /// as `lease_expired`; or dead-letters it when `dead_letter` is set.
-    async fn expire(&self, lease: &Lease, next_attempt_at: DateTime<Utc>, dead_letter: bool)
-        -> Result<Cas, QueueError>;
+    /// the executor reconciles before redelivering) or dead-letters it, and
+    /// records the attempt as `lease_expired`.
+    async fn expire(&self, lease: &Lease, to: ExpireTo) -> Result<Cas, QueueError>;
 
     /// Operator: cancels a pending op.
     ///
@@ -378,6 +442,41 @@ pub trait Queue: Send + Sync + std::fmt::Debug {
 
     /// Queue depth by status and priority.
     async fn depth(&self) -> Result<Vec<Depth>, QueueError>;
+
+    /// An outbox's non-terminal ops in dispatch order, at most `limit`.
+    async fn candidates(&self, outbox: &str, limit: u32) -> Result<Vec<CandidateOp>, QueueError>;
+
+    /// Outboxes that have pending ops due now (the safety-net poll).
+    async fn due_outboxes(&self, limit: u32) -> Result<Vec<String>, QueueError>;
+
+    /// Takes the outbox's drain slot if nobody holds a live lease on it.
+    async fn acquire_slot(&self, outbox: &str, owner: &str, ttl: Duration) -> Result<Option<SlotLease>, QueueError>;
+
+    /// Extends a held slot; `Stale` when it lapsed and someone else took it.
+    async fn renew_slot(&self, slot: &SlotLease, ttl: Duration) -> Result<Cas, QueueError>;
+
+    /// Gives a held slot up at once.
+    async fn release_slot(&self, slot: &SlotLease) -> Result<(), QueueError>;
+
+    /// Strict lanes held by dead letters (all outboxes when `None`).
+    async fn lane_halts(&self, outbox: Option<&str>) -> Result<Vec<LaneHalt>, QueueError>;
+
+    /// Operator: lets a halted lane continue past its dead letter, which
+    /// stays failed. Returns how many holds were removed.
+    async fn skip_lane(&self, outbox: &str, lane: &str) -> Result<u64, QueueError>;
+
+    /// Operator: stops every op for `subject` from being attempted.
+    async fn halt_subject(&self, subject: &str, reason: Option<&str>) -> Result<(), QueueError>;
+
+    /// Operator: lets the subject's ops go again; `false` if it was not halted.
+    async fn unhalt_subject(&self, subject: &str) -> Result<bool, QueueError>;
+
+    /// Halted subjects.
+    async fn halted_subjects(&self) -> Result<Vec<HaltedSubject>, QueueError>;
+
+    /// Wake-ups from producers in other processes, where the backend has
+    /// them (PostgreSQL `LISTEN`); `None` otherwise.
+    async fn subscribe(&self) -> Result<Option<Box<dyn Subscription>>, QueueError>;
 }
 
 /// Opens the queue named by the config's database URL.

@@ -14,14 +14,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Postgres, QueryBuilder, Row, Transaction};
 use uuid::Uuid;
 
 use super::common::{check_versions, chrono_duration, now_ms, validate_new_op};
 use super::{
-    new_token, Backend, Cas, ClaimRequest, Claimed, Completion, Depth, Enqueued, Finish, LeaseSpec, Limits, NewOp,
-    OpFilter, Queue, QueueError,
+    new_token, Backend, CandidateOp, Cas, ClaimRequest, Claimed, Completion, Depth, Enqueued, ExpireTo, Finish,
+    HaltedSubject, LaneHalt, LeaseSpec, Limits, NewOp, OpFilter, Queue, QueueError, SlotLease, Subscription,
 };
 use crate::clock::Clock;
 use crate::config::DatabaseConfig;
@@ -202,7 +202,13 @@ impl PgQueue {
         Ok(out)
     }
 
-    async fn operator_change(&self, id: OpId, transition: Transition, set: &str) -> Result<Op, QueueError> {
+    async fn operator_change(
+        &self,
+        id: OpId,
+        transition: Transition,
+        set: &str,
+        after: Option<&str>,
+    ) -> Result<Op, QueueError> {
         let now = self.now();
         let mut tx = self.pool.begin().await?;
         // $1 status, $2 now, $3 id, $4 expected status.
@@ -226,6 +232,9 @@ impl PgQueue {
         };
         if let Some(row) = row {
             let op = op_from_row(&row)?;
+            if let Some(after) = after {
+                sqlx::query(after).bind(id).execute(&mut *tx).await?;
+            }
             tx.commit().await?;
             return Ok(op);
         }
@@ -379,6 +388,7 @@ impl Queue for PgQueue {
         let mut tx = self.pool.begin().await?;
         let mut out = Vec::with_capacity(completions.len());
         for c in completions {
+            let mut halt = false;
             let (transition, receipt, error, next_at, bump) = match &c.finish {
                 Finish::Confirm { receipt } => (Transition::Confirm, receipt.clone(), None, None, 0),
                 Finish::Retry {
@@ -392,7 +402,10 @@ impl Queue for PgQueue {
                     Some(*next_attempt_at),
                     i32::from(*fee_bump),
                 ),
-                Finish::Fail { error } => (Transition::Fail, None, Some(truncate_error(error)), None, 0),
+                Finish::Fail { error, halt_lanes } => {
+                    halt = *halt_lanes;
+                    (Transition::Fail, None, Some(truncate_error(error)), None, 0)
+                }
             };
             let finished_at = transition.to().is_terminal().then_some(now);
             let done = sqlx::query(
@@ -417,6 +430,9 @@ impl Queue for PgQueue {
             let result = cas(done.rows_affected());
             if result.applied() {
                 insert_attempt(&mut tx, c.lease.op_id, c.lease.attempt, &c.attempt).await?;
+                if halt {
+                    halt_lanes(&mut tx, c.lease.op_id, now).await?;
+                }
             }
             out.push(result);
         }
@@ -468,17 +484,11 @@ impl Queue for PgQueue {
             .collect()
     }
 
-    async fn expire(
-        &self,
-        lease: &Lease,
-        next_attempt_at: DateTime<Utc>,
-        dead_letter: bool,
-    ) -> Result<Cas, QueueError> {
+    async fn expire(&self, lease: &Lease, to: ExpireTo) -> Result<Cas, QueueError> {
         let now = self.now();
-        let transition = if dead_letter {
-            Transition::Fail
-        } else {
-            Transition::Expire
+        let (transition, next_attempt_at, halt) = match to {
+            ExpireTo::Retry(at) => (Transition::Expire, at, false),
+            ExpireTo::DeadLetter { halt_lanes } => (Transition::Fail, now, halt_lanes),
         };
         let finished_at = transition.to().is_terminal().then_some(now);
         let mut tx = self.pool.begin().await?;
@@ -514,12 +524,15 @@ impl Queue for PgQueue {
             error: Some(format!("lease held by {} expired", owner.as_deref().unwrap_or("?"))),
         };
         insert_attempt(&mut tx, lease.op_id, lease.attempt, &record).await?;
+        if halt {
+            halt_lanes(&mut tx, lease.op_id, now).await?;
+        }
         tx.commit().await?;
         Ok(Cas::Applied)
     }
 
     async fn cancel(&self, id: OpId) -> Result<Op, QueueError> {
-        self.operator_change(id, Transition::Cancel, "updated_at = $2, finished_at = $2")
+        self.operator_change(id, Transition::Cancel, "updated_at = $2, finished_at = $2", None)
             .await
     }
 
@@ -528,6 +541,9 @@ impl Queue for PgQueue {
             id,
             Transition::ForceRetry,
             "attempt_floor = attempts, next_attempt_at = $2, updated_at = $2, finished_at = NULL",
+            // A retried dead letter goes back to being its lanes' head, so
+            // any hold it placed on them is no longer needed.
+            Some("DELETE FROM lane_halts WHERE op_id = $1"),
         )
         .await
     }
@@ -625,6 +641,174 @@ impl Queue for PgQueue {
             })
             .collect()
     }
+
+    async fn candidates(&self, outbox: &str, limit: u32) -> Result<Vec<CandidateOp>, QueueError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {OP_COLUMNS}, h.subject IS NOT NULL AS subject_halted FROM ops \
+             LEFT JOIN halted_subjects h ON h.subject = ops.subject \
+             WHERE ops.outbox = $1 AND ops.status IN ('pending', 'submitted') ORDER BY ops.priority, ops.id LIMIT $2"
+        ))
+        .bind(outbox)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(CandidateOp {
+                    op: op_from_row(row)?,
+                    subject_halted: row.try_get("subject_halted")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn due_outboxes(&self, limit: u32) -> Result<Vec<String>, QueueError> {
+        Ok(sqlx::query_scalar(
+            "SELECT DISTINCT outbox FROM ops WHERE status = 'pending' AND next_attempt_at <= $1 LIMIT $2",
+        )
+        .bind(self.now())
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn acquire_slot(&self, outbox: &str, owner: &str, ttl: Duration) -> Result<Option<SlotLease>, QueueError> {
+        let now = self.now();
+        let token = new_token();
+        let taken: Option<Uuid> = sqlx::query_scalar(
+            "INSERT INTO drain_slots (outbox, owner, token, lease_until) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (outbox) DO UPDATE SET owner = excluded.owner, token = excluded.token, \
+             lease_until = excluded.lease_until WHERE drain_slots.lease_until < $5 RETURNING token",
+        )
+        .bind(outbox)
+        .bind(owner)
+        .bind(token)
+        .bind(now + chrono_duration(ttl))
+        .bind(now)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(taken.map(|token| SlotLease {
+            outbox: outbox.to_owned(),
+            token,
+        }))
+    }
+
+    async fn renew_slot(&self, slot: &SlotLease, ttl: Duration) -> Result<Cas, QueueError> {
+        let done = sqlx::query("UPDATE drain_slots SET lease_until = $1 WHERE outbox = $2 AND token = $3")
+            .bind(self.now() + chrono_duration(ttl))
+            .bind(&slot.outbox)
+            .bind(slot.token)
+            .execute(&self.pool)
+            .await?;
+        Ok(cas(done.rows_affected()))
+    }
+
+    async fn release_slot(&self, slot: &SlotLease) -> Result<(), QueueError> {
+        sqlx::query("DELETE FROM drain_slots WHERE outbox = $1 AND token = $2")
+            .bind(&slot.outbox)
+            .bind(slot.token)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn lane_halts(&self, outbox: Option<&str>) -> Result<Vec<LaneHalt>, QueueError> {
+        let rows = sqlx::query(
+            "SELECT outbox, lane, op_id, halted_at FROM lane_halts WHERE $1::text IS NULL OR outbox = $1 \
+             ORDER BY outbox, lane, op_id",
+        )
+        .bind(outbox)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(LaneHalt {
+                    outbox: row.try_get("outbox")?,
+                    lane: row.try_get("lane")?,
+                    op_id: row.try_get("op_id")?,
+                    halted_at: row.try_get("halted_at")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn skip_lane(&self, outbox: &str, lane: &str) -> Result<u64, QueueError> {
+        let done = sqlx::query("DELETE FROM lane_halts WHERE outbox = $1 AND lane = $2")
+            .bind(outbox)
+            .bind(lane)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn halt_subject(&self, subject: &str, reason: Option<&str>) -> Result<(), QueueError> {
+        sqlx::query(
+            "INSERT INTO halted_subjects (subject, reason, halted_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (subject) DO UPDATE SET reason = excluded.reason",
+        )
+        .bind(subject)
+        .bind(reason)
+        .bind(self.now())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn unhalt_subject(&self, subject: &str) -> Result<bool, QueueError> {
+        let done = sqlx::query("DELETE FROM halted_subjects WHERE subject = $1")
+            .bind(subject)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn halted_subjects(&self) -> Result<Vec<HaltedSubject>, QueueError> {
+        let rows = sqlx::query("SELECT subject, reason, halted_at FROM halted_subjects ORDER BY subject")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(HaltedSubject {
+                    subject: row.try_get("subject")?,
+                    reason: row.try_get("reason")?,
+                    halted_at: row.try_get("halted_at")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn subscribe(&self) -> Result<Option<Box<dyn Subscription>>, QueueError> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen(NOTIFY_CHANNEL).await?;
+        Ok(Some(Box::new(PgSubscription { listener })))
+    }
+}
+
+/// `LISTEN laneway_ops`, yielding the outbox each insert names.
+struct PgSubscription {
+    listener: PgListener,
+}
+
+#[async_trait]
+impl Subscription for PgSubscription {
+    async fn next(&mut self) -> Result<String, QueueError> {
+        // PgListener reconnects by itself after a dropped connection;
+        // notifications sent meanwhile are lost, which the safety-net poll covers.
+        Ok(self.listener.recv().await?.payload().to_owned())
+    }
+}
+
+async fn halt_lanes(conn: &mut PgConnection, op_id: OpId, now: DateTime<Utc>) -> Result<(), QueueError> {
+    sqlx::query(
+        "INSERT INTO lane_halts (outbox, lane, op_id, halted_at) \
+         SELECT o.outbox, l.lane, o.id, $1 FROM ops o JOIN op_lanes l ON l.op_id = o.id WHERE o.id = $2 \
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(now)
+    .bind(op_id)
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 async fn insert_attempt(

@@ -22,8 +22,8 @@ use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
 
 use super::common::{check_versions, chrono_duration, now_ms, validate_new_op};
 use super::{
-    new_token, Backend, Cas, ClaimRequest, Claimed, Completion, Depth, Enqueued, Finish, LeaseSpec, Limits, NewOp,
-    OpFilter, Queue, QueueError,
+    new_token, Backend, CandidateOp, Cas, ClaimRequest, Claimed, Completion, Depth, Enqueued, ExpireTo, Finish,
+    HaltedSubject, LaneHalt, LeaseSpec, Limits, NewOp, OpFilter, Queue, QueueError, SlotLease, Subscription,
 };
 use crate::clock::Clock;
 use crate::config::{DatabaseConfig, Synchronous};
@@ -229,6 +229,7 @@ impl SqliteQueue {
         transition: Transition,
         set: &str,
         now: DateTime<Utc>,
+        after: Option<&str>,
     ) -> Result<Op, QueueError> {
         let mut tx = self.write().await?;
         // Numbered parameters: ?1 status, ?2 now, ?3 id, ?4 expected status.
@@ -253,6 +254,9 @@ impl SqliteQueue {
         match row {
             Some(row) => {
                 let op = op_from_row(&row)?;
+                if let Some(after) = after {
+                    sqlx::query(after).bind(id).execute(&mut *tx).await?;
+                }
                 tx.commit().await?;
                 Ok(op)
             }
@@ -422,6 +426,7 @@ impl Queue for SqliteQueue {
         let mut tx = self.write().await?;
         let mut out = Vec::with_capacity(completions.len());
         for c in completions {
+            let mut halt = false;
             let (transition, receipt, error, next_at, bump) = match &c.finish {
                 Finish::Confirm { receipt } => (Transition::Confirm, receipt.clone(), None, None, 0),
                 Finish::Retry {
@@ -435,7 +440,10 @@ impl Queue for SqliteQueue {
                     Some(ms(*next_attempt_at)),
                     i32::from(*fee_bump),
                 ),
-                Finish::Fail { error } => (Transition::Fail, None, Some(truncate_error(error)), None, 0),
+                Finish::Fail { error, halt_lanes } => {
+                    halt = *halt_lanes;
+                    (Transition::Fail, None, Some(truncate_error(error)), None, 0)
+                }
             };
             let finished_at = transition.to().is_terminal().then_some(ms(now));
             let done = sqlx::query(
@@ -460,6 +468,9 @@ impl Queue for SqliteQueue {
             let result = cas(done.rows_affected());
             if result.applied() {
                 insert_attempt(&mut tx, c.lease.op_id, c.lease.attempt, &c.attempt).await?;
+                if halt {
+                    halt_lanes(&mut tx, c.lease.op_id, now).await?;
+                }
             }
             out.push(result);
         }
@@ -513,17 +524,11 @@ impl Queue for SqliteQueue {
             .collect()
     }
 
-    async fn expire(
-        &self,
-        lease: &Lease,
-        next_attempt_at: DateTime<Utc>,
-        dead_letter: bool,
-    ) -> Result<Cas, QueueError> {
+    async fn expire(&self, lease: &Lease, to: ExpireTo) -> Result<Cas, QueueError> {
         let now = self.now();
-        let transition = if dead_letter {
-            Transition::Fail
-        } else {
-            Transition::Expire
+        let (transition, next_attempt_at, halt) = match to {
+            ExpireTo::Retry(at) => (Transition::Expire, at, false),
+            ExpireTo::DeadLetter { halt_lanes } => (Transition::Fail, now, halt_lanes),
         };
         let mut tx = self.write().await?;
         // Record the attempt first, while the row still shows when it was claimed.
@@ -554,13 +559,16 @@ impl Queue for SqliteQueue {
         .bind(lease.op_id)
         .execute(&mut *tx)
         .await?;
+        if halt {
+            halt_lanes(&mut tx, lease.op_id, now).await?;
+        }
         tx.commit().await?;
         Ok(Cas::Applied)
     }
 
     async fn cancel(&self, id: OpId) -> Result<Op, QueueError> {
         let now = self.now();
-        self.operator_change(id, Transition::Cancel, "updated_at = ?2, finished_at = ?2", now)
+        self.operator_change(id, Transition::Cancel, "updated_at = ?2, finished_at = ?2", now, None)
             .await
     }
 
@@ -571,6 +579,9 @@ impl Queue for SqliteQueue {
             Transition::ForceRetry,
             "attempt_floor = attempts, next_attempt_at = ?2, updated_at = ?2, finished_at = NULL",
             now,
+            // A retried dead letter goes back to being its lanes' head, so
+            // any hold it placed on them is no longer needed.
+            Some("DELETE FROM lane_halts WHERE op_id = ?"),
         )
         .await
     }
@@ -667,6 +678,178 @@ impl Queue for SqliteQueue {
             })
             .collect()
     }
+
+    async fn candidates(&self, outbox: &str, limit: u32) -> Result<Vec<CandidateOp>, QueueError> {
+        let columns = OP_COLUMNS
+            .split(", ")
+            .map(|c| format!("ops.{}", c.trim()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let rows = sqlx::query(&format!(
+            "SELECT {columns}, h.subject IS NOT NULL AS subject_halted FROM ops \
+             LEFT JOIN halted_subjects h ON h.subject = ops.subject \
+             WHERE ops.outbox = ? AND ops.status IN ('pending', 'submitted') ORDER BY ops.priority, ops.id LIMIT ?"
+        ))
+        .bind(outbox)
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(CandidateOp {
+                    op: op_from_row(row)?,
+                    subject_halted: row.try_get("subject_halted")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn due_outboxes(&self, limit: u32) -> Result<Vec<String>, QueueError> {
+        Ok(sqlx::query_scalar(
+            "SELECT DISTINCT outbox FROM ops WHERE status = 'pending' AND next_attempt_at <= ? LIMIT ?",
+        )
+        .bind(ms(self.now()))
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?)
+    }
+
+    async fn acquire_slot(&self, outbox: &str, owner: &str, ttl: Duration) -> Result<Option<SlotLease>, QueueError> {
+        let now = self.now();
+        let token = new_token();
+        let mut tx = self.write().await?;
+        let taken: Option<String> = sqlx::query_scalar(
+            "INSERT INTO drain_slots (outbox, owner, token, lease_until) VALUES (?, ?, ?, ?) \
+             ON CONFLICT (outbox) DO UPDATE SET owner = excluded.owner, token = excluded.token, \
+             lease_until = excluded.lease_until WHERE drain_slots.lease_until < ? RETURNING token",
+        )
+        .bind(outbox)
+        .bind(owner)
+        .bind(token.to_string())
+        .bind(ms(now + chrono_duration(ttl)))
+        .bind(ms(now))
+        .fetch_optional(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(taken.map(|_| SlotLease {
+            outbox: outbox.to_owned(),
+            token,
+        }))
+    }
+
+    async fn renew_slot(&self, slot: &SlotLease, ttl: Duration) -> Result<Cas, QueueError> {
+        let until = ms(self.now() + chrono_duration(ttl));
+        let mut tx = self.write().await?;
+        let done = sqlx::query("UPDATE drain_slots SET lease_until = ? WHERE outbox = ? AND token = ?")
+            .bind(until)
+            .bind(&slot.outbox)
+            .bind(slot.token.to_string())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(cas(done.rows_affected()))
+    }
+
+    async fn release_slot(&self, slot: &SlotLease) -> Result<(), QueueError> {
+        let mut tx = self.write().await?;
+        sqlx::query("DELETE FROM drain_slots WHERE outbox = ? AND token = ?")
+            .bind(&slot.outbox)
+            .bind(slot.token.to_string())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn lane_halts(&self, outbox: Option<&str>) -> Result<Vec<LaneHalt>, QueueError> {
+        let rows = sqlx::query(
+            "SELECT outbox, lane, op_id, halted_at FROM lane_halts WHERE ?1 IS NULL OR outbox = ?1 \
+             ORDER BY outbox, lane, op_id",
+        )
+        .bind(outbox)
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let op_id: i64 = row.try_get("op_id")?;
+                Ok(LaneHalt {
+                    outbox: row.try_get("outbox")?,
+                    lane: row.try_get("lane")?,
+                    op_id,
+                    halted_at: from_ms(op_id, "lane_halts.halted_at", row.try_get("halted_at")?)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn skip_lane(&self, outbox: &str, lane: &str) -> Result<u64, QueueError> {
+        let mut tx = self.write().await?;
+        let done = sqlx::query("DELETE FROM lane_halts WHERE outbox = ? AND lane = ?")
+            .bind(outbox)
+            .bind(lane)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn halt_subject(&self, subject: &str, reason: Option<&str>) -> Result<(), QueueError> {
+        let mut tx = self.write().await?;
+        sqlx::query(
+            "INSERT INTO halted_subjects (subject, reason, halted_at) VALUES (?, ?, ?) \
+             ON CONFLICT (subject) DO UPDATE SET reason = excluded.reason",
+        )
+        .bind(subject)
+        .bind(reason)
+        .bind(ms(self.now()))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn unhalt_subject(&self, subject: &str) -> Result<bool, QueueError> {
+        let mut tx = self.write().await?;
+        let done = sqlx::query("DELETE FROM halted_subjects WHERE subject = ?")
+            .bind(subject)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn halted_subjects(&self) -> Result<Vec<HaltedSubject>, QueueError> {
+        let rows = sqlx::query("SELECT subject, reason, halted_at FROM halted_subjects ORDER BY subject")
+            .fetch_all(&self.reader)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(HaltedSubject {
+                    subject: row.try_get("subject")?,
+                    reason: row.try_get("reason")?,
+                    halted_at: from_ms(0, "halted_subjects.halted_at", row.try_get("halted_at")?)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn subscribe(&self) -> Result<Option<Box<dyn Subscription>>, QueueError> {
+        // SQLite has no cross-process notifications; the safety-net poll
+        // covers producers in other processes.
+        Ok(None)
+    }
+}
+
+async fn halt_lanes(conn: &mut SqliteConnection, op_id: OpId, now: DateTime<Utc>) -> Result<(), QueueError> {
+    sqlx::query(
+        "INSERT OR IGNORE INTO lane_halts (outbox, lane, op_id, halted_at) \
+         SELECT o.outbox, l.lane, o.id, ? FROM ops o JOIN op_lanes l ON l.op_id = o.id WHERE o.id = ?",
+    )
+    .bind(ms(now))
+    .bind(op_id)
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 async fn insert_attempt(
