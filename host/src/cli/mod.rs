@@ -16,7 +16,9 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::clock::SystemClock;
 use crate::config::{self, Config, ConfigError, FileSource};
+use crate::dispatch::{DispatchError, Dispatcher};
 use crate::enqueue::{self, EnqueueError, EnqueueRequest};
+use crate::executor::Registry;
 use crate::op::{OpId, Priority, Status};
 use crate::queue::{self, Enqueued, OpFilter, Queue, QueueError};
 
@@ -42,8 +44,75 @@ pub enum Command {
     /// Inspect and act on ops.
     #[command(subcommand)]
     Ops(OpsCommand),
-    /// Print the effective configuration check result.
+    /// Run the dispatcher for every outbox until SIGTERM or ctrl-c.
+    Run,
+    /// Inspect and release lanes held by dead letters (poison = "halt").
+    #[command(subcommand)]
+    Lanes(LanesCommand),
+    /// Halt or resume every op acting for a subject (compliance guard).
+    #[command(subcommand)]
+    Subjects(SubjectsCommand),
+    /// Check the configuration and say so.
     CheckConfig,
+}
+
+/// `laneway lanes …`
+#[derive(Debug, Subcommand)]
+pub enum LanesCommand {
+    /// Lanes held by dead letters.
+    List(LanesListArgs),
+    /// Let a held lane continue past its dead letter (which stays failed).
+    Skip(LaneArgs),
+}
+
+/// `laneway lanes list`
+#[derive(Debug, Args)]
+pub struct LanesListArgs {
+    /// Only this outbox.
+    #[arg(long)]
+    pub outbox: Option<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One lane of one outbox.
+#[derive(Debug, Args)]
+pub struct LaneArgs {
+    /// The outbox.
+    #[arg(long)]
+    pub outbox: String,
+    /// The lane.
+    #[arg(long)]
+    pub lane: String,
+}
+
+/// `laneway subjects …`
+#[derive(Debug, Subcommand)]
+pub enum SubjectsCommand {
+    /// Stop the subject's ops from being attempted (they wait, no attempt is used).
+    Halt(HaltArgs),
+    /// Let the subject's ops go again.
+    Unhalt(SubjectArgs),
+    /// Halted subjects.
+    List(JsonArg),
+}
+
+/// `laneway subjects halt`
+#[derive(Debug, Args)]
+pub struct HaltArgs {
+    /// The subject (user or actor id).
+    pub subject: String,
+    /// Why, for the record.
+    #[arg(long)]
+    pub reason: Option<String>,
+}
+
+/// A subject argument.
+#[derive(Debug, Args)]
+pub struct SubjectArgs {
+    /// The subject (user or actor id).
+    pub subject: String,
 }
 
 /// `laneway enqueue`
@@ -167,6 +236,9 @@ pub enum CliError {
     /// Writing output failed.
     #[error("cannot write output: {0}")]
     Output(#[from] std::io::Error),
+    /// The dispatcher stopped with an error.
+    #[error(transparent)]
+    Dispatch(#[from] DispatchError),
 }
 
 /// The standard streams and environment a command runs with.
@@ -212,6 +284,9 @@ pub async fn run(cli: Cli, io: Io<'_>) -> Result<(), CliError> {
         }
         Command::Enqueue(args) => enqueue_cmd(&config, args, io).await,
         Command::Ops(ops) => ops_cmd(&config, ops, io.stdout).await,
+        Command::Run => run_cmd(config).await,
+        Command::Lanes(command) => lanes_cmd(&config, command, io.stdout).await,
+        Command::Subjects(command) => subjects_cmd(&config, command, io.stdout).await,
     }
 }
 
@@ -358,4 +433,102 @@ async fn ops_cmd(config: &Config, command: OpsCommand, out: &mut dyn Write) -> R
             }
         }
     }
+}
+
+async fn run_cmd(config: Config) -> Result<(), CliError> {
+    let queue = open_checked(&config).await?;
+    // Executors are loaded by the plugin runtime; without one, a kind's ops
+    // wait (and say so in the log) rather than fail.
+    let executors = Arc::new(Registry::default());
+    let dispatcher = Dispatcher::new(queue, executors, config, Arc::new(SystemClock));
+    let stopper = dispatcher.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("Shutdown requested; finishing in-flight ops.");
+        stopper.shutdown();
+    });
+    dispatcher.run().await?;
+    Ok(())
+}
+
+/// Resolves on ctrl-c or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut sig) => {
+                sig.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+async fn lanes_cmd(config: &Config, command: LanesCommand, out: &mut dyn Write) -> Result<(), CliError> {
+    let queue = open_checked(config).await?;
+    match command {
+        LanesCommand::List(args) => {
+            let halts = queue.lane_halts(args.outbox.as_deref()).await?;
+            if args.json {
+                render::json(out, &halts)
+            } else {
+                render::halts_table(out, &halts)
+            }
+        }
+        LanesCommand::Skip(args) => {
+            let removed = queue.skip_lane(&args.outbox, &args.lane).await?;
+            if removed == 0 {
+                return Err(CliError::Input(format!(
+                    "lane {:?} of outbox {:?} is not held",
+                    args.lane, args.outbox
+                )));
+            }
+            writeln!(
+                out,
+                "lane {} of outbox {} continues past its dead letter",
+                args.lane, args.outbox
+            )?;
+            Ok(())
+        }
+    }
+}
+
+async fn subjects_cmd(config: &Config, command: SubjectsCommand, out: &mut dyn Write) -> Result<(), CliError> {
+    let queue = open_checked(config).await?;
+    match command {
+        SubjectsCommand::Halt(args) => {
+            queue.halt_subject(&args.subject, args.reason.as_deref()).await?;
+            writeln!(
+                out,
+                "subject {} halted: its ops wait without using attempts",
+                args.subject
+            )?;
+        }
+        SubjectsCommand::Unhalt(args) => {
+            if !queue.unhalt_subject(&args.subject).await? {
+                return Err(CliError::Input(format!("subject {:?} is not halted", args.subject)));
+            }
+            writeln!(out, "subject {} resumed", args.subject)?;
+        }
+        SubjectsCommand::List(args) => {
+            let halted = queue.halted_subjects().await?;
+            return if args.json {
+                render::json(out, &halted)
+            } else {
+                render::subjects_table(out, &halted)
+            };
+        }
+    }
+    Ok(())
 }

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::CliError;
 use crate::op::{Attempt, Op};
-use crate::queue::Depth;
+use crate::queue::{Depth, HaltedSubject, LaneHalt};
 
 /// Longest cell text in a table; the JSON output has everything.
 const CELL: usize = 48;
@@ -140,6 +140,43 @@ pub fn depth_table(out: &mut dyn Write, depth: &[Depth]) -> Result<(), CliError>
     let mut t = table(&["status", "priority", "ops"]);
     for d in depth {
         t.add_row(vec![d.status.to_string(), d.priority.to_string(), d.count.to_string()]);
+    }
+    writeln!(out, "{t}")?;
+    Ok(())
+}
+
+/// Lanes held by dead letters.
+pub fn halts_table(out: &mut dyn Write, halts: &[LaneHalt]) -> Result<(), CliError> {
+    if halts.is_empty() {
+        writeln!(out, "no lane is held")?;
+        return Ok(());
+    }
+    let mut t = table(&["outbox", "lane", "dead letter", "since"]);
+    for h in halts {
+        t.add_row(vec![
+            cut(&h.outbox),
+            cut(&h.lane),
+            h.op_id.to_string(),
+            h.halted_at.to_rfc3339(),
+        ]);
+    }
+    writeln!(out, "{t}")?;
+    Ok(())
+}
+
+/// Halted subjects.
+pub fn subjects_table(out: &mut dyn Write, subjects: &[HaltedSubject]) -> Result<(), CliError> {
+    if subjects.is_empty() {
+        writeln!(out, "no subject is halted")?;
+        return Ok(());
+    }
+    let mut t = table(&["subject", "reason", "since"]);
+    for s in subjects {
+        t.add_row(vec![
+            cut(&s.subject),
+            cut(s.reason.as_deref().unwrap_or("")),
+            s.halted_at.to_rfc3339(),
+        ]);
     }
     writeln!(out, "{t}")?;
     Ok(())

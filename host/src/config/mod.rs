@@ -31,6 +31,8 @@ pub struct Config {
     pub database: DatabaseConfig,
     /// `[queue]`
     pub queue: QueueConfig,
+    /// `[dispatch]`
+    pub dispatch: DispatchConfig,
     /// `[kinds.NAME]`
     pub kinds: BTreeMap<String, KindConfig>,
 }
@@ -78,6 +80,46 @@ pub struct QueueConfig {
     pub claim_batch: u32,
 }
 
+/// `[dispatch]`
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct DispatchConfig {
+    /// Safety-net poll interval.
+    pub poll_ms: u64,
+    /// Host-wide in-flight cap.
+    pub max_in_flight: usize,
+    /// Per-outbox in-flight cap.
+    pub outbox_max_in_flight: usize,
+    /// Ops the scheduler reads per pass.
+    pub window: u32,
+    /// Attempts per op per drain pass before its lanes stall for the pass.
+    pub in_pass_attempts: u32,
+    /// Drain slot lease.
+    pub slot_ttl_ms: u64,
+    /// Shutdown grace for in-flight ops.
+    pub shutdown_grace_ms: u64,
+    /// `[dispatch.breaker]`
+    pub breaker: BreakerSettings,
+}
+
+/// `[dispatch.breaker]`
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct BreakerSettings {
+    /// Consecutive failures that open a destination's breaker.
+    pub threshold: u32,
+    /// How long it stays open before one trial op.
+    pub cool_off_ms: u64,
+}
+
+/// What a strict lane does after one of its ops is dead-lettered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Poison {
+    /// The lane continues with the next op (default).
+    Skip,
+    /// The lane stays blocked until an operator skips or retries the op.
+    Halt,
+}
+
 /// Whether a kind's ops must name lanes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -100,6 +142,83 @@ pub struct KindConfig {
     /// Lane ordering.
     #[serde(default = "default_lane_mode")]
     pub lane_mode: LaneMode,
+    /// Serial lanes: ops in flight per lane.
+    #[serde(default = "one")]
+    pub lane_cap: usize,
+    /// Ops of this kind in flight per outbox (no cap when absent).
+    #[serde(default)]
+    pub max_in_flight: Option<usize>,
+    /// Attempts before a retryable failure is dead-lettered.
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// Attempts before an executor fault is dead-lettered.
+    #[serde(default = "default_fault_attempts")]
+    pub fault_attempts: u32,
+    /// First backoff.
+    #[serde(default = "default_backoff_base_ms")]
+    pub backoff_base_ms: u64,
+    /// Longest backoff.
+    #[serde(default = "default_backoff_max_ms")]
+    pub backoff_max_ms: u64,
+    /// Longest Retry-After honoured.
+    #[serde(default = "default_retry_after_max_ms")]
+    pub retry_after_max_ms: u64,
+    /// One executor call's deadline.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Poison policy for strict lanes.
+    #[serde(default = "default_poison")]
+    pub poison: Poison,
+}
+
+fn one() -> usize {
+    1
+}
+
+fn default_max_attempts() -> u32 {
+    12
+}
+
+fn default_fault_attempts() -> u32 {
+    3
+}
+
+fn default_backoff_base_ms() -> u64 {
+    2_000
+}
+
+fn default_backoff_max_ms() -> u64 {
+    120_000
+}
+
+fn default_retry_after_max_ms() -> u64 {
+    3_600_000
+}
+
+fn default_timeout_ms() -> u64 {
+    60_000
+}
+
+fn default_poison() -> Poison {
+    Poison::Skip
+}
+
+impl KindConfig {
+    /// The retry policy this kind's settings describe.
+    pub fn retry_policy(&self) -> crate::retry::RetryPolicy {
+        crate::retry::RetryPolicy {
+            max_attempts: self.max_attempts,
+            max_fault_attempts: self.fault_attempts,
+            backoff_base: std::time::Duration::from_millis(self.backoff_base_ms),
+            backoff_max: std::time::Duration::from_millis(self.backoff_max_ms),
+            retry_after_max: std::time::Duration::from_millis(self.retry_after_max_ms),
+        }
+    }
+
+    /// Whether a dead letter of this kind holds its lanes.
+    pub fn halts_lanes(&self) -> bool {
+        self.poison == Poison::Halt && self.lane_mode == LaneMode::Strict
+    }
 }
 
 fn default_priority() -> Priority {
@@ -304,6 +423,7 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
     let mut problems = Vec::new();
     let database = section::<DatabaseConfig>(&mut table, "database", &mut problems);
     let queue = section::<QueueConfig>(&mut table, "queue", &mut problems);
+    let dispatch = section::<DispatchConfig>(&mut table, "dispatch", &mut problems);
     let mut kinds = BTreeMap::new();
     match table.remove("kinds") {
         Some(toml::Value::Table(kind_tables)) => {
@@ -323,11 +443,16 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
     for key in table.keys() {
         problems.push(Problem {
             path: key.clone(),
-            message: "unknown key (expected one of: database, queue, kinds)".to_owned(),
+            message: "unknown key (expected one of: database, queue, dispatch, kinds)".to_owned(),
         });
     }
-    if let (Some(database), Some(queue)) = (database, queue) {
-        let config = Config { database, queue, kinds };
+    if let (Some(database), Some(queue), Some(dispatch)) = (database, queue, dispatch) {
+        let config = Config {
+            database,
+            queue,
+            dispatch,
+            kinds,
+        };
         problems.extend(validate(&config));
         if problems.is_empty() {
             return Ok(config);
@@ -431,6 +556,64 @@ fn validate(config: &Config) -> Vec<Problem> {
             "queue.claim_batch",
             format!("expected 1 to 10000, got {}", config.queue.claim_batch),
         );
+    }
+    let d = &config.dispatch;
+    let positive: [(&str, u64); 8] = [
+        ("dispatch.poll_ms", d.poll_ms),
+        ("dispatch.max_in_flight", d.max_in_flight as u64),
+        ("dispatch.outbox_max_in_flight", d.outbox_max_in_flight as u64),
+        ("dispatch.window", u64::from(d.window)),
+        ("dispatch.in_pass_attempts", u64::from(d.in_pass_attempts)),
+        ("dispatch.shutdown_grace_ms", d.shutdown_grace_ms),
+        ("dispatch.breaker.threshold", u64::from(d.breaker.threshold)),
+        ("dispatch.breaker.cool_off_ms", d.breaker.cool_off_ms),
+    ];
+    for (path, value) in positive {
+        if value == 0 {
+            bad(path, "expected at least 1".to_owned());
+        }
+    }
+    if d.slot_ttl_ms < 1000 {
+        bad(
+            "dispatch.slot_ttl_ms",
+            format!("expected at least 1000, got {}", d.slot_ttl_ms),
+        );
+    }
+    for (name, kind) in &config.kinds {
+        let path = |key: &str| format!("kinds.{name}.{key}");
+        if kind.lane_cap == 0 {
+            bad(&path("lane_cap"), "expected at least 1".to_owned());
+        }
+        if kind.max_in_flight == Some(0) {
+            bad(
+                &path("max_in_flight"),
+                "expected at least 1 (leave it out for no cap)".to_owned(),
+            );
+        }
+        if kind.max_attempts == 0 {
+            bad(&path("max_attempts"), "expected at least 1".to_owned());
+        }
+        if kind.fault_attempts == 0 {
+            bad(&path("fault_attempts"), "expected at least 1".to_owned());
+        }
+        if kind.timeout_ms == 0 {
+            bad(&path("timeout_ms"), "expected at least 1".to_owned());
+        }
+        if kind.backoff_base_ms > kind.backoff_max_ms {
+            bad(
+                &path("backoff_base_ms"),
+                format!(
+                    "expected at most backoff_max_ms ({}), got {}",
+                    kind.backoff_max_ms, kind.backoff_base_ms
+                ),
+            );
+        }
+        if kind.poison == Poison::Halt && kind.lane_mode == LaneMode::Serial {
+            bad(
+                &path("poison"),
+                "\"halt\" applies to strict lanes; this kind's lanes are serial".to_owned(),
+            );
+        }
     }
     for name in config.kinds.keys() {
         if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {

@@ -1,0 +1,280 @@
+//! The dispatcher: drains outboxes, one drain per outbox at a time, through
+//! the lane scheduler, the executors and the retry policy.
+//!
+//! Wake-ups come from three places: enqueues through [`Dispatcher::enqueue`]
+//! or [`Dispatcher::trigger`] (at once), PostgreSQL `NOTIFY` from producers
+//! anywhere, and a safety-net poll that also recovers expired leases.
+
+mod drain;
+pub mod slots;
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, error, info, warn};
+
+use crate::breaker::{BreakerConfig, Breakers};
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::executor::Registry;
+use crate::queue::{Enqueued, ExpireTo, NewOp, Queue, QueueError};
+use slots::{LocalSlots, Trigger};
+
+/// Errors that stop the dispatcher (not single ops: those are outcomes).
+#[derive(Debug, thiserror::Error)]
+pub enum DispatchError {
+    /// The queue failed.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+}
+
+/// Shared state of one dispatcher.
+pub(crate) struct Inner {
+    pub queue: Arc<dyn Queue>,
+    pub executors: Arc<Registry>,
+    pub config: ArcSwap<Config>,
+    pub clock: Arc<dyn Clock>,
+    pub owner: String,
+    pub slots: LocalSlots,
+    pub permits: Arc<Semaphore>,
+    pub breakers: Mutex<Breakers>,
+    pub cancel: CancellationToken,
+    pub tasks: TaskTracker,
+    /// Kinds already reported as not runnable (logged once per process).
+    pub unrunnable: Mutex<HashSet<String>>,
+}
+
+impl Inner {
+    /// `true` if `kind` was already reported; marks it reported otherwise.
+    pub fn warned_kind(&self, kind: &str) -> bool {
+        let mut seen = self.unrunnable.lock().unwrap_or_else(PoisonError::into_inner);
+        !seen.insert(kind.to_owned())
+    }
+
+    pub fn breakers(&self) -> std::sync::MutexGuard<'_, Breakers> {
+        // The breaker map stays consistent even if a holder panicked.
+        self.breakers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A running dispatcher; cheap to clone.
+#[derive(Clone)]
+pub struct Dispatcher {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Dispatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatcher").field("owner", &self.inner.owner).finish()
+    }
+}
+
+impl Dispatcher {
+    /// A dispatcher over `queue` with `executors`. The host-wide in-flight
+    /// cap and breaker settings are read once here; every other setting is
+    /// read per pass and follows [`Dispatcher::reconfigure`].
+    pub fn new(queue: Arc<dyn Queue>, executors: Arc<Registry>, config: Config, clock: Arc<dyn Clock>) -> Self {
+        let owner = format!(
+            "{}:{}:{}",
+            std::env::var("HOSTNAME").unwrap_or_else(|_| "laneway".to_owned()),
+            std::process::id(),
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
+        let breakers = Breakers::new(BreakerConfig {
+            threshold: config.dispatch.breaker.threshold,
+            cool_off: Duration::from_millis(config.dispatch.breaker.cool_off_ms),
+        });
+        let permits = Arc::new(Semaphore::new(config.dispatch.max_in_flight));
+        Self {
+            inner: Arc::new(Inner {
+                queue,
+                executors,
+                config: ArcSwap::from_pointee(config),
+                clock,
+                owner,
+                slots: LocalSlots::default(),
+                permits,
+                breakers: Mutex::new(breakers),
+                cancel: CancellationToken::new(),
+                tasks: TaskTracker::new(),
+                unrunnable: Mutex::new(HashSet::new()),
+            }),
+        }
+    }
+
+    /// The lease owner name this dispatcher claims under.
+    pub fn owner(&self) -> &str {
+        &self.inner.owner
+    }
+
+    /// The queue it drains.
+    pub fn queue(&self) -> &Arc<dyn Queue> {
+        &self.inner.queue
+    }
+
+    /// Applies new tunables (priorities, retry policy, caps) from the next pass on.
+    pub fn reconfigure(&self, config: Config) {
+        self.inner.config.store(Arc::new(config));
+    }
+
+    /// Wakes the outbox's drain. Never waits: a drain already running looks
+    /// once more before it finishes.
+    pub fn trigger(&self, outbox: &str) {
+        if self.inner.cancel.is_cancelled() {
+            return;
+        }
+        if self.inner.slots.trigger(outbox) == Trigger::Start {
+            let inner = self.inner.clone();
+            let outbox = outbox.to_owned();
+            self.inner.tasks.spawn(drain::drain(inner, outbox));
+        }
+    }
+
+    /// Enqueues ops and wakes their outboxes.
+    ///
+    /// # Errors
+    ///
+    /// The queue's error; nothing was enqueued.
+    pub async fn enqueue(&self, ops: &[NewOp]) -> Result<Vec<Enqueued>, QueueError> {
+        let results = self.inner.queue.enqueue(ops).await?;
+        let outboxes: BTreeSet<&str> = ops
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| matches!(r, Enqueued::Created(_)))
+            .map(|(op, _)| op.outbox.as_str())
+            .collect();
+        for outbox in outboxes {
+            self.trigger(outbox);
+        }
+        Ok(results)
+    }
+
+    /// Runs until [`Dispatcher::shutdown`]: listens for wake-ups, polls for
+    /// due work and expired leases, and on shutdown waits for every drain to
+    /// finish its in-flight ops (up to the grace period).
+    ///
+    /// # Errors
+    ///
+    /// A queue error while subscribing to wake-ups.
+    pub async fn run(&self) -> Result<(), DispatchError> {
+        let subscription = self.inner.queue.subscribe().await?;
+        let listen = async {
+            let Some(mut subscription) = subscription else {
+                return std::future::pending::<()>().await;
+            };
+            loop {
+                match subscription.next().await {
+                    Ok(outbox) => self.trigger(&outbox),
+                    Err(e) => {
+                        warn!(error = %e, "Wake-up listener failed; relying on the poll until it recovers.");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            }
+        };
+        let poll = async {
+            loop {
+                if let Err(e) = self.poll_once().await {
+                    warn!(error = %e, "Safety-net poll failed.");
+                }
+                let every = Duration::from_millis(self.inner.config.load().dispatch.poll_ms);
+                tokio::time::sleep(every).await;
+            }
+        };
+        info!(owner = %self.inner.owner, backend = ?self.inner.queue.backend(), "Dispatcher started.");
+        tokio::select! {
+            () = self.inner.cancel.cancelled() => {}
+            () = listen => {}
+            () = poll => {}
+        }
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+        info!(owner = %self.inner.owner, "Dispatcher stopped.");
+        Ok(())
+    }
+
+    /// Stops claiming; drains finish in-flight ops within the grace period,
+    /// interrupt the rest (returning them to the queue) and release their slots.
+    pub fn shutdown(&self) {
+        self.inner.cancel.cancel();
+    }
+
+    /// Waits until every drain task has ended (after [`Dispatcher::shutdown`]).
+    pub async fn stopped(&self) {
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+    }
+
+    /// One safety-net round: recover expired leases, wake outboxes with due work.
+    ///
+    /// # Errors
+    ///
+    /// The queue's error.
+    pub async fn poll_once(&self) -> Result<(), QueueError> {
+        self.recover_expired().await?;
+        for outbox in self.inner.queue.due_outboxes(1000).await? {
+            self.trigger(&outbox);
+        }
+        Ok(())
+    }
+
+    /// Returns ops whose lease ran out (their dispatcher crashed or stalled)
+    /// to the queue, or dead-letters them if that was their last attempt.
+    ///
+    /// # Errors
+    ///
+    /// The queue's error.
+    pub async fn recover_expired(&self) -> Result<usize, QueueError> {
+        let expired = self.inner.queue.expired_leases(100).await?;
+        let mut recovered = 0;
+        for claimed in expired {
+            let config = self.inner.config.load();
+            let (max_attempts, halt) = config
+                .kinds
+                .get(&claimed.op.kind)
+                .map_or((crate::retry::RetryPolicy::default().max_attempts, false), |k| {
+                    (k.max_attempts, k.halts_lanes())
+                });
+            let used = u32::try_from(claimed.op.budget_attempts()).unwrap_or(0);
+            let to = if used >= max_attempts {
+                ExpireTo::DeadLetter { halt_lanes: halt }
+            } else {
+                ExpireTo::Retry(self.inner.clock.now())
+            };
+            if self.inner.queue.expire(&claimed.lease, to).await?.applied() {
+                recovered += 1;
+                match to {
+                    ExpireTo::DeadLetter { .. } => error!(
+                        op = claimed.op.id,
+                        kind = %claimed.op.kind,
+                        attempts = claimed.op.attempts,
+                        lanes = ?claimed.op.lanes,
+                        correlation_id = ?claimed.op.correlation_id,
+                        owner = ?claimed.op.lease_owner,
+                        "Op dead-lettered: its lease expired on its last attempt."
+                    ),
+                    ExpireTo::Retry(_) => warn!(
+                        op = claimed.op.id,
+                        owner = ?claimed.op.lease_owner,
+                        has_receipt = claimed.op.receipt.is_some(),
+                        "Lease expired; the op goes back to the queue."
+                    ),
+                }
+                self.trigger(&claimed.op.outbox);
+            } else {
+                debug!(op = claimed.op.id, "Expired lease was settled concurrently.");
+            }
+        }
+        Ok(recovered)
+    }
+
+    /// Outboxes this process is draining right now.
+    pub fn draining(&self) -> Vec<String> {
+        self.inner.slots.running()
+    }
+}

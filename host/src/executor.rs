@@ -1,0 +1,115 @@
+//! The executor boundary: the one trait the dispatcher calls to deliver an
+//! op, and the registry mapping kinds to executors.
+//!
+//! The wasm runtime implements [`Executor`] for plugins; tests implement it
+//! directly. The registry is swapped atomically, so a reload never disturbs
+//! calls already running on the executors they started with.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+
+use crate::op::{Lease, Op};
+use crate::outcome::Outcome;
+use crate::queue::{Cas, Queue, QueueError};
+
+/// What a reconcile found for a checkpointed receipt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reconciled {
+    /// The side effect's fate is known (it landed, or it failed for good).
+    Settled(Outcome),
+    /// It did not happen and cannot happen any more: deliver afresh.
+    Redeliver,
+}
+
+/// Why a checkpoint was not stored.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// The op's lease is no longer this call's: the side effect must not go ahead.
+    #[error("the op's lease was taken over; do not perform the side effect")]
+    LeaseLost,
+    /// The database failed.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+}
+
+/// Lets an executor persist a receipt before its side effect.
+#[async_trait]
+pub trait Checkpoint: Send + Sync {
+    /// Stores `receipt` durably; returns only once it is committed.
+    async fn checkpoint(&self, receipt: &str) -> Result<(), CheckpointError>;
+}
+
+/// Delivers ops of one or more kinds.
+#[async_trait]
+pub trait Executor: Send + Sync {
+    /// Performs the op's side effect once.
+    async fn execute(&self, op: &Op, checkpoint: &dyn Checkpoint) -> Outcome;
+
+    /// Called instead of a blind redelivery when the op carries a receipt
+    /// checkpointed by an earlier attempt that never reported (crash,
+    /// timeout): look the side effect up. The default has nothing to look up.
+    async fn reconcile(&self, _op: &Op, _receipt: &str, _checkpoint: &dyn Checkpoint) -> Reconciled {
+        Reconciled::Redeliver
+    }
+}
+
+/// Executors by kind.
+pub type Executors = HashMap<String, Arc<dyn Executor>>;
+
+/// The live registry; replaced whole on reload.
+#[derive(Default)]
+pub struct Registry {
+    current: ArcSwap<Executors>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kinds: Vec<String> = self.current.load().keys().cloned().collect();
+        f.debug_struct("Registry").field("kinds", &kinds).finish()
+    }
+}
+
+impl Registry {
+    /// A registry serving `executors`.
+    pub fn new(executors: Executors) -> Self {
+        Self {
+            current: ArcSwap::from_pointee(executors),
+        }
+    }
+
+    /// The executor for `kind` right now.
+    pub fn get(&self, kind: &str) -> Option<Arc<dyn Executor>> {
+        self.current.load().get(kind).cloned()
+    }
+
+    /// Replaces every executor at once.
+    pub fn replace(&self, executors: Executors) {
+        self.current.store(Arc::new(executors));
+    }
+}
+
+/// A [`Checkpoint`] that writes under one lease.
+pub struct LeaseCheckpoint {
+    queue: Arc<dyn Queue>,
+    lease: Lease,
+}
+
+impl LeaseCheckpoint {
+    /// Checkpoints for the op held under `lease`.
+    pub fn new(queue: Arc<dyn Queue>, lease: Lease) -> Self {
+        Self { queue, lease }
+    }
+}
+
+#[async_trait]
+impl Checkpoint for LeaseCheckpoint {
+    async fn checkpoint(&self, receipt: &str) -> Result<(), CheckpointError> {
+        match self.queue.checkpoint(&self.lease, receipt).await? {
+            Cas::Applied => Ok(()),
+            Cas::Stale => Err(CheckpointError::LeaseLost),
+        }
+    }
+}
