@@ -6,6 +6,7 @@
 
 mod backend_specific;
 mod cli;
+mod dispatch;
 mod queue_conformance;
 mod support;
 mod tidy;

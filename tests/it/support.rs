@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use chrono::{SubsecRound, Utc};
-use laneway::clock::ManualClock;
+use laneway::clock::{Clock, ManualClock, SystemClock};
 use laneway::config::{self, DatabaseConfig};
 use laneway::queue::postgres::PgQueue;
 use laneway::queue::sqlite::SqliteQueue;
@@ -20,7 +20,9 @@ pub fn pg_url() -> String {
     std::env::var("TEST_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
-/// A migrated queue on a throwaway database, with a clock the test moves.
+/// A migrated queue on a throwaway database. Its clock is `clock` (frozen
+/// unless advanced), or the system clock for `live` databases, which tests
+/// that run a dispatcher in real time use.
 pub struct TestDb {
     pub queue: Arc<dyn Queue>,
     pub clock: ManualClock,
@@ -41,29 +43,61 @@ fn database_config(url: &str) -> anyhow::Result<DatabaseConfig> {
     Ok(config)
 }
 
+/// Sends laneway's logs to the test output (shown for failing tests).
+/// `RUST_LOG` picks the level; the default shows warnings and errors.
+pub fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
 fn clock() -> ManualClock {
     ManualClock::new(Utc::now().trunc_subsecs(3))
 }
 
+fn clock_for(live: bool, manual: &ManualClock) -> Arc<dyn Clock> {
+    if live {
+        Arc::new(SystemClock)
+    } else {
+        Arc::new(manual.clone())
+    }
+}
+
 /// An unmigrated SQLite queue in a fresh directory.
 pub async fn sqlite_unmigrated() -> anyhow::Result<TestDb> {
+    sqlite_with(false, false).await
+}
+
+async fn sqlite_with(live: bool, migrate: bool) -> anyhow::Result<TestDb> {
+    init_logs();
     let dir = tempfile::tempdir()?;
     let url = format!("sqlite://{}", dir.path().join("laneway.db").display());
     let clock = clock();
-    let queue = SqliteQueue::open(&database_config(&url)?, Limits::default(), Arc::new(clock.clone())).await?;
-    Ok(TestDb {
+    let queue = SqliteQueue::open(&database_config(&url)?, Limits::default(), clock_for(live, &clock)).await?;
+    let db = TestDb {
         queue: Arc::new(queue.clone()),
         clock,
         kind: TestBackend::Sqlite(queue),
         _dir: Some(dir),
-    })
+    };
+    if migrate {
+        db.queue.migrate().await?;
+    }
+    Ok(db)
+}
+
+/// A migrated SQLite queue on the system clock.
+pub async fn sqlite_live() -> anyhow::Result<TestDb> {
+    sqlite_with(true, true).await
 }
 
 /// A migrated SQLite queue in a fresh directory.
 pub async fn sqlite() -> anyhow::Result<TestDb> {
-    let db = sqlite_unmigrated().await?;
-    db.queue.migrate().await?;
-    Ok(db)
+    sqlite_with(false, true).await
 }
 
 static PG_READY: OnceCell<()> = OnceCell::const_new();
@@ -93,6 +127,16 @@ async fn pg_sweep() -> anyhow::Result<()> {
 
 /// An unmigrated PostgreSQL queue in a fresh schema.
 pub async fn postgres_unmigrated() -> anyhow::Result<TestDb> {
+    postgres_with(false, false).await
+}
+
+/// A migrated PostgreSQL queue on the system clock.
+pub async fn postgres_live() -> anyhow::Result<TestDb> {
+    postgres_with(true, true).await
+}
+
+async fn postgres_with(live: bool, migrate: bool) -> anyhow::Result<TestDb> {
+    init_logs();
     pg_sweep().await?;
     let schema = format!("lwtest_{}", uuid::Uuid::new_v4().simple());
     let mut conn = PgConnection::connect(&pg_url()).await?;
@@ -105,33 +149,42 @@ pub async fn postgres_unmigrated() -> anyhow::Result<TestDb> {
         options,
         &database_config(&pg_url())?,
         Limits::default(),
-        Arc::new(clock.clone()),
+        clock_for(live, &clock),
     )
     .await?;
-    Ok(TestDb {
+    let db = TestDb {
         queue: Arc::new(queue.clone()),
         clock,
         kind: TestBackend::Postgres(queue),
         _dir: None,
-    })
+    };
+    if migrate {
+        db.queue.migrate().await?;
+    }
+    Ok(db)
 }
 
 /// A migrated PostgreSQL queue in a fresh schema.
 pub async fn postgres() -> anyhow::Result<TestDb> {
-    let db = postgres_unmigrated().await?;
-    db.queue.migrate().await?;
-    Ok(db)
+    postgres_with(false, true).await
 }
 
 /// Runs the same async test body against both backends, as two tests.
+/// `live:` gives the tests databases on the system clock.
 #[macro_export]
 macro_rules! on_both_backends {
+    (live: $($name:ident),* $(,)?) => {
+        $crate::on_both_backends!(@with sqlite_live, postgres_live; $($name),*);
+    };
     ($($name:ident),* $(,)?) => {
+        $crate::on_both_backends!(@with sqlite, postgres; $($name),*);
+    };
+    (@with $sqlite:ident, $postgres:ident; $($name:ident),*) => {
         mod sqlite {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() -> anyhow::Result<()> {
-                    super::$name($crate::support::sqlite().await?).await
+                    super::$name($crate::support::$sqlite().await?).await
                 }
             )*
         }
@@ -139,7 +192,7 @@ macro_rules! on_both_backends {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() -> anyhow::Result<()> {
-                    super::$name($crate::support::postgres().await?).await
+                    super::$name($crate::support::$postgres().await?).await
                 }
             )*
         }

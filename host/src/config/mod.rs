@@ -330,10 +330,21 @@ pub fn load(file: &FileSource, env: impl IntoIterator<Item = (String, String)>) 
 ///
 /// [`ConfigError::Invalid`] with every problem found.
 pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
+    from_layers(&[text])
+}
+
+/// Loads the defaults with TOML layers on top, later layers winning.
+///
+/// # Errors
+///
+/// [`ConfigError::Invalid`] with every problem found.
+pub fn from_layers(layers: &[&str]) -> Result<Config, ConfigError> {
     let mut problems = Vec::new();
     let mut merged = parse_table(DEFAULTS, "built-in defaults", &mut problems);
-    let table = parse_table(text, "config", &mut problems);
-    merge(&mut merged, table);
+    for (i, text) in layers.iter().enumerate() {
+        let table = parse_table(text, &format!("config layer {}", i + 1), &mut problems);
+        merge(&mut merged, table);
+    }
     if !problems.is_empty() {
         return Err(ConfigError::Invalid(problems));
     }

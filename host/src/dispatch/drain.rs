@@ -38,6 +38,7 @@ pub(super) async fn drain(inner: Arc<Inner>, outbox: String) {
             let ttl = Duration::from_millis(inner.config.load().dispatch.slot_ttl_ms);
             match inner.queue.acquire_slot(&outbox, &inner.owner, ttl).await {
                 Ok(Some(slot)) => {
+                    debug!(outbox = %outbox, "Drain pass starts.");
                     if let Err(e) = Pass::new(inner.clone(), slot.clone()).run().await {
                         error!(outbox = %outbox, error = %e, "Drain pass failed; in-flight ops will be recovered by lease expiry.");
                     }
@@ -225,6 +226,7 @@ impl Pass {
         self.log_unrunnable_kinds(&candidates, &config);
 
         let start = lanes::schedule(&input, &caps);
+        debug!(outbox = %outbox, candidates = candidates.len(), start = ?start, "Scheduled.");
         if !start.is_empty() {
             self.start(start, &candidates, lease_for, now).await?;
         }

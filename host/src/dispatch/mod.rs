@@ -218,6 +218,7 @@ impl Dispatcher {
     pub async fn poll_once(&self) -> Result<(), QueueError> {
         self.recover_expired().await?;
         for outbox in self.inner.queue.due_outboxes(1000).await? {
+            debug!(outbox = %outbox, "Poll found due work.");
             self.trigger(&outbox);
         }
         Ok(())

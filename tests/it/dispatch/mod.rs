@@ -1,0 +1,533 @@
+//! The dispatcher end to end, with an in-test executor, on both backends:
+//! seed 000's incident, head-of-line isolation, ordering under failure,
+//! exhaustion across restarts, halts, breakers, lease recovery.
+
+mod harness;
+mod property;
+mod two_hosts;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{ensure, Context};
+use laneway::executor::Reconciled;
+use laneway::op::{AttemptClass, OpId, Status};
+use laneway::outcome::Outcome;
+use laneway::queue::{Enqueued, LeaseSpec, NewOp};
+use tokio::sync::Notify;
+
+use crate::support::TestDb;
+use harness::{fast_config, settle, to, Running, Scripted, Step};
+
+crate::on_both_backends!(
+    live:
+    seed_000_incident_every_recipient_gets_its_entries_in_chain_order,
+    a_hanging_recipient_delays_only_its_own_lane,
+    a_transient_failure_holds_its_strict_lane_and_nothing_else,
+    a_serial_lane_lets_later_ops_pass_an_op_in_backoff,
+    attempts_survive_a_dispatcher_restart_and_exhaustion_dead_letters,
+    a_permanent_outcome_dead_letters_on_the_first_attempt,
+    a_halted_subject_waits_without_using_attempts,
+    a_poisoned_strict_lane_halts_until_skipped,
+    an_open_breaker_holds_ops_without_using_attempts,
+    an_expired_lease_is_reconciled_before_redelivery,
+    shutdown_returns_interrupted_ops_to_the_queue,
+    a_critical_op_goes_first_among_lane_heads,
+    an_enqueue_through_the_dispatcher_wakes_its_drain_at_once,
+);
+
+fn ids(results: Vec<Enqueued>) -> Vec<OpId> {
+    results.into_iter().map(Enqueued::id).collect()
+}
+
+async fn seed_000_incident_every_recipient_gets_its_entries_in_chain_order(db: TestDb) -> anyhow::Result<()> {
+    const FINDER: &str = "https://finder.example/inbox";
+    const COORD: &str = "https://coordinator.example/inbox";
+    const VENDOR: &str = "https://vendor.example/inbox";
+    let exec = Scripted::new(3);
+    // The CASE_MANAGER's outbox: a 14-entry backfill to the Coordinator,
+    // interleaved with fan-outs of new entries to all three participants.
+    let mut ops = Vec::new();
+    let mut expected: HashMap<&str, Vec<usize>> = HashMap::new();
+    for entry in 0..14u32 {
+        ops.push(to("case-manager", COORD, entry));
+        expected.entry(COORD).or_default().push(ops.len() - 1);
+        if entry % 2 == 1 {
+            for lane in [FINDER, COORD, VENDOR] {
+                ops.push(to("case-manager", lane, 100 + entry));
+                expected.entry(lane).or_default().push(ops.len() - 1);
+            }
+        }
+    }
+    ensure!(ops.len() >= 28, "{} ops", ops.len());
+    let op_ids = ids(db.queue.enqueue(&ops).await?);
+    // Some entries fail once on the way, as a busy receiver would.
+    exec.script(op_ids[3], [Step::Retry, Step::Ok]);
+    exec.script(op_ids[10], [Step::Retry, Step::Retry, Step::Ok]);
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config("")?);
+    // Concurrent drain triggers from every direction.
+    let mut triggers = Vec::new();
+    for i in 0..10u64 {
+        let d = running.dispatcher.clone();
+        triggers.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(i * 3)).await;
+            d.trigger("case-manager");
+        }));
+    }
+    for t in triggers {
+        t.await?;
+    }
+    settle(db.queue.as_ref(), Duration::from_secs(20)).await?;
+    running.stop().await?;
+
+    ensure!(exec.overlap().is_none(), "{:?}", exec.overlap());
+    let delivered = exec.delivered_by_lane();
+    for (lane, positions) in expected {
+        let want: Vec<OpId> = positions.iter().map(|p| op_ids[*p]).collect();
+        ensure!(
+            delivered.get(lane) == Some(&want),
+            "{lane}: delivered {:?}, want {want:?}",
+            delivered.get(lane)
+        );
+    }
+    ensure!(exec.delivered().len() == ops.len(), "lost or duplicated deliveries");
+    for id in &op_ids {
+        ensure!(db.queue.get(*id).await?.map(|o| o.status) == Some(Status::Confirmed));
+    }
+    Ok(())
+}
+
+async fn a_hanging_recipient_delays_only_its_own_lane(db: TestDb) -> anyhow::Result<()> {
+    let exec = Scripted::new(1);
+    let gate = Arc::new(Notify::new());
+    let mut ops = Vec::new();
+    for n in 0..5 {
+        for lane in [
+            "https://slow.example/inbox",
+            "https://b.example/inbox",
+            "https://c.example/inbox",
+        ] {
+            ops.push(to("actor", lane, n));
+        }
+    }
+    let op_ids = ids(db.queue.enqueue(&ops).await?);
+    // The slow recipient's first delivery hangs until the test lets it go.
+    exec.script(op_ids[0], [Step::Gate(gate.clone())]);
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config("")?);
+    running.dispatcher.trigger("actor");
+    // Every other lane finishes while the slow one hangs.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let by_lane = exec.delivered_by_lane();
+        let done = |lane: &str| by_lane.get(lane).map_or(0, Vec::len);
+        if done("https://b.example/inbox") == 5 && done("https://c.example/inbox") == 5 {
+            ensure!(
+                done("https://slow.example/inbox") == 0,
+                "the slow lane moved while hanging"
+            );
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "other lanes did not finish: {by_lane:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    gate.notify_one();
+    settle(db.queue.as_ref(), Duration::from_secs(10)).await?;
+    running.stop().await?;
+    let slow: Vec<OpId> = op_ids.iter().step_by(3).copied().collect();
+    ensure!(exec.delivered_by_lane().get("https://slow.example/inbox") == Some(&slow));
+    // Completion order: the slow lane's first delivery came after every other lane's last.
+    let delivered = exec.delivered();
+    let first_slow = delivered
+        .iter()
+        .position(|e| e.op == op_ids[0])
+        .context("slow op delivered")?;
+    ensure!(
+        first_slow >= 10,
+        "the hanging delivery completed at position {first_slow}"
+    );
+    Ok(())
+}
+
+async fn a_transient_failure_holds_its_strict_lane_and_nothing_else(db: TestDb) -> anyhow::Result<()> {
+    let exec = Scripted::new(1);
+    let mut ops = Vec::new();
+    for n in 0..5 {
+        ops.push(to("actor", "https://a.example/inbox", n));
+        ops.push(to("actor", "https://b.example/inbox", n));
+    }
+    let op_ids = ids(db.queue.enqueue(&ops).await?);
+    let a: Vec<OpId> = op_ids.iter().step_by(2).copied().collect();
+    let b: Vec<OpId> = op_ids.iter().skip(1).step_by(2).copied().collect();
+    exec.script(a[1], [Step::Retry, Step::Retry, Step::Ok]);
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config("")?);
+    running.dispatcher.trigger("actor");
+    settle(db.queue.as_ref(), Duration::from_secs(10)).await?;
+    running.stop().await?;
+    // Every attempt in lane A, in start order: a1 three times, nothing behind it meanwhile.
+    let a_started: Vec<OpId> = exec
+        .started()
+        .into_iter()
+        .filter(|e| e.lane.contains("a.example"))
+        .map(|e| e.op)
+        .collect();
+    ensure!(
+        a_started == vec![a[0], a[1], a[1], a[1], a[2], a[3], a[4]],
+        "{a_started:?}"
+    );
+    ensure!(exec.delivered_by_lane().get("https://b.example/inbox") == Some(&b));
+    let history: Vec<AttemptClass> = db.queue.attempts(a[1]).await?.iter().map(|x| x.record.class).collect();
+    ensure!(
+        history
+            == vec![
+                AttemptClass::Retryable,
+                AttemptClass::Retryable,
+                AttemptClass::Confirmed
+            ],
+        "{history:?}"
+    );
+    Ok(())
+}
+
+async fn a_serial_lane_lets_later_ops_pass_an_op_in_backoff(db: TestDb) -> anyhow::Result<()> {
+    let mut exec = Scripted::new(0);
+    exec.strict = false;
+    let ops: Vec<NewOp> = (0..4)
+        .map(|n| {
+            let mut op = to("platform", "GSIGNER", n);
+            op.kind = "signer".into();
+            op
+        })
+        .collect();
+    let op_ids = ids(db.queue.enqueue(&ops).await?);
+    // s1 fails once and must wait 150 ms; s2 and s3 go meanwhile.
+    exec.script(op_ids[1], [Step::RetryAfter(Duration::from_millis(150)), Step::Ok]);
+    let running = Running::start(db.queue.clone(), exec.registry(&["signer"]), fast_config("")?);
+    running.dispatcher.trigger("platform");
+    settle(db.queue.as_ref(), Duration::from_secs(10)).await?;
+    running.stop().await?;
+    let started: Vec<OpId> = exec.started().into_iter().map(|e| e.op).collect();
+    ensure!(
+        started == vec![op_ids[0], op_ids[1], op_ids[2], op_ids[3], op_ids[1]],
+        "{started:?}"
+    );
+    ensure!(exec.overlap().is_none());
+    Ok(())
+}
+
+async fn attempts_survive_a_dispatcher_restart_and_exhaustion_dead_letters(db: TestDb) -> anyhow::Result<()> {
+    let exec = Scripted::new(0);
+    let config = "[kinds.flaky]\nmax_attempts = 3\n";
+    let mut op = to("actor", "https://down.example/inbox", 1);
+    op.kind = "flaky".into();
+    op.correlation_id = Some("urn:entry:7".into());
+    let id = ids(db.queue.enqueue(&[op]).await?)[0];
+    let wait = Step::RetryAfter(Duration::from_millis(300));
+    exec.script(id, [wait.clone(), wait.clone(), wait.clone(), wait]);
+    let first = Running::start(db.queue.clone(), exec.registry(&["flaky"]), fast_config(config)?);
+    first.dispatcher.trigger("actor");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while exec.started().is_empty() {
+        ensure!(tokio::time::Instant::now() < deadline, "no attempt");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    first.stop().await?;
+    let op = db.queue.get(id).await?.context("op")?;
+    ensure!(op.attempts == 1 && op.status == Status::Pending, "{op:?}");
+    // A new dispatcher (a restart) continues the same budget.
+    let second = Running::start(db.queue.clone(), exec.registry(&["flaky"]), fast_config(config)?);
+    settle(db.queue.as_ref(), Duration::from_secs(10)).await?;
+    second.stop().await?;
+    let op = db.queue.get(id).await?.context("op")?;
+    ensure!(op.status == Status::Failed && op.attempts == 3, "{op:?}");
+    ensure!(exec.started().len() == 3, "{} executions", exec.started().len());
+    ensure!(
+        op.last_error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("gave up after 3 attempts")),
+        "{op:?}"
+    );
+    ensure!(op.correlation_id.as_deref() == Some("urn:entry:7"));
+    ensure!(db.queue.attempts(id).await?.len() == 3);
+    Ok(())
+}
+
+async fn a_permanent_outcome_dead_letters_on_the_first_attempt(db: TestDb) -> anyhow::Result<()> {
+    let exec = Scripted::new(0);
+    let op_ids = ids(db
+        .queue
+        .enqueue(&[
+            to("actor", "https://gone.example/inbox", 1),
+            to("actor", "https://gone.example/inbox", 2),
+        ])
+        .await?);
+    exec.script(op_ids[0], [Step::Permanent]);
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config("")?);
+    running.dispatcher.trigger("actor");
+    settle(db.queue.as_ref(), Duration::from_secs(10)).await?;
+    running.stop().await?;
+    let dead = db.queue.get(op_ids[0]).await?.context("op")?;
+    ensure!(dead.status == Status::Failed && dead.attempts == 1, "{dead:?}");
+    ensure!(dead.last_error.as_deref() == Some("scripted permanent failure"));
+    // poison = "skip" (the default): the lane continues.
+    ensure!(db.queue.get(op_ids[1]).await?.map(|o| o.status) == Some(Status::Confirmed));
+    Ok(())
+}
+
+async fn a_halted_subject_waits_without_using_attempts(db: TestDb) -> anyhow::Result<()> {
+    let exec = Scripted::new(0);
+    let mut frozen = to("platform", "https://x.example/inbox", 1);
+    frozen.subject = Some("user-9".into());
+    let free = to("platform", "https://y.example/inbox", 2);
+    db.queue.halt_subject("user-9", Some("compliance")).await?;
+    let op_ids = ids(db.queue.enqueue(&[frozen, free]).await?);
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config("")?);
+    running.dispatcher.trigger("platform");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while db.queue.get(op_ids[1]).await?.map(|o| o.status) != Some(Status::Confirmed) {
+        ensure!(tokio::time::Instant::now() < deadline, "the free op did not go");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Several polls go by; the halted op is never attempted.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let held = db.queue.get(op_ids[0]).await?.context("op")?;
+    ensure!(held.status == Status::Pending && held.attempts == 0, "{held:?}");
+    db.queue.unhalt_subject("user-9").await?;
+    settle(db.queue.as_ref(), Duration::from_secs(5)).await?;
+    running.stop().await?;
+    let done = db.queue.get(op_ids[0]).await?.context("op")?;
+    ensure!(done.status == Status::Confirmed && done.attempts == 1, "{done:?}");
+    Ok(())
+}
+
+async fn a_poisoned_strict_lane_halts_until_skipped(db: TestDb) -> anyhow::Result<()> {
+    let exec = Scripted::new(0);
+    let config = "[kinds.ledger]\npoison = \"halt\"\n";
+    let ops: Vec<NewOp> = (0..3)
+        .map(|n| {
+            let mut op = to("cm", "https://p.example/inbox", n);
+            op.kind = "ledger".into();
+            op
+        })
+        .collect();
+    let op_ids = ids(db.queue.enqueue(&ops).await?);
+    exec.script(op_ids[0], [Step::Permanent]);
+    let running = Running::start(db.queue.clone(), exec.registry(&["ledger"]), fast_config(config)?);
+    running.dispatcher.trigger("cm");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while db.queue.lane_halts(Some("cm")).await?.is_empty() {
+        ensure!(tokio::time::Instant::now() < deadline, "no halt");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    ensure!(exec.started().len() == 1, "the lane moved past a halting dead letter");
+    ensure!(db.queue.get(op_ids[1]).await?.map(|o| o.status) == Some(Status::Pending));
+    ensure!(db.queue.skip_lane("cm", "https://p.example/inbox").await? == 1);
+    running.dispatcher.trigger("cm");
+    settle(db.queue.as_ref(), Duration::from_secs(5)).await?;
+    running.stop().await?;
+    ensure!(exec.delivered_by_lane().get("https://p.example/inbox") == Some(&vec![op_ids[1], op_ids[2]]));
+    ensure!(db.queue.get(op_ids[0]).await?.map(|o| o.status) == Some(Status::Failed));
+    Ok(())
+}
+
+async fn an_open_breaker_holds_ops_without_using_attempts(db: TestDb) -> anyhow::Result<()> {
+    let exec = Scripted::new(0);
+    let config = "[dispatch.breaker]\nthreshold = 2\ncool_off_ms = 400\n";
+    // Two inboxes on one server: the breaker is per destination host.
+    let op_ids = ids(db
+        .queue
+        .enqueue(&[
+            to("o", "https://down.example/a", 1),
+            to("o", "https://down.example/b", 2),
+        ])
+        .await?);
+    // Each failure asks for a pause long enough that both first failures
+    // land before any retry.
+    let pause = Step::RetryAfter(Duration::from_millis(100));
+    exec.script(op_ids[0], [pause.clone(), pause.clone(), Step::Ok]);
+    exec.script(op_ids[1], [pause, Step::Ok]);
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?);
+    running.dispatcher.trigger("o");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while exec.started().len() < 2 {
+        ensure!(tokio::time::Instant::now() < deadline, "no failures");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // Open: nothing for down.example is attempted during the cool-off.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    ensure!(exec.started().len() == 2, "attempted while open: {:?}", exec.started());
+    settle(db.queue.as_ref(), Duration::from_secs(5)).await?;
+    running.stop().await?;
+    for id in &op_ids {
+        let op = db.queue.get(*id).await?.context("op")?;
+        ensure!(op.status == Status::Confirmed, "{op:?}");
+    }
+    // Held time used no attempts: 2 failures, then one trial, then the rest.
+    // Two failures open it, a failed trial re-opens it, a good trial closes it.
+    let mut total = 0;
+    for id in &op_ids {
+        total += db.queue.get(*id).await?.map_or(0, |o| o.attempts);
+    }
+    ensure!(
+        total == 5 && exec.started().len() == 5,
+        "{total} attempts, {} executions",
+        exec.started().len()
+    );
+    Ok(())
+}
+
+async fn an_expired_lease_is_reconciled_before_redelivery(db: TestDb) -> anyhow::Result<()> {
+    let exec = Scripted::new(0);
+    let op_ids = ids(db
+        .queue
+        .enqueue(&[to("o", "GSIGNER-lane", 1), to("o", "GSIGNER-lane", 2)])
+        .await?);
+    // A previous host claimed both, checkpointed a transaction hash for each,
+    // and died before reporting.
+    let spec = LeaseSpec {
+        owner: "dead-host".into(),
+        duration: Duration::from_millis(50),
+    };
+    for claimed in db.queue.claim_ids(&op_ids, &spec).await? {
+        db.queue
+            .checkpoint(&claimed.lease, &format!("tx-{}", claimed.op.id))
+            .await?;
+    }
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    // The first landed on chain; the second was lost and may be rebuilt.
+    exec.reconcile_with(
+        op_ids[0],
+        Reconciled::Settled(Outcome::Confirmed {
+            receipt: Some("tx-landed".into()),
+            detail: None,
+        }),
+    );
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config("")?);
+    settle(db.queue.as_ref(), Duration::from_secs(5)).await?;
+    running.stop().await?;
+    ensure!(
+        exec.reconciles()
+            == vec![
+                (op_ids[0], format!("tx-{}", op_ids[0])),
+                (op_ids[1], format!("tx-{}", op_ids[1]))
+            ],
+        "{:?}",
+        exec.reconciles()
+    );
+    let started: Vec<OpId> = exec.started().into_iter().map(|e| e.op).collect();
+    ensure!(started == vec![op_ids[1]], "redelivered {started:?}");
+    let first = db.queue.get(op_ids[0]).await?.context("op")?;
+    ensure!(
+        first.status == Status::Confirmed && first.receipt.as_deref() == Some("tx-landed"),
+        "{first:?}"
+    );
+    let history: Vec<AttemptClass> = db
+        .queue
+        .attempts(op_ids[0])
+        .await?
+        .iter()
+        .map(|a| a.record.class)
+        .collect();
+    ensure!(
+        history == vec![AttemptClass::LeaseExpired, AttemptClass::Confirmed],
+        "{history:?}"
+    );
+    Ok(())
+}
+
+async fn shutdown_returns_interrupted_ops_to_the_queue(db: TestDb) -> anyhow::Result<()> {
+    let exec = Scripted::new(0);
+    let config = "[dispatch]\nshutdown_grace_ms = 100\n";
+    let op_ids = ids(db
+        .queue
+        .enqueue(&[to("o", "https://a.example/i", 1), to("o", "https://b.example/i", 2)])
+        .await?);
+    exec.script(op_ids[0], [Step::Sleep(Duration::from_secs(30)), Step::Ok]);
+    exec.script(op_ids[1], [Step::Sleep(Duration::from_millis(20)), Step::Ok]);
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?);
+    running.dispatcher.trigger("o");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while exec.started().len() < 2 {
+        ensure!(tokio::time::Instant::now() < deadline, "not started");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    running.stop().await?;
+    // The quick op finished within the grace; the slow one went back to the queue.
+    ensure!(db.queue.get(op_ids[1]).await?.map(|o| o.status) == Some(Status::Confirmed));
+    let back = db.queue.get(op_ids[0]).await?.context("op")?;
+    ensure!(back.status == Status::Pending && back.lease_token.is_none(), "{back:?}");
+    let history = db.queue.attempts(op_ids[0]).await?;
+    ensure!(
+        history.len() == 1 && history[0].record.error.as_deref() == Some("interrupted by shutdown"),
+        "{history:?}"
+    );
+    Ok(())
+}
+
+async fn a_critical_op_goes_first_among_lane_heads(db: TestDb) -> anyhow::Result<()> {
+    let exec = Scripted::new(0);
+    let config = "[dispatch]\noutbox_max_in_flight = 1\n";
+    let mut ops: Vec<NewOp> = (0..20)
+        .map(|n| to("platform", &format!("https://r{n}.example/i"), n))
+        .collect();
+    let mut urgent = to("platform", "https://urgent.example/i", 99);
+    urgent.priority = laneway::op::Priority::Critical;
+    ops.push(urgent);
+    let op_ids = ids(db.queue.enqueue(&ops).await?);
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?);
+    running.dispatcher.trigger("platform");
+    settle(db.queue.as_ref(), Duration::from_secs(10)).await?;
+    running.stop().await?;
+    let started: Vec<OpId> = exec.started().into_iter().map(|e| e.op).collect();
+    ensure!(started.first() == op_ids.last(), "started {started:?}");
+    ensure!(
+        started[1..] == op_ids[..20],
+        "the rest went in enqueue order: {started:?}"
+    );
+    Ok(())
+}
+
+async fn an_enqueue_through_the_dispatcher_wakes_its_drain_at_once(db: TestDb) -> anyhow::Result<()> {
+    let exec = Scripted::new(0);
+    // The safety-net poll is an hour away: only the wake-up can deliver.
+    let config = "[dispatch]\npoll_ms = 3600000\n";
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?);
+    // Let the dispatcher's first (immediate) poll go by.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = tokio::time::Instant::now();
+    running.dispatcher.enqueue(&[to("o", "https://a.example/i", 1)]).await?;
+    settle(db.queue.as_ref(), Duration::from_secs(5)).await?;
+    let took = started.elapsed();
+    running.stop().await?;
+    ensure!(exec.delivered().len() == 1);
+    ensure!(took < Duration::from_secs(2), "took {took:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_a_plain_sql_insert_wakes_the_dispatcher_through_notify() -> anyhow::Result<()> {
+    let db = crate::support::postgres_live().await?;
+    let crate::support::TestBackend::Postgres(pg) = &db.kind else {
+        anyhow::bail!("not postgres")
+    };
+    let exec = Scripted::new(0);
+    let running = Running::start(
+        db.queue.clone(),
+        exec.registry(&["activitypub"]),
+        fast_config("[dispatch]\npoll_ms = 3600000\n")?,
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    sqlx::query("INSERT INTO ops (outbox, kind, lanes, payload) VALUES ('sql-producer', 'activitypub', ARRAY['https://x.example/i'], '{}')")
+        .execute(pg.pool())
+        .await?;
+    settle(db.queue.as_ref(), Duration::from_secs(3))
+        .await
+        .context("NOTIFY did not wake the dispatcher")?;
+    running.stop().await?;
+    ensure!(exec.delivered().len() == 1);
+    Ok(())
+}

@@ -1,0 +1,166 @@
+//! Two dispatchers sharing one PostgreSQL: each outbox is drained by one at a
+//! time, and when one dies (its connections dropped) the other takes over
+//! within the drain-slot lease.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{ensure, Context};
+use async_trait::async_trait;
+use laneway::executor::{Checkpoint, Executor, Executors, Registry};
+use laneway::op::{Op, Status};
+use laneway::outcome::Outcome;
+use laneway::queue::postgres::PgQueue;
+use laneway::queue::{Limits, Queue};
+use sqlx::postgres::PgConnectOptions;
+use tokio::time::Instant;
+
+use super::harness::{fast_config, settle, to, Running};
+use crate::support::{self, TestBackend};
+
+/// Records which dispatcher works on which outbox, and catches two at once.
+#[derive(Default)]
+struct Watch {
+    /// outbox -> (owner, ops executing now)
+    active: HashMap<String, (String, usize)>,
+    conflict: Option<(Instant, String)>,
+    /// (when, owner, outbox) per execution.
+    log: Vec<(Instant, String, String)>,
+}
+
+struct Tracking {
+    owner: String,
+    watch: Arc<Mutex<Watch>>,
+}
+
+#[async_trait]
+impl Executor for Tracking {
+    async fn execute(&self, op: &Op, _: &dyn Checkpoint) -> Outcome {
+        {
+            let mut w = self.watch.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            w.log.push((Instant::now(), self.owner.clone(), op.outbox.clone()));
+            let w = &mut *w;
+            let entry = w
+                .active
+                .entry(op.outbox.clone())
+                .or_insert_with(|| (self.owner.clone(), 0));
+            if entry.1 > 0 && entry.0 != self.owner {
+                let msg = format!("outbox {} drained by {} and {} at once", op.outbox, entry.0, self.owner);
+                w.conflict.get_or_insert((Instant::now(), msg));
+            }
+            entry.0 = self.owner.clone();
+            entry.1 += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(15)).await;
+        let mut w = self.watch.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(entry) = w.active.get_mut(&op.outbox) {
+            entry.1 -= 1;
+        }
+        Outcome::confirmed()
+    }
+}
+
+fn registry(owner: &str, watch: &Arc<Mutex<Watch>>) -> Arc<Registry> {
+    let mut executors = Executors::new();
+    executors.insert(
+        "activitypub".into(),
+        Arc::new(Tracking {
+            owner: owner.into(),
+            watch: watch.clone(),
+        }) as Arc<dyn Executor>,
+    );
+    Arc::new(Registry::new(executors))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_two_dispatchers_share_outboxes_and_take_over_from_a_dead_one() -> anyhow::Result<()> {
+    let db = support::postgres_live().await?;
+    let TestBackend::Postgres(first_queue) = &db.kind else {
+        anyhow::bail!("not postgres")
+    };
+    // A second host: its own pool on the same schema.
+    let search_path: String = sqlx::query_scalar("SELECT current_schema()::text")
+        .fetch_one(first_queue.pool())
+        .await?;
+    let options = PgConnectOptions::from_str(&support::pg_url())?.options([("search_path", search_path.as_str())]);
+    let mut db_config = fast_config("")?.database;
+    db_config.url = support::pg_url();
+    let second_queue = PgQueue::open_with(
+        options,
+        &db_config,
+        Limits::default(),
+        Arc::new(laneway::clock::SystemClock),
+    )
+    .await?;
+
+    let outboxes = ["o1", "o2", "o3", "o4"];
+    let mut ops = Vec::new();
+    for n in 0..12 {
+        for outbox in outboxes {
+            ops.push(to(outbox, &format!("https://{outbox}-{}.example/inbox", n % 3), n));
+        }
+    }
+    db.queue.enqueue(&ops).await?;
+    let watch = Arc::new(Mutex::new(Watch::default()));
+    let config = fast_config("")?;
+    let a = Running::start(Arc::new(first_queue.clone()), registry("A", &watch), config.clone());
+    let b = Running::start(
+        Arc::new(second_queue.clone()) as Arc<dyn Queue>,
+        registry("B", &watch),
+        config,
+    );
+    for outbox in outboxes {
+        a.dispatcher.trigger(outbox);
+        b.dispatcher.trigger(outbox);
+    }
+    // Let A get going, then kill it: its connections go away mid-drain.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let a_outbox = loop {
+        let found = {
+            let w = watch.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            w.log
+                .iter()
+                .find(|(_, owner, _)| owner == "A")
+                .map(|(_, _, o)| o.clone())
+        };
+        if let Some(o) = found {
+            break o;
+        }
+        ensure!(Instant::now() < deadline, "A never drained anything");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    first_queue.pool().close().await;
+    let killed_at = Instant::now();
+    settle(&second_queue, Duration::from_secs(30))
+        .await
+        .context("B did not finish A's work")?;
+    a.dispatcher.shutdown();
+    b.stop().await?;
+
+    for op in second_queue
+        .list(&laneway::queue::OpFilter {
+            limit: 1000,
+            ..Default::default()
+        })
+        .await?
+    {
+        ensure!(op.status == Status::Confirmed, "{op:?}");
+    }
+    let w = watch.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    // While both live, never two drains of one outbox. After A's death its
+    // stragglers may still run, fenced by their op leases; that is by design.
+    if let Some((at, msg)) = &w.conflict {
+        ensure!(*at >= killed_at, "{msg}");
+    }
+    let takeover = w
+        .log
+        .iter()
+        .find(|(at, owner, outbox)| *at > killed_at && owner == "B" && *outbox == a_outbox)
+        .map(|(at, _, _)| *at - killed_at)
+        .context("B never drained A's outbox")?;
+    // Slot TTL is 1 s and in-flight leases 2 s; B must be on it within a few polls of that.
+    ensure!(takeover < Duration::from_millis(3500), "takeover took {takeover:?}");
+    Ok(())
+}
