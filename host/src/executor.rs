@@ -46,13 +46,19 @@ pub trait Checkpoint: Send + Sync {
 #[async_trait]
 pub trait Executor: Send + Sync {
     /// Performs the op's side effect once.
-    async fn execute(&self, op: &Op, checkpoint: &dyn Checkpoint) -> Outcome;
+    async fn execute(&self, op: &Op, checkpoint: Arc<dyn Checkpoint>) -> Outcome;
 
     /// Called instead of a blind redelivery when the op carries a receipt
     /// checkpointed by an earlier attempt that never reported (crash,
     /// timeout): look the side effect up. The default has nothing to look up.
-    async fn reconcile(&self, _op: &Op, _receipt: &str, _checkpoint: &dyn Checkpoint) -> Reconciled {
+    async fn reconcile(&self, _op: &Op, _receipt: &str, _checkpoint: Arc<dyn Checkpoint>) -> Reconciled {
         Reconciled::Redeliver
+    }
+
+    /// Whether the executor can take work now; a quarantined plugin version
+    /// cannot, and its ops wait (without using attempts) for a new version.
+    fn available(&self) -> bool {
+        true
     }
 }
 

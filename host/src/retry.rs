@@ -103,6 +103,10 @@ pub fn decide(policy: &RetryPolicy, outcome: &Outcome, attempts: u32, now: DateT
                 fee_bump: *fee_bump,
             }
         }
+        // A denial does not go away by retrying: the grant must change.
+        Outcome::Fault(fault @ crate::outcome::Fault::Denied(_)) => Decision::DeadLetter {
+            error: fault.to_string(),
+        },
         Outcome::Fault(fault) => {
             if attempts >= policy.max_fault_attempts.min(policy.max_attempts) {
                 return Decision::DeadLetter {

@@ -8,5 +8,6 @@ mod backend_specific;
 mod cli;
 mod dispatch;
 mod queue_conformance;
+mod runtime;
 mod support;
 mod tidy;

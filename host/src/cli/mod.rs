@@ -18,9 +18,9 @@ use crate::clock::SystemClock;
 use crate::config::{self, Config, ConfigError, FileSource};
 use crate::dispatch::{DispatchError, Dispatcher};
 use crate::enqueue::{self, EnqueueError, EnqueueRequest};
-use crate::executor::Registry;
 use crate::op::{OpId, Priority, Status};
 use crate::queue::{self, Enqueued, OpFilter, Queue, QueueError};
+use crate::runtime::host::{LoadError, PluginHost};
 
 /// laneway: a durable, lane-ordered delivery host.
 #[derive(Debug, Parser)]
@@ -52,8 +52,29 @@ pub enum Command {
     /// Halt or resume every op acting for a subject (compliance guard).
     #[command(subcommand)]
     Subjects(SubjectsCommand),
+    /// Inspect WebAssembly plugins.
+    #[command(subcommand)]
+    Plugin(PluginCommand),
     /// Check the configuration and say so.
     CheckConfig,
+}
+
+/// `laneway plugin …`
+#[derive(Debug, Subcommand)]
+pub enum PluginCommand {
+    /// Load and validate a component; print its world, contract version,
+    /// exports and imports, or why laneway would refuse it.
+    Check(PluginCheckArgs),
+}
+
+/// `laneway plugin check`
+#[derive(Debug, Args)]
+pub struct PluginCheckArgs {
+    /// The `.wasm` component.
+    pub file: PathBuf,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `laneway lanes …`
@@ -239,6 +260,17 @@ pub enum CliError {
     /// The dispatcher stopped with an error.
     #[error(transparent)]
     Dispatch(#[from] DispatchError),
+    /// Plugins could not be loaded.
+    #[error(transparent)]
+    Plugins(#[from] LoadError),
+    /// `plugin check` refused a component.
+    #[error("{file}: {reason}")]
+    Refused {
+        /// The file.
+        file: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// The standard streams and environment a command runs with.
@@ -284,7 +316,8 @@ pub async fn run(cli: Cli, io: Io<'_>) -> Result<(), CliError> {
         }
         Command::Enqueue(args) => enqueue_cmd(&config, args, io).await,
         Command::Ops(ops) => ops_cmd(&config, ops, io.stdout).await,
-        Command::Run => run_cmd(config).await,
+        Command::Run => run_cmd(config, file).await,
+        Command::Plugin(PluginCommand::Check(args)) => plugin_check(&config, args, io.stdout).await,
         Command::Lanes(command) => lanes_cmd(&config, command, io.stdout).await,
         Command::Subjects(command) => subjects_cmd(&config, command, io.stdout).await,
     }
@@ -435,12 +468,15 @@ async fn ops_cmd(config: &Config, command: OpsCommand, out: &mut dyn Write) -> R
     }
 }
 
-async fn run_cmd(config: Config) -> Result<(), CliError> {
+async fn run_cmd(config: Config, source: FileSource) -> Result<(), CliError> {
     let queue = open_checked(&config).await?;
-    // Executors are loaded by the plugin runtime; without one, a kind's ops
-    // wait (and say so in the log) rather than fail.
-    let executors = Arc::new(Registry::default());
-    let dispatcher = Dispatcher::new(queue, executors, config, Arc::new(SystemClock));
+    // Every configured plugin must load before anything is dispatched; a
+    // kind without a plugin has its ops wait (and says so in the log).
+    let plugins = Arc::new(PluginHost::new(&config)?);
+    plugins.apply(&config).await?;
+    let debounce = std::time::Duration::from_millis(config.runtime.reload_debounce_ms);
+    let dispatcher = Dispatcher::new(queue, plugins.registry(), config, Arc::new(SystemClock));
+    plugins.watch(source, dispatcher.clone(), debounce);
     let stopper = dispatcher.clone();
     tokio::spawn(async move {
         shutdown_signal().await;
@@ -529,6 +565,47 @@ async fn subjects_cmd(config: &Config, command: SubjectsCommand, out: &mut dyn W
                 render::subjects_table(out, &halted)
             };
         }
+    }
+    Ok(())
+}
+
+async fn plugin_check(config: &Config, args: PluginCheckArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    let file = args.file.display().to_string();
+    let bytes = std::fs::read(&args.file).map_err(|e| CliError::Refused {
+        file: file.clone(),
+        reason: format!("cannot read: {e}"),
+    })?;
+    let host = PluginHost::new(config)?;
+    let runtime = host.runtime().clone();
+    let inspected = tokio::task::spawn_blocking(move || runtime.inspect(&bytes))
+        .await
+        .map_err(|e| CliError::Refused {
+            file: file.clone(),
+            reason: format!("inspection panicked: {e}"),
+        })?;
+    let inspection = inspected.map_err(|failure| CliError::Refused {
+        file: file.clone(),
+        reason: failure.to_string(),
+    })?;
+    if args.json {
+        return render::json(
+            out,
+            &serde_json::json!({
+                "file": file,
+                "world": inspection.world.name(),
+                "contract": format!("laneway:plugin@{}", inspection.version),
+                "exports": inspection.exports,
+                "imports": inspection.imports,
+            }),
+        );
+    }
+    writeln!(out, "{file}: ok")?;
+    writeln!(out, "  world:    {}", inspection.world.name())?;
+    writeln!(out, "  contract: laneway:plugin@{}", inspection.version)?;
+    writeln!(out, "  exports:  {}", inspection.exports.join(", "))?;
+    writeln!(out, "  imports:")?;
+    for import in &inspection.imports {
+        writeln!(out, "    {import}")?;
     }
     Ok(())
 }

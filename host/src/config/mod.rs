@@ -25,7 +25,7 @@ pub const ENV_PREFIX: &str = "LANEWAY_";
 const ENV_RESERVED: [&str; 2] = ["LANEWAY_CONFIG", "LANEWAY_LOG"];
 
 /// The whole configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// `[database]`
     pub database: DatabaseConfig,
@@ -33,8 +33,110 @@ pub struct Config {
     pub queue: QueueConfig,
     /// `[dispatch]`
     pub dispatch: DispatchConfig,
+    /// `[runtime]`
+    pub runtime: RuntimeConfig,
+    /// `[plugins.NAME]`
+    pub plugins: BTreeMap<String, PluginConfig>,
+    /// `[keys.ID]`
+    pub keys: BTreeMap<String, crate::keys::KeySource>,
     /// `[kinds.NAME]`
     pub kinds: BTreeMap<String, KindConfig>,
+}
+
+/// `[runtime]`: the WebAssembly engine.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct RuntimeConfig {
+    /// Component instances that may exist at once (pooling allocator slots).
+    pub max_instances: u32,
+    /// Epoch tick: how finely call deadlines are enforced.
+    pub epoch_tick_ms: u64,
+    /// Consecutive crashes (traps, exits, resource limits) after which a
+    /// plugin version is quarantined until it is reloaded.
+    pub quarantine_after: u32,
+    /// Debounce for reloads triggered by file changes.
+    pub reload_debounce_ms: u64,
+}
+
+/// `[plugins.NAME]`: one WebAssembly component and its sandbox.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct PluginConfig {
+    /// The `.wasm` component (relative to the working directory).
+    pub path: std::path::PathBuf,
+    /// Linear memory cap.
+    #[serde(default = "default_memory_mib")]
+    pub memory_mib: u32,
+    /// Per-call deadline, including host calls.
+    #[serde(default = "default_plugin_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Wasm stack cap.
+    #[serde(default = "default_stack_kib")]
+    pub max_stack_kib: u32,
+    /// Instruction budget per call (fee policies only).
+    #[serde(default = "default_fuel")]
+    pub fuel: u64,
+    /// Destinations the plugin may reach over HTTP (`https://*.example.com`).
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// Internal networks (loopback, private) it may reach anyway (`127.0.0.1/32`).
+    #[serde(default)]
+    pub allowed_internal: Vec<String>,
+    /// Signing keys it may use, by id.
+    #[serde(default)]
+    pub keys: Vec<String>,
+    /// HTTP connect timeout.
+    #[serde(default = "default_http_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// HTTP request timeout (whole exchange).
+    #[serde(default = "default_http_timeout_ms")]
+    pub request_timeout_ms: u64,
+    /// Largest HTTP response body accepted.
+    #[serde(default = "default_max_response_bytes")]
+    pub max_response_bytes: u64,
+    /// Concurrent HTTP requests (seed 002: 20).
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
+    /// Idle connections kept per host (seed 002: 5).
+    #[serde(default = "default_idle_connections")]
+    pub max_idle_connections: u32,
+    /// Log lines a call may write before the rest are suppressed.
+    #[serde(default = "default_log_lines")]
+    pub log_lines_per_call: u32,
+}
+
+fn default_memory_mib() -> u32 {
+    64
+}
+
+fn default_plugin_timeout_ms() -> u64 {
+    60_000
+}
+
+fn default_stack_kib() -> u32 {
+    512
+}
+
+fn default_fuel() -> u64 {
+    50_000_000
+}
+
+fn default_http_timeout_ms() -> u64 {
+    30_000
+}
+
+fn default_max_response_bytes() -> u64 {
+    1024 * 1024
+}
+
+fn default_max_connections() -> u32 {
+    20
+}
+
+fn default_idle_connections() -> u32 {
+    5
+}
+
+fn default_log_lines() -> u32 {
+    100
 }
 
 /// `[database]`
@@ -131,7 +233,7 @@ pub enum LanePresence {
 }
 
 /// `[kinds.NAME]`
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct KindConfig {
     /// Default priority for enqueues that do not name one.
     #[serde(default = "default_priority")]
@@ -169,6 +271,12 @@ pub struct KindConfig {
     /// Poison policy for strict lanes.
     #[serde(default = "default_poison")]
     pub poison: Poison,
+    /// The `[plugins.NAME]` that executes this kind.
+    #[serde(default)]
+    pub plugin: Option<String>,
+    /// Per-kind settings handed to the plugin (as JSON).
+    #[serde(default)]
+    pub config: toml::Table,
 }
 
 fn one() -> usize {
@@ -213,6 +321,11 @@ impl KindConfig {
             backoff_max: std::time::Duration::from_millis(self.backoff_max_ms),
             retry_after_max: std::time::Duration::from_millis(self.retry_after_max_ms),
         }
+    }
+
+    /// The kind's plugin settings as JSON text, for the plugin.
+    pub fn config_json(&self) -> String {
+        serde_json::to_string(&self.config).unwrap_or_else(|_| "{}".to_owned())
     }
 
     /// Whether a dead letter of this kind holds its lanes.
@@ -435,6 +548,9 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
     let database = section::<DatabaseConfig>(&mut table, "database", &mut problems);
     let queue = section::<QueueConfig>(&mut table, "queue", &mut problems);
     let dispatch = section::<DispatchConfig>(&mut table, "dispatch", &mut problems);
+    let runtime = section::<RuntimeConfig>(&mut table, "runtime", &mut problems);
+    let plugins = named_tables::<PluginConfig>(&mut table, "plugins", &mut problems);
+    let keys = named_tables::<crate::keys::KeySource>(&mut table, "keys", &mut problems);
     let mut kinds = BTreeMap::new();
     match table.remove("kinds") {
         Some(toml::Value::Table(kind_tables)) => {
@@ -454,14 +570,18 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
     for key in table.keys() {
         problems.push(Problem {
             path: key.clone(),
-            message: "unknown key (expected one of: database, queue, dispatch, kinds)".to_owned(),
+            message: "unknown key (expected one of: database, queue, dispatch, runtime, plugins, keys, kinds)"
+                .to_owned(),
         });
     }
-    if let (Some(database), Some(queue), Some(dispatch)) = (database, queue, dispatch) {
+    if let (Some(database), Some(queue), Some(dispatch), Some(runtime)) = (database, queue, dispatch, runtime) {
         let config = Config {
             database,
             queue,
             dispatch,
+            runtime,
+            plugins,
+            keys,
             kinds,
         };
         problems.extend(validate(&config));
@@ -471,6 +591,30 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
     }
     problems.sort_by(|a, b| a.path.cmp(&b.path));
     Err(ConfigError::Invalid(problems))
+}
+
+/// A table of named sub-tables (`[plugins.NAME]`), each deserialized alone.
+fn named_tables<T: DeserializeOwned>(
+    table: &mut toml::Table,
+    key: &str,
+    problems: &mut Vec<Problem>,
+) -> BTreeMap<String, T> {
+    let mut out = BTreeMap::new();
+    match table.remove(key) {
+        Some(toml::Value::Table(entries)) => {
+            for (name, value) in entries {
+                if let Some(v) = typed::<T>(value, &format!("{key}.{name}"), problems) {
+                    out.insert(name, v);
+                }
+            }
+        }
+        Some(_) => problems.push(Problem {
+            path: key.to_owned(),
+            message: format!("expected a table of {key}"),
+        }),
+        None => {}
+    }
+    out
 }
 
 fn section<T: DeserializeOwned>(table: &mut toml::Table, key: &str, problems: &mut Vec<Problem>) -> Option<T> {
@@ -624,6 +768,76 @@ fn validate(config: &Config) -> Vec<Problem> {
                 &path("poison"),
                 "\"halt\" applies to strict lanes; this kind's lanes are serial".to_owned(),
             );
+        }
+    }
+    let r = &config.runtime;
+    for (path, value) in [
+        ("runtime.max_instances", u64::from(r.max_instances)),
+        ("runtime.epoch_tick_ms", r.epoch_tick_ms),
+        ("runtime.quarantine_after", u64::from(r.quarantine_after)),
+    ] {
+        if value == 0 {
+            bad(path, "expected at least 1".to_owned());
+        }
+    }
+    for (name, plugin) in &config.plugins {
+        let path = |key: &str| format!("plugins.{name}.{key}");
+        if !(1..=4096).contains(&plugin.memory_mib) {
+            bad(
+                &path("memory_mib"),
+                format!("expected 1 to 4096, got {}", plugin.memory_mib),
+            );
+        }
+        if !(16..=65536).contains(&plugin.max_stack_kib) {
+            bad(
+                &path("max_stack_kib"),
+                format!("expected 16 to 65536, got {}", plugin.max_stack_kib),
+            );
+        }
+        for (key, value) in [
+            ("timeout_ms", plugin.timeout_ms),
+            ("fuel", plugin.fuel),
+            ("connect_timeout_ms", plugin.connect_timeout_ms),
+            ("request_timeout_ms", plugin.request_timeout_ms),
+            ("max_response_bytes", plugin.max_response_bytes),
+            ("max_connections", u64::from(plugin.max_connections)),
+        ] {
+            if value == 0 {
+                bad(&path(key), "expected at least 1".to_owned());
+            }
+        }
+        for entry in &plugin.allowed_hosts {
+            if let Err(e) = crate::egress::HostPattern::parse(entry) {
+                bad(&path("allowed_hosts"), e);
+            }
+        }
+        for entry in &plugin.allowed_internal {
+            if let Err(e) = crate::egress::Cidr::parse(entry) {
+                bad(&path("allowed_internal"), e);
+            }
+        }
+        for key in &plugin.keys {
+            if !config.keys.contains_key(key) {
+                bad(&path("keys"), format!("no [keys.{key}] is configured"));
+            }
+        }
+    }
+    for (id, key) in &config.keys {
+        if key.file.is_some() == key.env.is_some() {
+            bad(
+                &format!("keys.{id}"),
+                "give exactly one of `file` or `env` (never the key itself)".to_owned(),
+            );
+        }
+    }
+    for (name, kind) in &config.kinds {
+        if let Some(plugin) = &kind.plugin {
+            if !config.plugins.contains_key(plugin) {
+                bad(
+                    &format!("kinds.{name}.plugin"),
+                    format!("no [plugins.{plugin}] is configured"),
+                );
+            }
         }
     }
     for name in config.kinds.keys() {

@@ -244,7 +244,8 @@ impl Pass {
         if c.op.status == Status::Submitted {
             return OpState::InFlight;
         }
-        if !kind_known || self.inner.executors.get(&c.op.kind).is_none() || c.subject_halted {
+        let runnable = self.inner.executors.get(&c.op.kind).is_some_and(|e| e.available());
+        if !kind_known || !runnable || c.subject_halted {
             return OpState::Waiting;
         }
         if self.stalled.contains(&c.op.id) {
@@ -518,16 +519,17 @@ async fn execute(
     let outcome = match executor {
         None => Outcome::Fault(Fault::NoExecutor),
         Some(executor) => {
-            let checkpoint = LeaseCheckpoint::new(inner.queue.clone(), claimed.lease);
+            let checkpoint: Arc<dyn crate::executor::Checkpoint> =
+                Arc::new(LeaseCheckpoint::new(inner.queue.clone(), claimed.lease));
             let op = &claimed.op;
             let attempt = async {
                 if let Some(receipt) = &op.receipt {
-                    match executor.reconcile(op, receipt, &checkpoint).await {
+                    match executor.reconcile(op, receipt, checkpoint.clone()).await {
                         Reconciled::Settled(outcome) => return outcome,
                         Reconciled::Redeliver => {}
                     }
                 }
-                executor.execute(op, &checkpoint).await
+                executor.execute(op, checkpoint).await
             };
             match tokio::time::timeout(timeout, std::panic::AssertUnwindSafe(attempt).catch_unwind()).await {
                 Ok(Ok(outcome)) => outcome,

@@ -204,6 +204,11 @@ impl Dispatcher {
         self.inner.cancel.cancel();
     }
 
+    /// Resolves once [`Dispatcher::shutdown`] has been called.
+    pub async fn cancelled(&self) {
+        self.inner.cancel.cancelled().await;
+    }
+
     /// Waits until every drain task has ended (after [`Dispatcher::shutdown`]).
     pub async fn stopped(&self) {
         self.inner.tasks.close();

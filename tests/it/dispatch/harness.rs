@@ -127,7 +127,7 @@ impl Scripted {
 
 #[async_trait]
 impl Executor for Scripted {
-    async fn execute(&self, op: &Op, _checkpoint: &dyn Checkpoint) -> Outcome {
+    async fn execute(&self, op: &Op, _checkpoint: Arc<dyn Checkpoint>) -> Outcome {
         let lane = op.lanes.first().cloned().unwrap_or_default();
         let step = {
             let mut state = self.lock();
@@ -186,7 +186,7 @@ impl Executor for Scripted {
         outcome
     }
 
-    async fn reconcile(&self, op: &Op, receipt: &str, _checkpoint: &dyn Checkpoint) -> Reconciled {
+    async fn reconcile(&self, op: &Op, receipt: &str, _checkpoint: Arc<dyn Checkpoint>) -> Reconciled {
         let mut state = self.lock();
         state.reconciles.push((op.id, receipt.to_owned()));
         state

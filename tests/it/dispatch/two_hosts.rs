@@ -37,7 +37,7 @@ struct Tracking {
 
 #[async_trait]
 impl Executor for Tracking {
-    async fn execute(&self, op: &Op, _: &dyn Checkpoint) -> Outcome {
+    async fn execute(&self, op: &Op, _: Arc<dyn Checkpoint>) -> Outcome {
         {
             let mut w = self.watch.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             w.log.push((Instant::now(), self.owner.clone(), op.outbox.clone()));

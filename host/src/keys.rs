@@ -1,0 +1,258 @@
+//! Signing keys held by the host. Plugins name a key by id and get back a
+//! signature or a public key; no function here returns private material.
+//!
+//! Keys come from PEM files or environment variables named in the config,
+//! never from the config text itself.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use ed25519_dalek::pkcs8::DecodePrivateKey as _;
+use ed25519_dalek::Signer as _;
+use rsa::pkcs1::{DecodeRsaPrivateKey as _, EncodeRsaPublicKey as _};
+use rsa::signature::SignatureEncoding as _;
+use serde::Deserialize;
+
+/// A signature algorithm a key supports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Algorithm {
+    /// Ed25519 (Stellar accounts, HTTP Signatures `ed25519`).
+    Ed25519,
+    /// RSASSA-PKCS1-v1_5 with SHA-256 (HTTP Signatures `rsa-sha256`).
+    RsaSha256,
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Algorithm::Ed25519 => "ed25519",
+            Algorithm::RsaSha256 => "rsa-sha256",
+        })
+    }
+}
+
+/// `[keys.ID]`: where one key comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct KeySource {
+    /// The key's algorithm.
+    pub algorithm: Algorithm,
+    /// A PEM file (PKCS#8; PKCS#1 also accepted for RSA).
+    pub file: Option<std::path::PathBuf>,
+    /// An environment variable holding the PEM text.
+    pub env: Option<String>,
+}
+
+enum Secret {
+    Ed25519(ed25519_dalek::SigningKey),
+    Rsa(Box<rsa::pkcs1v15::SigningKey<sha2::Sha256>>, Vec<u8>),
+}
+
+/// A loaded key. Its `Debug` output never shows the secret.
+pub struct Key {
+    secret: Secret,
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Key")
+            .field("algorithm", &self.algorithm())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a signing request failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SignError {
+    /// No key with that id is loaded.
+    #[error("no key {0:?}")]
+    UnknownKey(String),
+    /// The key is of another algorithm.
+    #[error("key {key:?} is {actual}, not {requested}")]
+    WrongAlgorithm {
+        /// The key.
+        key: String,
+        /// What was asked for.
+        requested: Algorithm,
+        /// What it is.
+        actual: Algorithm,
+    },
+    /// The signing itself failed.
+    #[error("signing failed: {0}")]
+    Failed(String),
+}
+
+impl Key {
+    /// Parses a PEM key of the given algorithm.
+    ///
+    /// # Errors
+    ///
+    /// A message saying why the PEM is not a key of that algorithm.
+    pub fn from_pem(algorithm: Algorithm, pem: &str) -> Result<Self, String> {
+        let secret = match algorithm {
+            Algorithm::Ed25519 => Secret::Ed25519(
+                ed25519_dalek::SigningKey::from_pkcs8_pem(pem)
+                    .map_err(|e| format!("not a PKCS#8 Ed25519 private key: {e}"))?,
+            ),
+            Algorithm::RsaSha256 => {
+                let key = rsa::RsaPrivateKey::from_pkcs8_pem(pem)
+                    .or_else(|_| rsa::RsaPrivateKey::from_pkcs1_pem(pem))
+                    .map_err(|e| format!("not a PKCS#8 or PKCS#1 RSA private key: {e}"))?;
+                let public = key
+                    .to_public_key()
+                    .to_pkcs1_der()
+                    .map_err(|e| format!("cannot encode the public key: {e}"))?
+                    .as_bytes()
+                    .to_vec();
+                Secret::Rsa(Box::new(rsa::pkcs1v15::SigningKey::new(key)), public)
+            }
+        };
+        Ok(Self { secret })
+    }
+
+    /// The key's algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        match self.secret {
+            Secret::Ed25519(_) => Algorithm::Ed25519,
+            Secret::Rsa(..) => Algorithm::RsaSha256,
+        }
+    }
+
+    /// The public half: 32 raw bytes (Ed25519) or PKCS#1 DER (RSA).
+    pub fn public_key(&self) -> Vec<u8> {
+        match &self.secret {
+            Secret::Ed25519(k) => k.verifying_key().to_bytes().to_vec(),
+            Secret::Rsa(_, public) => public.clone(),
+        }
+    }
+
+    fn sign(&self, data: &[u8]) -> Vec<u8> {
+        match &self.secret {
+            Secret::Ed25519(k) => k.sign(data).to_bytes().to_vec(),
+            Secret::Rsa(k, _) => k.sign(data).to_vec(),
+        }
+    }
+}
+
+/// Every key the host holds, by id.
+#[derive(Debug, Default)]
+pub struct KeyStore {
+    keys: HashMap<String, Key>,
+}
+
+impl KeyStore {
+    /// Loads every configured key; returns each problem with its key path.
+    ///
+    /// # Errors
+    ///
+    /// `(key path, message)` pairs for keys that could not be loaded.
+    pub fn load(sources: &std::collections::BTreeMap<String, KeySource>) -> Result<Self, Vec<(String, String)>> {
+        let mut keys = HashMap::new();
+        let mut problems = Vec::new();
+        for (id, source) in sources {
+            let pem = match (&source.file, &source.env) {
+                (Some(path), None) => {
+                    std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+                }
+                (None, Some(var)) => std::env::var(var).map_err(|_| format!("environment variable {var} is not set")),
+                _ => Err("give exactly one of `file` or `env`".to_owned()),
+            };
+            match pem.and_then(|pem| Key::from_pem(source.algorithm, &pem)) {
+                Ok(key) => {
+                    keys.insert(id.clone(), key);
+                }
+                Err(message) => problems.push((format!("keys.{id}"), message)),
+            }
+        }
+        if problems.is_empty() {
+            Ok(Self { keys })
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// A store holding exactly these keys (tests, examples).
+    pub fn from_keys(keys: impl IntoIterator<Item = (String, Key)>) -> Self {
+        Self {
+            keys: keys.into_iter().collect(),
+        }
+    }
+
+    /// Whether a key id is loaded.
+    pub fn contains(&self, id: &str) -> bool {
+        self.keys.contains_key(id)
+    }
+
+    /// Signs `data` with key `id`.
+    ///
+    /// # Errors
+    ///
+    /// [`SignError`] for an unknown key or the wrong algorithm.
+    pub fn sign(&self, id: &str, algorithm: Algorithm, data: &[u8]) -> Result<Vec<u8>, SignError> {
+        let key = self.keys.get(id).ok_or_else(|| SignError::UnknownKey(id.to_owned()))?;
+        if key.algorithm() != algorithm {
+            return Err(SignError::WrongAlgorithm {
+                key: id.to_owned(),
+                requested: algorithm,
+                actual: key.algorithm(),
+            });
+        }
+        Ok(key.sign(data))
+    }
+
+    /// The public half of key `id`.
+    ///
+    /// # Errors
+    ///
+    /// [`SignError::UnknownKey`].
+    pub fn public_key(&self, id: &str) -> Result<Vec<u8>, SignError> {
+        self.keys
+            .get(id)
+            .map(Key::public_key)
+            .ok_or_else(|| SignError::UnknownKey(id.to_owned()))
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use ed25519_dalek::pkcs8::EncodePrivateKey as _;
+    use ed25519_dalek::Verifier as _;
+
+    pub(crate) fn ed25519_pem(seed: [u8; 32]) -> String {
+        let key = ed25519_dalek::SigningKey::from_bytes(&seed);
+        key.to_pkcs8_pem(Default::default()).unwrap().to_string()
+    }
+
+    #[test]
+    fn ed25519_signs_verifiably_and_never_returns_the_seed() {
+        let seed = [42u8; 32];
+        let key = Key::from_pem(Algorithm::Ed25519, &ed25519_pem(seed)).unwrap();
+        let store = KeyStore::from_keys([("stellar".to_owned(), key)]);
+        let signature = store.sign("stellar", Algorithm::Ed25519, b"tx").unwrap();
+        let public = store.public_key("stellar").unwrap();
+        let verifying = ed25519_dalek::VerifyingKey::from_bytes(&public.clone().try_into().unwrap()).unwrap();
+        let sig = ed25519_dalek::Signature::from_slice(&signature).unwrap();
+        assert!(verifying.verify(b"tx", &sig).is_ok());
+        for output in [&signature, &public] {
+            assert!(!output.windows(32).any(|w| w == seed), "secret bytes escaped");
+        }
+        assert!(!format!("{store:?}").contains("42"), "Debug shows secret material");
+    }
+
+    #[test]
+    fn wrong_algorithm_and_unknown_keys_are_refused() {
+        let key = Key::from_pem(Algorithm::Ed25519, &ed25519_pem([1; 32])).unwrap();
+        let store = KeyStore::from_keys([("k".to_owned(), key)]);
+        assert!(matches!(
+            store.sign("k", Algorithm::RsaSha256, b"x"),
+            Err(SignError::WrongAlgorithm { .. })
+        ));
+        assert_eq!(
+            store.sign("nope", Algorithm::Ed25519, b"x"),
+            Err(SignError::UnknownKey("nope".into()))
+        );
+        assert!(Key::from_pem(Algorithm::RsaSha256, &ed25519_pem([1; 32])).is_err());
+        assert!(Key::from_pem(Algorithm::Ed25519, "garbage").is_err());
+    }
+}

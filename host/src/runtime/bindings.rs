@@ -1,0 +1,29 @@
+//! Host bindings for `laneway:plugin@1.0.0`, generated from `wit/`.
+//!
+//! One module per world; they share the `types` interface through `with`.
+//! Every host import is async (HTTP and checkpoints do I/O) and trappable
+//! (a host failure that is not the guest's business traps the call).
+
+/// The `executor-plugin` world.
+pub mod executor {
+    wasmtime::component::bindgen!({
+        world: "executor-plugin",
+        path: "../wit/laneway-plugin@1.0.0",
+        imports: { default: async | trappable },
+        exports: { default: async },
+    });
+}
+
+/// The `fee-policy-plugin` world.
+pub mod fee_policy {
+    wasmtime::component::bindgen!({
+        world: "fee-policy-plugin",
+        path: "../wit/laneway-plugin@1.0.0",
+        imports: { default: async | trappable },
+        exports: { default: async },
+        with: {
+            "laneway:plugin/types": super::executor::laneway::plugin::types,
+            "laneway:plugin/log": super::executor::laneway::plugin::log,
+        },
+    });
+}

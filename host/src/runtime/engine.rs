@@ -1,0 +1,131 @@
+//! The wasmtime engines: one for executors (epoch deadlines) and one for fee
+//! policies (epoch deadlines and fuel, which is an engine-wide setting and
+//! costs executors speed they do not need), each with the pooling allocator,
+//! and the epoch ticker that makes deadlines work.
+
+use std::time::Duration;
+
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use crate::config::RuntimeConfig;
+
+/// Which engine a component is compiled for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineKind {
+    /// Executors: no fuel.
+    Executor,
+    /// Fee policies: fuel-metered.
+    Policy,
+}
+
+/// The engines and their ticker.
+#[derive(Clone)]
+pub struct Engines {
+    executor: Engine,
+    policy: Engine,
+    /// Whether the pooling allocator could be used (else on-demand).
+    pub pooling: bool,
+}
+
+impl std::fmt::Debug for Engines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engines")
+            .field("pooling", &self.pooling)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Largest memory any plugin may be given, which sizes pooling slots; each
+/// plugin's own (smaller) cap is enforced per call by its limiter.
+pub const MAX_PLUGIN_MEMORY: usize = 4096 * 1024 * 1024;
+
+fn base_config(fuel: bool, max_stack: usize) -> Config {
+    let mut config = Config::new();
+    config
+        .wasm_component_model(true)
+        .epoch_interruption(true)
+        .consume_fuel(fuel)
+        .max_wasm_stack(max_stack);
+    config
+}
+
+fn pooling(runtime: &RuntimeConfig) -> PoolingAllocationConfig {
+    let mut pool = PoolingAllocationConfig::new();
+    let n = runtime.max_instances;
+    pool.total_component_instances(n)
+        .total_core_instances(n.saturating_mul(4))
+        .total_memories(n.saturating_mul(2))
+        .total_tables(n.saturating_mul(4))
+        .total_stacks(n)
+        .max_memories_per_component(2)
+        .max_tables_per_component(4)
+        .max_memory_size(MAX_PLUGIN_MEMORY)
+        .max_component_instance_size(4 << 20);
+    pool
+}
+
+/// Stack space wasm may use; a per-plugin `max_stack_kib` above this is
+/// capped here, since it is an engine-wide setting.
+pub const ENGINE_MAX_STACK: usize = 1 << 20;
+
+impl Engines {
+    /// Builds both engines, falling back to on-demand allocation when the
+    /// pooling allocator cannot reserve its address space (small hosts).
+    ///
+    /// # Errors
+    ///
+    /// wasmtime's error when neither strategy works.
+    pub fn new(runtime: &RuntimeConfig) -> wasmtime::Result<Self> {
+        let build = |fuel: bool, pool: bool| {
+            let mut config = base_config(fuel, ENGINE_MAX_STACK);
+            if pool {
+                config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(runtime)));
+            }
+            Engine::new(&config)
+        };
+        let (executor, policy, pooling) = match (build(false, true), build(true, true)) {
+            (Ok(e), Ok(p)) => (e, p, true),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!(error = %e, "Pooling allocator unavailable; using on-demand instance allocation.");
+                (build(false, false)?, build(true, false)?, false)
+            }
+        };
+        let engines = Self {
+            executor,
+            policy,
+            pooling,
+        };
+        engines.start_ticker(Duration::from_millis(runtime.epoch_tick_ms));
+        Ok(engines)
+    }
+
+    /// The engine for `kind`.
+    pub fn get(&self, kind: EngineKind) -> &Engine {
+        match kind {
+            EngineKind::Executor => &self.executor,
+            EngineKind::Policy => &self.policy,
+        }
+    }
+
+    /// Advances both engines' epochs every `tick` on a thread that holds only
+    /// weak references, so it ends when the engines are dropped.
+    fn start_ticker(&self, tick: Duration) {
+        let weak = [self.executor.weak(), self.policy.weak()];
+        let spawned = std::thread::Builder::new()
+            .name("laneway-epoch".into())
+            .spawn(move || loop {
+                std::thread::sleep(tick);
+                let mut alive = false;
+                for engine in weak.iter().filter_map(wasmtime::EngineWeak::upgrade) {
+                    engine.increment_epoch();
+                    alive = true;
+                }
+                if !alive {
+                    return;
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "Cannot start the epoch ticker; plugin deadlines rely on the outer timeout only.");
+        }
+    }
+}

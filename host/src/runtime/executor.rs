@@ -1,0 +1,113 @@
+//! [`WasmExecutor`]: a plugin serving one kind, as the dispatcher's
+//! [`Executor`], converting between laneway's types and the WIT ones.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::bindings::executor::laneway::plugin::types as wit;
+use super::plugin::Plugin;
+use crate::executor::{Checkpoint, Executor, Reconciled};
+use crate::op::{Op, Priority};
+use crate::outcome::Outcome;
+
+/// One kind served by one loaded plugin version.
+#[derive(Debug)]
+pub struct WasmExecutor {
+    plugin: Arc<Plugin>,
+    config_json: String,
+}
+
+impl WasmExecutor {
+    /// Serves a kind whose `config` table is `config_json`.
+    pub fn new(plugin: Arc<Plugin>, config_json: String) -> Self {
+        Self { plugin, config_json }
+    }
+
+    /// The plugin version behind it.
+    pub fn plugin(&self) -> &Arc<Plugin> {
+        &self.plugin
+    }
+
+    fn op(&self, op: &Op) -> wit::Op {
+        wit::Op {
+            id: op.id,
+            kind: op.kind.clone(),
+            outbox: op.outbox.clone(),
+            priority: match op.priority {
+                Priority::Critical => wit::Priority::Critical,
+                Priority::Normal => wit::Priority::Normal,
+                Priority::Low => wit::Priority::Low,
+            },
+            attempt: u32::try_from(op.budget_attempts()).unwrap_or(0),
+            fee_bumps: u32::try_from(op.fee_bumps).unwrap_or(0),
+            lanes: op.lanes.clone(),
+            payload: op.payload.clone(),
+            receipt: op.receipt.clone(),
+            subject: op.subject.clone(),
+            correlation_id: op.correlation_id.clone(),
+            config: self.config_json.clone(),
+        }
+    }
+
+    /// Asks the plugin which lanes an op will be ordered in.
+    ///
+    /// # Errors
+    ///
+    /// The plugin's refusal or failure, as text.
+    pub async fn lanes(&self, kind: &str, outbox: &str, payload: &str) -> Result<Vec<String>, String> {
+        let input = wit::OpInput {
+            kind: kind.to_owned(),
+            outbox: outbox.to_owned(),
+            payload: payload.to_owned(),
+            config: self.config_json.clone(),
+        };
+        match self.plugin.lanes(input).await {
+            Ok(result) => result,
+            Err(failure) => Err(failure.to_string()),
+        }
+    }
+}
+
+/// The WIT outcome in laneway's terms.
+pub fn outcome(o: wit::Outcome) -> Outcome {
+    match o {
+        wit::Outcome::Confirmed(c) => Outcome::Confirmed {
+            receipt: c.receipt,
+            detail: c.detail,
+        },
+        wit::Outcome::Retryable(r) => Outcome::Retryable {
+            reason: r.reason,
+            retry_after: r.retry_after_ms.map(Duration::from_millis),
+            detail: r.detail,
+            fee_bump: r.fee_bump,
+        },
+        wit::Outcome::Permanent(p) => Outcome::Permanent {
+            reason: p.reason,
+            detail: p.detail,
+        },
+    }
+}
+
+#[async_trait]
+impl Executor for WasmExecutor {
+    async fn execute(&self, op: &Op, checkpoint: Arc<dyn Checkpoint>) -> Outcome {
+        match self.plugin.execute(self.op(op), checkpoint).await {
+            Ok(o) => outcome(o),
+            Err(failure) => failure.into_outcome(),
+        }
+    }
+
+    async fn reconcile(&self, op: &Op, receipt: &str, checkpoint: Arc<dyn Checkpoint>) -> Reconciled {
+        match self.plugin.reconcile(self.op(op), receipt.to_owned(), checkpoint).await {
+            Ok(wit::Reconciled::Settled(o)) => Reconciled::Settled(outcome(o)),
+            Ok(wit::Reconciled::Redeliver) => Reconciled::Redeliver,
+            Err(failure) => Reconciled::Settled(failure.into_outcome()),
+        }
+    }
+
+    fn available(&self) -> bool {
+        !self.plugin.health.quarantined()
+    }
+}

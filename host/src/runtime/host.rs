@@ -1,0 +1,439 @@
+//! The plugin host: builds the executor registry from the configuration and
+//! keeps it current.
+//!
+//! Reloading follows Vector's order: load the config, validate it whole,
+//! compile only the plugins whose bytes or settings changed (off the async
+//! runtime), check each against its world, and only then swap the registry
+//! atomically. Any failure keeps the old registry running and is reported;
+//! calls in flight finish on the versions they started with.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use notify::Watcher as _;
+use serde::Serialize;
+
+use super::executor::WasmExecutor;
+use super::failure::PluginFailure;
+use super::plugin::{Health, Inspection, Plugin, World};
+use super::{digest, Runtime};
+use crate::config::{self, Config, ConfigError, FileSource, Problem};
+use crate::dispatch::Dispatcher;
+use crate::executor::{Executor, Executors, Registry};
+use crate::keys::KeyStore;
+use wasmtime::component::Component;
+
+/// Why a load or reload was refused; the old registry stays.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The config file is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Plugins or keys could not be loaded.
+    #[error("cannot load plugins ({} problem{}):\n{}", .0.len(), if .0.len() == 1 { "" } else { "s" }, .0.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n"))]
+    Plugins(Vec<Problem>),
+    /// The engines could not be built.
+    #[error("cannot start the WebAssembly runtime: {0}")]
+    Runtime(String),
+}
+
+/// A loaded plugin, for status output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PluginStatus {
+    /// The `[plugins.NAME]`.
+    pub name: String,
+    /// `executor-plugin` or `fee-policy-plugin`.
+    pub world: String,
+    /// The contract version it was built against.
+    pub contract: String,
+    /// Content digest of the loaded bytes.
+    pub digest: String,
+    /// Quarantined after repeated crashes.
+    pub quarantined: bool,
+}
+
+/// Reload bookkeeping, for operators and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ReloadStatus {
+    /// Successful loads, the first included.
+    pub loads: u64,
+    /// Refused reloads.
+    pub failures: u64,
+    /// Why the last reload was refused (cleared by a good one).
+    pub last_error: Option<String>,
+}
+
+struct Loaded {
+    digest: String,
+    plugin: Arc<Plugin>,
+}
+
+/// Builds and swaps the executor registry.
+pub struct PluginHost {
+    runtime: Runtime,
+    registry: Arc<Registry>,
+    loaded: tokio::sync::Mutex<HashMap<String, Loaded>>,
+    /// Compiled components by content digest: a reload recompiles only
+    /// bytes it has not seen.
+    compiled: Mutex<HashMap<String, (Inspection, Component)>>,
+    /// Health per (plugin name, digest): kept across reloads of the same
+    /// bytes, so touching a file does not lift a quarantine.
+    health: Mutex<HashMap<(String, String), Arc<Health>>>,
+    status: Mutex<ReloadStatus>,
+    fee_policies: arc_swap::ArcSwap<BTreeMap<String, Arc<Plugin>>>,
+}
+
+impl std::fmt::Debug for PluginHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginHost")
+            .field("registry", &self.registry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PluginHost {
+    /// A host with an empty registry.
+    ///
+    /// # Errors
+    ///
+    /// [`LoadError::Runtime`] when no engine can be built.
+    pub fn new(config: &Config) -> Result<Self, LoadError> {
+        let runtime = Runtime::new(&config.runtime).map_err(|e| LoadError::Runtime(format!("{e:#}")))?;
+        Ok(Self {
+            runtime,
+            registry: Arc::new(Registry::default()),
+            loaded: tokio::sync::Mutex::new(HashMap::new()),
+            compiled: Mutex::new(HashMap::new()),
+            health: Mutex::new(HashMap::new()),
+            status: Mutex::new(ReloadStatus::default()),
+            fee_policies: arc_swap::ArcSwap::from_pointee(BTreeMap::new()),
+        })
+    }
+
+    /// The registry the dispatcher reads.
+    pub fn registry(&self) -> Arc<Registry> {
+        self.registry.clone()
+    }
+
+    /// The runtime (for `plugin check`).
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
+    /// A loaded fee policy, by plugin name.
+    pub fn fee_policy(&self, name: &str) -> Option<Arc<Plugin>> {
+        self.fee_policies.load().get(name).cloned()
+    }
+
+    /// Reload bookkeeping.
+    pub fn status(&self) -> ReloadStatus {
+        self.status.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Loaded plugins.
+    pub async fn plugins(&self) -> Vec<PluginStatus> {
+        let loaded = self.loaded.lock().await;
+        let mut out: Vec<PluginStatus> = loaded
+            .iter()
+            .map(|(name, l)| PluginStatus {
+                name: name.clone(),
+                world: l.plugin.inspection.world.name().to_owned(),
+                contract: l.plugin.inspection.version.clone(),
+                digest: l.digest.clone(),
+                quarantined: l.plugin.health.quarantined(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    fn health_for(&self, name: &str, digest: &str) -> Arc<Health> {
+        let mut health = self.health.lock().unwrap_or_else(PoisonError::into_inner);
+        health
+            .entry((name.to_owned(), digest.to_owned()))
+            .or_insert_with(|| Arc::new(Health::default()))
+            .clone()
+    }
+
+    /// Loads every plugin the config names and swaps the registry, or
+    /// changes nothing and reports every problem.
+    ///
+    /// # Errors
+    ///
+    /// [`LoadError::Plugins`] with every problem found.
+    pub async fn apply(&self, config: &Config) -> Result<(), LoadError> {
+        let result = self.try_apply(config).await;
+        let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
+        match &result {
+            Ok(()) => {
+                status.loads += 1;
+                status.last_error = None;
+            }
+            Err(e) => {
+                status.failures += 1;
+                status.last_error = Some(e.to_string());
+            }
+        }
+        result
+    }
+
+    async fn try_apply(&self, config: &Config) -> Result<(), LoadError> {
+        let mut problems = Vec::new();
+        let keys = match KeyStore::load(&config.keys) {
+            Ok(keys) => Arc::new(keys),
+            Err(errors) => {
+                problems.extend(errors.into_iter().map(|(path, message)| Problem { path, message }));
+                Arc::new(KeyStore::default())
+            }
+        };
+        let mut loaded = self.loaded.lock().await;
+        let mut next: HashMap<String, Loaded> = HashMap::new();
+        for (name, plugin_config) in &config.plugins {
+            let bytes = match tokio::fs::read(&plugin_config.path).await {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    problems.push(Problem {
+                        path: format!("plugins.{name}.path"),
+                        message: format!("cannot read {}: {e}", plugin_config.path.display()),
+                    });
+                    continue;
+                }
+            };
+            let digest = digest(&bytes);
+            let cached = self
+                .compiled
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&digest)
+                .cloned();
+            let checked = match cached {
+                Some(c) => Ok(c),
+                None => {
+                    let runtime = self.runtime.clone();
+                    tokio::task::spawn_blocking(move || runtime.compile_checked(&bytes))
+                        .await
+                        .unwrap_or_else(|e| Err(PluginFailure::Incompatible(format!("compiling panicked: {e}"))))
+                }
+            };
+            let plugin = checked.and_then(|(inspection, component)| {
+                self.compiled
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(digest.clone(), (inspection.clone(), component.clone()));
+                // Grants are rebuilt on every load, so new keys and limits
+                // always take effect; only compilation is cached.
+                self.runtime.instantiate(
+                    name,
+                    digest.clone(),
+                    inspection,
+                    &component,
+                    plugin_config,
+                    keys.clone(),
+                    self.health_for(name, &digest),
+                    config.runtime.quarantine_after,
+                )
+            });
+            match plugin {
+                Ok(plugin) => {
+                    next.insert(
+                        name.clone(),
+                        Loaded {
+                            digest,
+                            plugin: Arc::new(plugin),
+                        },
+                    );
+                }
+                Err(failure) => problems.push(Problem {
+                    path: format!("plugins.{name}"),
+                    message: format!("{} ({})", failure, plugin_config.path.display()),
+                }),
+            }
+        }
+        let mut executors = Executors::new();
+        for (kind, kind_config) in &config.kinds {
+            let Some(plugin_name) = &kind_config.plugin else {
+                continue;
+            };
+            match next.get(plugin_name) {
+                Some(l) if l.plugin.inspection.world == World::Executor => {
+                    executors.insert(
+                        kind.clone(),
+                        Arc::new(WasmExecutor::new(l.plugin.clone(), kind_config.config_json())) as Arc<dyn Executor>,
+                    );
+                }
+                Some(_) => problems.push(Problem {
+                    path: format!("kinds.{kind}.plugin"),
+                    message: format!("plugin {plugin_name:?} is a fee policy, not an executor"),
+                }),
+                // Its loading problem is already reported.
+                None => {}
+            }
+        }
+        if !problems.is_empty() {
+            return Err(LoadError::Plugins(problems));
+        }
+        let policies: BTreeMap<String, Arc<Plugin>> = next
+            .iter()
+            .filter(|(_, l)| l.plugin.inspection.world == World::FeePolicy)
+            .map(|(n, l)| (n.clone(), l.plugin.clone()))
+            .collect();
+        for (name, l) in &next {
+            let changed = loaded.get(name).is_none_or(|old| old.digest != l.digest);
+            if changed {
+                tracing::info!(plugin = %name, digest = %l.digest, world = l.plugin.inspection.world.name(), contract = %l.plugin.inspection.version, "Plugin loaded.");
+            }
+        }
+        self.registry.replace(executors);
+        self.fee_policies.store(Arc::new(policies));
+        self.compiled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|d, _| next.values().any(|l| l.digest == *d));
+        *loaded = next;
+        Ok(())
+    }
+
+    /// Reloads from the config source: on success the dispatcher's tunables
+    /// follow too; on failure nothing changes and the error is logged.
+    pub async fn reload(&self, source: &FileSource, dispatcher: Option<&Dispatcher>) -> Result<(), LoadError> {
+        let result = async {
+            let config = config::load(source, env_vars())?;
+            self.apply(&config).await?;
+            if let Some(d) = dispatcher {
+                d.reconfigure(config);
+            }
+            Ok::<(), LoadError>(())
+        }
+        .await;
+        match &result {
+            Ok(()) => tracing::info!("Configuration reloaded."),
+            Err(e) => {
+                if matches!(e, LoadError::Config(_)) {
+                    let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
+                    status.failures += 1;
+                    status.last_error = Some(e.to_string());
+                }
+                tracing::error!(error = %e, "Reload refused; the previous configuration and plugins stay in service.");
+            }
+        }
+        result
+    }
+
+    /// Watches the config file and every plugin file, and SIGHUP, reloading
+    /// on change (debounced) until the dispatcher shuts down.
+    pub fn watch(self: &Arc<Self>, source: FileSource, dispatcher: Dispatcher, debounce: Duration) {
+        let host = self.clone();
+        tokio::spawn(async move {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+            let mut watched: Vec<PathBuf> = Vec::new();
+            let mut watcher = match notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                if event.is_ok() {
+                    let _ = tx.send(());
+                }
+            }) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::error!(error = %e, "Cannot watch files; reload with SIGHUP.");
+                    None
+                }
+            };
+            let mut hangup = sighup();
+            let mut fingerprint = files_fingerprint(&watch_list(&source));
+            loop {
+                // (Re)register watches on the directories holding the files,
+                // since editors and deploys replace files by rename.
+                let files = watch_list(&source);
+                if let Some(w) = watcher.as_mut() {
+                    for dir in parents(&files) {
+                        if !watched.contains(&dir) && w.watch(&dir, notify::RecursiveMode::NonRecursive).is_ok() {
+                            watched.push(dir);
+                        }
+                    }
+                }
+                tokio::select! {
+                    () = dispatcher.cancelled() => return,
+                    Some(()) = rx.recv() => {}
+                    Some(()) = hangup.recv() => {
+                        tracing::info!("SIGHUP: reloading.");
+                        let _ = host.reload(&source, Some(&dispatcher)).await;
+                        fingerprint = files_fingerprint(&watch_list(&source));
+                        continue;
+                    }
+                }
+                // Collect the burst of events one change makes.
+                tokio::time::sleep(debounce).await;
+                while rx.try_recv().is_ok() {}
+                let now = files_fingerprint(&watch_list(&source));
+                if now != fingerprint {
+                    fingerprint = now;
+                    let _ = host.reload(&source, Some(&dispatcher)).await;
+                }
+            }
+        });
+    }
+}
+
+/// `LANEWAY_*` and the rest of the environment, for config reloads.
+fn env_vars() -> Vec<(String, String)> {
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect()
+}
+
+/// The config file and every plugin file it names now.
+fn watch_list(source: &FileSource) -> Vec<PathBuf> {
+    let path = match source {
+        FileSource::Explicit(p) | FileSource::Default(p) => p.clone(),
+    };
+    let mut files = vec![path];
+    if let Ok(config) = config::load(source, env_vars()) {
+        files.extend(config.plugins.values().map(|p| p.path.clone()));
+    }
+    files
+}
+
+fn parents(files: &[PathBuf]) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = files
+        .iter()
+        .map(|f| match f.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        })
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    dirs
+}
+
+/// Size and modification time of each file: a change worth a reload.
+fn files_fingerprint(files: &[PathBuf]) -> Vec<Option<(u64, SystemTime)>> {
+    files
+        .iter()
+        .map(|f| {
+            std::fs::metadata(f)
+                .ok()
+                .and_then(|m| Some((m.len(), m.modified().ok()?)))
+        })
+        .collect()
+}
+
+/// SIGHUP as a stream of unit events (never fires off Unix).
+fn sighup() -> tokio::sync::mpsc::UnboundedReceiver<()> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    #[cfg(unix)]
+    tokio::spawn(async move {
+        let Ok(mut sig) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+            return;
+        };
+        while sig.recv().await.is_some() {
+            if tx.send(()).is_err() {
+                return;
+            }
+        }
+    });
+    #[cfg(not(unix))]
+    drop(tx);
+    rx
+}
