@@ -55,6 +55,16 @@ pub trait Executor: Send + Sync {
         Reconciled::Redeliver
     }
 
+    /// The lanes an op will be ordered in, asked at enqueue when the producer
+    /// named none (inbox URLs, a signer account). Empty means no opinion.
+    ///
+    /// # Errors
+    ///
+    /// The executor's refusal of the op, as text.
+    async fn lanes(&self, _kind: &str, _outbox: &str, _payload: &str) -> Result<Vec<String>, String> {
+        Ok(Vec::new())
+    }
+
     /// Whether the executor can take work now; a quarantined plugin version
     /// cannot, and its ops wait (without using attempts) for a new version.
     fn available(&self) -> bool {

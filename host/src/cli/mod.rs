@@ -368,11 +368,23 @@ async fn enqueue_cmd(config: &Config, args: EnqueueArgs, io: Io<'_>) -> Result<(
     let not_before = args
         .delay_ms
         .map(|ms| Utc::now() + chrono::Duration::milliseconds(i64::try_from(ms).unwrap_or(i64::MAX)));
+    let mut lanes = args.lanes;
+    if lanes.is_empty() && config.kinds.get(&args.kind).is_some_and(|k| k.plugin.is_some()) {
+        // No lanes given: the kind's plugin says which (e.g. the inbox).
+        let host = PluginHost::new(config)?;
+        host.apply(config).await?;
+        if let Some(executor) = host.registry().get(&args.kind) {
+            lanes = executor
+                .lanes(&args.kind, &args.outbox, &payload)
+                .await
+                .map_err(|e| CliError::Input(format!("kind {}: the plugin refused the op: {e}", args.kind)))?;
+        }
+    }
     let request = EnqueueRequest {
         kind: args.kind,
         outbox: args.outbox,
         priority,
-        lanes: args.lanes,
+        lanes,
         payload,
         idempotency_key: args.idempotency_key,
         coalesce_key: args.coalesce_key,

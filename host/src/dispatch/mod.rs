@@ -135,12 +135,23 @@ impl Dispatcher {
         }
     }
 
-    /// Enqueues ops and wakes their outboxes.
+    /// Enqueues ops and wakes their outboxes. An op without lanes gets the
+    /// lanes its kind's executor names for it.
     ///
     /// # Errors
     ///
-    /// The queue's error; nothing was enqueued.
+    /// The queue's error, or [`QueueError::InvalidOp`] when an executor
+    /// refuses an op; nothing was enqueued.
     pub async fn enqueue(&self, ops: &[NewOp]) -> Result<Vec<Enqueued>, QueueError> {
+        let mut ops = ops.to_vec();
+        for op in ops.iter_mut().filter(|op| op.lanes.is_empty()) {
+            if let Some(executor) = self.inner.executors.get(&op.kind) {
+                op.lanes = executor.lanes(&op.kind, &op.outbox, &op.payload).await.map_err(|e| {
+                    QueueError::InvalidOp(format!("kind {}: the executor refused the op: {e}", op.kind))
+                })?;
+            }
+        }
+        let ops = ops.as_slice();
         let results = self.inner.queue.enqueue(ops).await?;
         let outboxes: BTreeSet<&str> = ops
             .iter()

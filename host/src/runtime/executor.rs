@@ -50,24 +50,6 @@ impl WasmExecutor {
             config: self.config_json.clone(),
         }
     }
-
-    /// Asks the plugin which lanes an op will be ordered in.
-    ///
-    /// # Errors
-    ///
-    /// The plugin's refusal or failure, as text.
-    pub async fn lanes(&self, kind: &str, outbox: &str, payload: &str) -> Result<Vec<String>, String> {
-        let input = wit::OpInput {
-            kind: kind.to_owned(),
-            outbox: outbox.to_owned(),
-            payload: payload.to_owned(),
-            config: self.config_json.clone(),
-        };
-        match self.plugin.lanes(input).await {
-            Ok(result) => result,
-            Err(failure) => Err(failure.to_string()),
-        }
-    }
 }
 
 /// The WIT outcome in laneway's terms.
@@ -104,6 +86,19 @@ impl Executor for WasmExecutor {
             Ok(wit::Reconciled::Settled(o)) => Reconciled::Settled(outcome(o)),
             Ok(wit::Reconciled::Redeliver) => Reconciled::Redeliver,
             Err(failure) => Reconciled::Settled(failure.into_outcome()),
+        }
+    }
+
+    async fn lanes(&self, kind: &str, outbox: &str, payload: &str) -> Result<Vec<String>, String> {
+        let input = wit::OpInput {
+            kind: kind.to_owned(),
+            outbox: outbox.to_owned(),
+            payload: payload.to_owned(),
+            config: self.config_json.clone(),
+        };
+        match self.plugin.lanes(input).await {
+            Ok(result) => result,
+            Err(failure) => Err(failure.to_string()),
         }
     }
 

@@ -183,3 +183,55 @@ fn wit_versions_are_frozen() -> anyhow::Result<()> {
 }
 
 const FROZEN_1_0_0: &str = "17998fe83fbac751a00009ed61914d77dc1266cb763358eb3037668b4946135a";
+
+/// A component built against the frozen 1.0.0 contract, committed as built,
+/// still loads and serves: old plugins keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_built_against_1_0_0_keeps_loading() -> anyhow::Result<()> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/compat/laneway-plugin@1.0.0/noop.wasm");
+    let bytes = std::fs::read(&path)?;
+    let rt = runtime()?;
+    let plugin = rt
+        .load(
+            "compat",
+            &bytes,
+            &plugin_config(&path, "")?,
+            Arc::new(KeyStore::default()),
+            Arc::new(Health::default()),
+            3,
+        )
+        .map_err(|e| anyhow::anyhow!("the 1.0.0 fixture no longer loads: {e}"))?;
+    anyhow::ensure!(plugin.inspection.version == "1.0.0");
+    let outcome = plugin
+        .execute(op(1, "{}"), Arc::new(Recorder::default()))
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    use laneway::runtime::bindings::executor::laneway::plugin::types as wit;
+    anyhow::ensure!(matches!(outcome, wit::Outcome::Confirmed(_)), "{outcome:?}");
+    let description = plugin.describe().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    anyhow::ensure!(description.name == "noop", "{description:?}");
+    Ok(())
+}
+
+/// An op enqueued without lanes gets the lanes its kind's plugin names
+/// (the noop plugin orders by outbox).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_names_the_lanes_of_an_op_enqueued_without_any() -> anyhow::Result<()> {
+    let db = crate::support::sqlite_live().await?;
+    let config = config_with(&[("noop", "noop", "")], &[("noop", "noop")], "")?;
+    let host = laneway::runtime::host::PluginHost::new(&config)?;
+    host.apply(&config).await?;
+    let dispatcher = laneway::dispatch::Dispatcher::new(
+        db.queue.clone(),
+        host.registry(),
+        config,
+        Arc::new(laneway::clock::SystemClock),
+    );
+    let results = dispatcher
+        .enqueue(&[laneway::queue::NewOp::new("actor-9", "noop", "{}")])
+        .await?;
+    let op = db.queue.get(results[0].id()).await?.context("op")?;
+    anyhow::ensure!(op.lanes == vec!["actor-9".to_owned()], "{:?}", op.lanes);
+    dispatcher.shutdown();
+    Ok(())
+}
