@@ -55,6 +55,8 @@ pub struct RuntimeConfig {
     pub quarantine_after: u32,
     /// Debounce for reloads triggered by file changes.
     pub reload_debounce_ms: u64,
+    /// Wasm stack per call, for every plugin (an engine-wide setting).
+    pub max_wasm_stack_kib: u32,
 }
 
 /// `[plugins.NAME]`: one WebAssembly component and its sandbox.
@@ -68,9 +70,6 @@ pub struct PluginConfig {
     /// Per-call deadline, including host calls.
     #[serde(default = "default_plugin_timeout_ms")]
     pub timeout_ms: u64,
-    /// Wasm stack cap.
-    #[serde(default = "default_stack_kib")]
-    pub max_stack_kib: u32,
     /// Instruction budget per call (fee policies only).
     #[serde(default = "default_fuel")]
     pub fuel: u64,
@@ -109,10 +108,6 @@ fn default_memory_mib() -> u32 {
 
 fn default_plugin_timeout_ms() -> u64 {
     60_000
-}
-
-fn default_stack_kib() -> u32 {
-    512
 }
 
 fn default_fuel() -> u64 {
@@ -780,18 +775,18 @@ fn validate(config: &Config) -> Vec<Problem> {
             bad(path, "expected at least 1".to_owned());
         }
     }
+    if !(64..=8192).contains(&r.max_wasm_stack_kib) {
+        bad(
+            "runtime.max_wasm_stack_kib",
+            format!("expected 64 to 8192, got {}", r.max_wasm_stack_kib),
+        );
+    }
     for (name, plugin) in &config.plugins {
         let path = |key: &str| format!("plugins.{name}.{key}");
         if !(1..=4096).contains(&plugin.memory_mib) {
             bad(
                 &path("memory_mib"),
                 format!("expected 1 to 4096, got {}", plugin.memory_mib),
-            );
-        }
-        if !(16..=65536).contains(&plugin.max_stack_kib) {
-            bad(
-                &path("max_stack_kib"),
-                format!("expected 16 to 65536, got {}", plugin.max_stack_kib),
             );
         }
         for (key, value) in [

@@ -64,10 +64,6 @@ fn pooling(runtime: &RuntimeConfig) -> PoolingAllocationConfig {
     pool
 }
 
-/// Stack space wasm may use; a per-plugin `max_stack_kib` above this is
-/// capped here, since it is an engine-wide setting.
-pub const ENGINE_MAX_STACK: usize = 1 << 20;
-
 impl Engines {
     /// Builds both engines, falling back to on-demand allocation when the
     /// pooling allocator cannot reserve its address space (small hosts).
@@ -76,8 +72,9 @@ impl Engines {
     ///
     /// wasmtime's error when neither strategy works.
     pub fn new(runtime: &RuntimeConfig) -> wasmtime::Result<Self> {
+        let stack = usize::try_from(runtime.max_wasm_stack_kib).unwrap_or(1024) * 1024;
         let build = |fuel: bool, pool: bool| {
-            let mut config = base_config(fuel, ENGINE_MAX_STACK);
+            let mut config = base_config(fuel, stack);
             if pool {
                 config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(runtime)));
             }
