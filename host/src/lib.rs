@@ -13,6 +13,7 @@ pub mod dispatch;
 pub mod egress;
 pub mod enqueue;
 pub mod executor;
+pub mod fanout;
 pub mod keys;
 pub mod lanes;
 pub mod op;

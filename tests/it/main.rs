@@ -4,6 +4,7 @@
 //! `postgres://postgres@127.0.0.1:5432/test`) and fail, never skip, when it
 //! is unreachable.
 
+mod activitypub;
 mod backend_specific;
 mod cli;
 mod dispatch;

@@ -41,6 +41,8 @@ pub enum Command {
     Migrate,
     /// Put one op on the queue.
     Enqueue(EnqueueArgs),
+    /// Fan an activity out to its recipients: one op per distinct inbox.
+    Fanout(FanoutArgs),
     /// Inspect and act on ops.
     #[command(subcommand)]
     Ops(OpsCommand),
@@ -169,6 +171,32 @@ pub struct EnqueueArgs {
     /// Do not deliver before this many milliseconds from now.
     #[arg(long)]
     pub delay_ms: Option<u64>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `laneway fanout`
+#[derive(Debug, Args)]
+pub struct FanoutArgs {
+    /// Executor kind (default: activitypub).
+    #[arg(long, default_value = "activitypub")]
+    pub kind: String,
+    /// The sending actor (the outbox).
+    #[arg(long)]
+    pub outbox: String,
+    /// A recipient: INBOX, or INBOX=SHARED_INBOX; repeat for each.
+    #[arg(long = "to", required = true)]
+    pub recipients: Vec<String>,
+    /// The activity JSON file, or - for standard input.
+    #[arg(long, default_value = "-")]
+    pub activity: String,
+    /// critical, normal or low (default: the kind's).
+    #[arg(long)]
+    pub priority: Option<String>,
+    /// The user or actor the ops act for.
+    #[arg(long)]
+    pub subject: Option<String>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -315,6 +343,7 @@ pub async fn run(cli: Cli, io: Io<'_>) -> Result<(), CliError> {
             Ok(())
         }
         Command::Enqueue(args) => enqueue_cmd(&config, args, io).await,
+        Command::Fanout(args) => fanout_cmd(&config, args, io).await,
         Command::Ops(ops) => ops_cmd(&config, ops, io.stdout).await,
         Command::Run => run_cmd(config, file).await,
         Command::Plugin(PluginCommand::Check(args)) => plugin_check(&config, args, io.stdout).await,
@@ -353,18 +382,64 @@ fn parse_status(s: Option<&str>) -> Result<Option<Status>, CliError> {
         .transpose()
 }
 
+/// Reads a JSON document from a file, or from standard input for `-`.
+fn read_input(source: &str, what: &str, stdin: &mut dyn Read) -> Result<String, CliError> {
+    if source == "-" {
+        let mut text = String::new();
+        stdin
+            .read_to_string(&mut text)
+            .map_err(|e| CliError::Input(format!("cannot read the {what} from standard input: {e}")))?;
+        Ok(text)
+    } else {
+        std::fs::read_to_string(source).map_err(|e| CliError::Input(format!("cannot read {what} file {source}: {e}")))
+    }
+}
+
+async fn fanout_cmd(config: &Config, args: FanoutArgs, io: Io<'_>) -> Result<(), CliError> {
+    let priority = parse_priority(args.priority.as_deref())?;
+    let activity = read_input(&args.activity, "activity", io.stdin)?;
+    let kind = config.kind(&args.kind).map_err(CliError::Input)?;
+    let request = crate::fanout::FanOut {
+        kind: args.kind.clone(),
+        actor: args.outbox,
+        activity,
+        recipients: args
+            .recipients
+            .iter()
+            .map(|r| crate::fanout::Recipient::parse(r))
+            .collect(),
+        priority,
+        subject: args.subject,
+    };
+    let ops = crate::fanout::plan(&request, &kind.correlate_types(), kind.priority)
+        .map_err(|e| CliError::Input(e.to_string()))?;
+    for op in &ops {
+        queue::validate_new_op(op, config.limits())?;
+    }
+    let queue = open_checked(config).await?;
+    let results = queue.enqueue(&ops).await?;
+    if args.json {
+        let rows: Vec<_> = ops
+            .iter()
+            .zip(&results)
+            .map(|(op, r)| serde_json::json!({ "inbox": op.lanes[0], "enqueued": r }))
+            .collect();
+        return render::json(io.stdout, &rows);
+    }
+    for (op, result) in ops.iter().zip(results) {
+        let what = match result {
+            Enqueued::Created(id) => format!("op {id}"),
+            Enqueued::Existing(id) => format!("op {id} (already enqueued)"),
+            Enqueued::AlreadyPending(id) => format!("declined: op {id} is already pending"),
+        };
+        writeln!(io.stdout, "{}: {what}", op.lanes[0])?;
+    }
+    Ok(())
+}
+
 async fn enqueue_cmd(config: &Config, args: EnqueueArgs, io: Io<'_>) -> Result<(), CliError> {
     let priority = parse_priority(args.priority.as_deref())?;
-    let payload = if args.payload == "-" {
-        let mut text = String::new();
-        io.stdin
-            .read_to_string(&mut text)
-            .map_err(|e| CliError::Input(format!("cannot read the payload from standard input: {e}")))?;
-        text
-    } else {
-        std::fs::read_to_string(&args.payload)
-            .map_err(|e| CliError::Input(format!("cannot read payload file {}: {e}", args.payload)))?
-    };
+    let payload = read_input(&args.payload, "payload", io.stdin)?;
     let not_before = args
         .delay_ms
         .map(|ms| Utc::now() + chrono::Duration::milliseconds(i64::try_from(ms).unwrap_or(i64::MAX)));

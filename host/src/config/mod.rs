@@ -318,6 +318,18 @@ impl KindConfig {
         }
     }
 
+    /// Object types whose id becomes a fan-out's correlation id
+    /// (`config.correlate_types`, default `["CaseLedgerEntry"]`).
+    pub fn correlate_types(&self) -> Vec<String> {
+        match self.config.get("correlate_types").and_then(toml::Value::as_array) {
+            Some(types) => types.iter().filter_map(|t| t.as_str().map(str::to_owned)).collect(),
+            None => crate::fanout::DEFAULT_CORRELATE_TYPES
+                .iter()
+                .map(|t| (*t).to_owned())
+                .collect(),
+        }
+    }
+
     /// The kind's plugin settings as JSON text, for the plugin.
     pub fn config_json(&self) -> String {
         serde_json::to_string(&self.config).unwrap_or_else(|_| "{}".to_owned())

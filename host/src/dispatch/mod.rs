@@ -165,6 +165,20 @@ impl Dispatcher {
         Ok(results)
     }
 
+    /// Fans an activity out to its recipients: one op per distinct delivery
+    /// inbox (see [`crate::fanout`]), enqueued in one transaction.
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError::InvalidOp`] for an unknown kind or a malformed request.
+    pub async fn fan_out(&self, request: &crate::fanout::FanOut) -> Result<Vec<Enqueued>, QueueError> {
+        let config = self.inner.config.load();
+        let kind = config.kind(&request.kind).map_err(QueueError::InvalidOp)?;
+        let ops = crate::fanout::plan(request, &kind.correlate_types(), kind.priority)
+            .map_err(|e| QueueError::InvalidOp(e.to_string()))?;
+        self.enqueue(&ops).await
+    }
+
     /// Runs until [`Dispatcher::shutdown`]: listens for wake-ups, polls for
     /// due work and expired leases, and on shutdown waits for every drain to
     /// finish its in-flight ops (up to the grace period).

@@ -1,0 +1,224 @@
+//! ActivityPub fan-out: one activity to many recipients becomes one op per
+//! distinct delivery inbox, each ordered in that inbox's lane.
+//!
+//! Pure. Shared inboxes are de-duplicated as Mastodon does (each recipient's
+//! shared inbox if it has one, else its own inbox). The activity id makes
+//! the fan-out idempotent per inbox; an `Announce` of an object already
+//! pending to an inbox is declined (seed 000 SYNC-15-012); the id of a
+//! configured object type (default `CaseLedgerEntry`) becomes the ops'
+//! correlation id, so a dead letter names what it failed to replicate.
+
+use serde_json::Value;
+
+use crate::op::Priority;
+use crate::queue::NewOp;
+
+/// One addressee.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recipient {
+    /// The actor's own inbox.
+    pub inbox: String,
+    /// The actor's server's shared inbox, if it has one.
+    pub shared_inbox: Option<String>,
+}
+
+impl Recipient {
+    /// Parses `INBOX` or `INBOX=SHARED_INBOX`.
+    pub fn parse(text: &str) -> Self {
+        match text.split_once('=') {
+            Some((inbox, shared)) if !shared.is_empty() => Recipient {
+                inbox: inbox.to_owned(),
+                shared_inbox: Some(shared.to_owned()),
+            },
+            _ => Recipient {
+                inbox: text.trim_end_matches('=').to_owned(),
+                shared_inbox: None,
+            },
+        }
+    }
+
+    /// Where a delivery to this recipient goes.
+    pub fn delivery_inbox(&self) -> &str {
+        self.shared_inbox
+            .as_deref()
+            .filter(|s| !s.is_empty())
+            .unwrap_or(&self.inbox)
+    }
+}
+
+/// A fan-out request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FanOut {
+    /// The executor kind (e.g. `activitypub`).
+    pub kind: String,
+    /// The sending actor (the outbox).
+    pub actor: String,
+    /// The activity, as JSON text (sent verbatim).
+    pub activity: String,
+    /// The addressees.
+    pub recipients: Vec<Recipient>,
+    /// Priority tier (the kind's default when `None`).
+    pub priority: Option<Priority>,
+    /// The user or actor the ops act for.
+    pub subject: Option<String>,
+}
+
+/// Why a fan-out was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FanOutError {
+    /// The activity is not a JSON object.
+    #[error("the activity is not a JSON object: {0}")]
+    NotAnActivity(String),
+    /// No recipient was given.
+    #[error("the activity has no recipients")]
+    NoRecipients,
+    /// A recipient's inbox is not an http(s) URL.
+    #[error("recipient inbox {0:?} is not an http(s) URL")]
+    BadInbox(String),
+}
+
+/// Object types whose id becomes the correlation id when a kind's config
+/// does not say (`correlate_types = [...]`).
+pub const DEFAULT_CORRELATE_TYPES: [&str; 1] = ["CaseLedgerEntry"];
+
+fn str_field<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v.get(key).and_then(Value::as_str)
+}
+
+/// The ops a fan-out makes, one per distinct delivery inbox, in the order
+/// recipients were given.
+///
+/// # Errors
+///
+/// [`FanOutError`] for a malformed activity or recipient list.
+pub fn plan(
+    request: &FanOut,
+    correlate_types: &[String],
+    default_priority: Priority,
+) -> Result<Vec<NewOp>, FanOutError> {
+    let activity: Value =
+        serde_json::from_str(&request.activity).map_err(|e| FanOutError::NotAnActivity(e.to_string()))?;
+    if !activity.is_object() {
+        return Err(FanOutError::NotAnActivity("expected an object".into()));
+    }
+    if request.recipients.is_empty() {
+        return Err(FanOutError::NoRecipients);
+    }
+    let id = str_field(&activity, "id");
+    let kind = str_field(&activity, "type");
+    let object = activity.get("object");
+    let object_id = object.and_then(|o| o.as_str().or_else(|| str_field(o, "id")));
+    let object_type = object.and_then(|o| str_field(o, "type"));
+    let correlation_id = match (object_type, object_id) {
+        (Some(t), Some(oid)) if correlate_types.iter().any(|c| c == t) => Some(oid.to_owned()),
+        _ => None,
+    };
+    let mut inboxes: Vec<&str> = Vec::new();
+    for r in &request.recipients {
+        let inbox = r.delivery_inbox();
+        if !(inbox.starts_with("https://") || inbox.starts_with("http://")) {
+            return Err(FanOutError::BadInbox(inbox.to_owned()));
+        }
+        if !inboxes.contains(&inbox) {
+            inboxes.push(inbox);
+        }
+    }
+    Ok(inboxes
+        .into_iter()
+        .map(|inbox| NewOp {
+            outbox: request.actor.clone(),
+            kind: request.kind.clone(),
+            priority: request.priority.unwrap_or(default_priority),
+            lanes: vec![inbox.to_owned()],
+            payload: request.activity.clone(),
+            idempotency_key: id.map(|id| format!("{id} -> {inbox}")),
+            coalesce_key: match (kind, object_id) {
+                (Some("Announce"), Some(oid)) => Some(format!("announce {oid} -> {inbox}")),
+                _ => None,
+            },
+            subject: request.subject.clone(),
+            correlation_id: correlation_id.clone(),
+            not_before: None,
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(activity: &str, recipients: &[&str]) -> FanOut {
+        FanOut {
+            kind: "activitypub".into(),
+            actor: "https://cm.example/actor".into(),
+            activity: activity.into(),
+            recipients: recipients.iter().map(|r| Recipient::parse(r)).collect(),
+            priority: None,
+            subject: None,
+        }
+    }
+
+    const ANNOUNCE: &str =
+        r#"{"id":"https://cm.example/a/15","type":"Announce","object":{"type":"CaseLedgerEntry","id":"urn:entry:15"}}"#;
+
+    #[test]
+    fn shared_inboxes_are_delivered_to_once() {
+        let shared = "https://big.example/inbox";
+        let recipients: Vec<String> = (0..5)
+            .map(|i| format!("https://big.example/users/u{i}/inbox={shared}"))
+            .collect();
+        let mut all: Vec<&str> = recipients.iter().map(String::as_str).collect();
+        all.push("https://small.example/users/a/inbox");
+        let ops = plan(&request(ANNOUNCE, &all), &["CaseLedgerEntry".into()], Priority::Normal).unwrap();
+        let lanes: Vec<&str> = ops.iter().map(|o| o.lanes[0].as_str()).collect();
+        assert_eq!(lanes, vec![shared, "https://small.example/users/a/inbox"]);
+    }
+
+    #[test]
+    fn ledger_entries_correlate_and_announces_coalesce_per_inbox() {
+        let ops = plan(
+            &request(ANNOUNCE, &["https://a.example/inbox"]),
+            &["CaseLedgerEntry".into()],
+            Priority::Normal,
+        )
+        .unwrap();
+        assert_eq!(ops[0].correlation_id.as_deref(), Some("urn:entry:15"));
+        assert_eq!(
+            ops[0].coalesce_key.as_deref(),
+            Some("announce urn:entry:15 -> https://a.example/inbox")
+        );
+        assert_eq!(
+            ops[0].idempotency_key.as_deref(),
+            Some("https://cm.example/a/15 -> https://a.example/inbox")
+        );
+        assert_eq!(ops[0].payload, ANNOUNCE);
+        let create = r#"{"id":"x","type":"Create","object":{"type":"Note","id":"n"}}"#;
+        let ops = plan(
+            &request(create, &["https://a.example/inbox"]),
+            &["CaseLedgerEntry".into()],
+            Priority::Low,
+        )
+        .unwrap();
+        assert_eq!(
+            (ops[0].correlation_id.as_deref(), ops[0].coalesce_key.as_deref()),
+            (None, None)
+        );
+        assert_eq!(ops[0].priority, Priority::Low);
+    }
+
+    #[test]
+    fn bad_requests_are_refused() {
+        assert!(matches!(
+            plan(&request("[1]", &["https://a/i"]), &[], Priority::Normal),
+            Err(FanOutError::NotAnActivity(_))
+        ));
+        assert_eq!(
+            plan(&request("{}", &[]), &[], Priority::Normal),
+            Err(FanOutError::NoRecipients)
+        );
+        assert!(matches!(
+            plan(&request("{}", &["ftp://x"]), &[], Priority::Normal),
+            Err(FanOutError::BadInbox(_))
+        ));
+    }
+}

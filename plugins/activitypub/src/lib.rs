@@ -1,0 +1,203 @@
+//! ActivityPub delivery: POSTs an op's activity to its inbox (the op's lane),
+//! signed with an HTTP Signature (draft-cavage, `rsa-sha256`, headers
+//! `(request-target) host date digest content-type`) made by the host's
+//! signer, so the actor's private key never enters this plugin. The response
+//! is classified as Mastodon does, configurable per kind.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use base64::Engine as _;
+use laneway_sdk::http::{self, Request};
+use laneway_sdk::signer::{self, Algorithm};
+use laneway_sdk::{Confirmation, Executor, Failure, Op, OpInput, Outcome, Retry};
+use serde::Deserialize;
+use sha2::Digest as _;
+
+/// How much of a response body an attempt record keeps.
+const BODY_KEPT: usize = 1024;
+
+/// The signing identity of one actor.
+#[derive(Debug, Clone, Deserialize)]
+struct Actor {
+    /// The host key id to sign with.
+    key: String,
+    /// The signature's `keyId` (the actor's public key URL).
+    key_id: String,
+}
+
+/// The kind's `config` table.
+#[derive(Debug, Deserialize)]
+struct Config {
+    /// Default signing identity.
+    #[serde(flatten)]
+    default: Option<Actor>,
+    /// Per-outbox (actor id) identities.
+    #[serde(default)]
+    actors: BTreeMap<String, Actor>,
+    /// Statuses that dead-letter at once (default: 4xx except the
+    /// retryable ones, and 501).
+    #[serde(default)]
+    permanent_statuses: Option<Vec<u16>>,
+    /// Statuses that retry (default: 401, 408, 429 and 5xx except 501).
+    #[serde(default)]
+    retryable_statuses: Option<Vec<u16>>,
+}
+
+impl Config {
+    fn actor(&self, outbox: &str) -> Option<&Actor> {
+        self.actors.get(outbox).or(self.default.as_ref())
+    }
+
+    fn classify(&self, status: u16) -> Class {
+        if (200..300).contains(&status) {
+            return Class::Delivered;
+        }
+        if self.permanent_statuses.as_ref().is_some_and(|s| s.contains(&status)) {
+            return Class::Permanent;
+        }
+        if self.retryable_statuses.as_ref().is_some_and(|s| s.contains(&status)) {
+            return Class::Retryable;
+        }
+        match status {
+            401 | 408 | 429 => Class::Retryable,
+            501 => Class::Permanent,
+            400..=499 => Class::Permanent,
+            _ => Class::Retryable,
+        }
+    }
+}
+
+enum Class {
+    Delivered,
+    Retryable,
+    Permanent,
+}
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// `https://host:port/path?q` → (`host:port`, `/path?q`).
+fn split_url(url: &str) -> Option<(String, String)> {
+    let rest = url.split_once("://")?.1;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    (!authority.is_empty()).then(|| (authority.to_owned(), path.to_owned()))
+}
+
+/// `Retry-After` as a wait: delta-seconds or an HTTP date.
+fn retry_after(headers: &[(String, String)], now: SystemTime) -> Option<Duration> {
+    let value = headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("retry-after"))?
+        .1
+        .trim()
+        .to_owned();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(&value).ok()?;
+    Some(at.duration_since(now).unwrap_or_default())
+}
+
+fn permanent(reason: String, detail: Option<String>) -> Outcome {
+    Outcome::Permanent(Failure { reason, detail })
+}
+
+fn retryable(reason: String, detail: Option<String>, after: Option<Duration>) -> Outcome {
+    Outcome::Retryable(Retry {
+        reason,
+        retry_after_ms: after.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        detail,
+        fee_bump: false,
+    })
+}
+
+fn body_prefix(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&body[..body.len().min(BODY_KEPT)]).into_owned();
+    text.trim().to_owned()
+}
+
+struct ActivityPub;
+
+impl Executor for ActivityPub {
+    fn describe() -> laneway_sdk::Description {
+        laneway_sdk::describe("activitypub", env!("CARGO_PKG_VERSION"), &["activitypub"])
+    }
+
+    fn lanes(_input: OpInput) -> Result<Vec<String>, String> {
+        Err(
+            "an activitypub op is ordered by its inbox: give the inbox as the op's lane (laneway's fan-out does)"
+                .into(),
+        )
+    }
+
+    fn execute(op: Op) -> Outcome {
+        let config: Config = match serde_json::from_str(&op.config) {
+            Ok(c) => c,
+            Err(e) => return permanent(format!("bad kind config: {e}"), None),
+        };
+        let Some(inbox) = op.lanes.first().cloned() else {
+            return permanent("the op has no inbox lane".into(), None);
+        };
+        let Some((host, path)) = split_url(&inbox) else {
+            return permanent(format!("inbox {inbox:?} is not a URL"), None);
+        };
+        let Some(actor) = config.actor(&op.outbox) else {
+            return permanent(format!("no signing key is configured for actor {}", op.outbox), None);
+        };
+        let body = op.payload.into_bytes();
+        let now = SystemTime::now();
+        let date = httpdate::fmt_http_date(now);
+        let digest = format!("SHA-256={}", b64(&sha2::Sha256::digest(&body)));
+        let content_type = "application/activity+json";
+        let signing_string = format!(
+            "(request-target): post {path}\nhost: {host}\ndate: {date}\ndigest: {digest}\ncontent-type: {content_type}"
+        );
+        let signature = match signer::sign(&actor.key, Algorithm::RsaSha256, signing_string.as_bytes()) {
+            Ok(s) => s,
+            Err(e) => return permanent(format!("cannot sign with key {:?}: {e:?}", actor.key), None),
+        };
+        let header = format!(
+            "keyId=\"{}\",algorithm=\"rsa-sha256\",headers=\"(request-target) host date digest content-type\",signature=\"{}\"",
+            actor.key_id,
+            b64(&signature)
+        );
+        let request = Request {
+            method: "POST".into(),
+            url: inbox.clone(),
+            headers: vec![
+                ("content-type".into(), content_type.into()),
+                ("accept".into(), "application/activity+json".into()),
+                ("date".into(), date),
+                ("host".into(), host),
+                ("digest".into(), digest),
+                ("signature".into(), header),
+            ],
+            body,
+        };
+        match http::send(&request) {
+            Ok(response) => {
+                let status = response.status;
+                let detail = Some(status.to_string());
+                match config.classify(status) {
+                    Class::Delivered => Outcome::Confirmed(Confirmation { receipt: None, detail }),
+                    Class::Permanent => permanent(format!("HTTP {status}: {}", body_prefix(&response.body)), detail),
+                    Class::Retryable => retryable(
+                        format!("HTTP {status}: {}", body_prefix(&response.body)),
+                        detail,
+                        retry_after(&response.headers, now),
+                    ),
+                }
+            }
+            Err(http::Error::Denied(why)) => permanent(format!("destination refused by the host: {why}"), None),
+            Err(e) => retryable(format!("{e:?}"), None, None),
+        }
+    }
+}
+
+laneway_sdk::executor!(ActivityPub);

@@ -1,0 +1,361 @@
+//! ActivityPub delivery end to end: the real `activitypub` plugin in the
+//! host, signing through the host signer, against a fake inbox that checks
+//! every signature, on SQLite and PostgreSQL.
+
+mod fake_inbox;
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use anyhow::{ensure, Context};
+use axum::http::{HeaderMap, HeaderValue, Method, Uri};
+use base64::Engine as _;
+use laneway::fanout::{FanOut, Recipient};
+use laneway::op::{AttemptClass, OpId, Status};
+use laneway::queue::Enqueued;
+use laneway::runtime::host::PluginHost;
+use rsa::pkcs8::EncodePrivateKey as _;
+use rsa::signature::{SignatureEncoding as _, Signer as _};
+use sha2::Digest as _;
+
+use crate::dispatch::harness::{settle, Running};
+use crate::support::TestDb;
+use fake_inbox::{FakeInbox, Reply};
+
+const KEY_ID: &str = "https://cm.example/actor#main-key";
+const ACTOR: &str = "https://cm.example/actor";
+
+/// One RSA key for the whole run (generating one is slow): its PEM file and key.
+fn actor_key() -> anyhow::Result<&'static (tempfile::TempDir, PathBuf, rsa::RsaPrivateKey)> {
+    static KEY: OnceLock<(tempfile::TempDir, PathBuf, rsa::RsaPrivateKey)> = OnceLock::new();
+    if let Some(k) = KEY.get() {
+        return Ok(k);
+    }
+    let key = rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 2048)?;
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("actor.pem");
+    std::fs::write(&path, key.to_pkcs8_pem(Default::default())?.as_bytes())?;
+    Ok(KEY.get_or_init(|| (dir, path, key)))
+}
+
+struct Ap {
+    db: TestDb,
+    fake: FakeInbox,
+    base: String,
+    running: Running,
+}
+
+async fn setup(db: TestDb, kind_extra: &str) -> anyhow::Result<Ap> {
+    let (_, pem, key) = actor_key()?;
+    let fake = FakeInbox::default();
+    fake.trust(KEY_ID, key.to_public_key());
+    let base = fake.serve().await?;
+    let config = laneway::config::from_layers(&[
+        "[queue]\nlease_ms = 5000\n[dispatch]\npoll_ms = 25\nslot_ttl_ms = 2000\nshutdown_grace_ms = 300\n",
+        &format!(
+            "[keys.actor]\nalgorithm = \"rsa-sha256\"\nfile = {:?}\n\
+             [plugins.ap]\npath = {:?}\nallowed_hosts = [\"http://127.0.0.1:*\"]\nallowed_internal = [\"127.0.0.1\"]\nkeys = [\"actor\"]\n\
+             [kinds.activitypub]\nplugin = \"ap\"\nbackoff_base_ms = 20\nbackoff_max_ms = 50\n\
+             config = {{ key = \"actor\", key_id = \"{KEY_ID}\" }}\n{kind_extra}",
+            pem.display().to_string(),
+            crate::runtime::wasm("activitypub")?.display().to_string(),
+        ),
+    ])?;
+    let host = PluginHost::new(&config)?;
+    host.apply(&config).await?;
+    let running = Running::start(db.queue.clone(), host.registry(), config);
+    Ok(Ap {
+        db,
+        fake,
+        base,
+        running,
+    })
+}
+
+fn announce(id: &str, entry: u32) -> String {
+    serde_json::json!({
+        "@context": "https://www.w3.org/ns/activitystreams",
+        "id": id,
+        "type": "Announce",
+        "actor": ACTOR,
+        "object": { "type": "CaseLedgerEntry", "id": format!("urn:ledger:entry:{entry}"), "position": entry },
+    })
+    .to_string()
+}
+
+impl Ap {
+    fn inbox(&self, who: &str) -> String {
+        format!("{}/users/{who}/inbox", self.base)
+    }
+
+    async fn fan_out(&self, activity: String, to: &[String]) -> anyhow::Result<Vec<Enqueued>> {
+        Ok(self
+            .running
+            .dispatcher
+            .fan_out(&FanOut {
+                kind: "activitypub".into(),
+                actor: ACTOR.into(),
+                activity,
+                recipients: to.iter().map(|r| Recipient::parse(r)).collect(),
+                priority: None,
+                subject: None,
+            })
+            .await?)
+    }
+}
+
+/// Ledger positions that reached `who`, in arrival order.
+fn positions(fake: &FakeInbox, who: &str) -> Vec<u64> {
+    fake.arrivals(&format!("/users/{who}/inbox"))
+        .iter()
+        .filter_map(|a| a.body["object"]["position"].as_u64())
+        .collect()
+}
+
+crate::on_both_backends!(
+    live:
+    seed_000_fvcv_every_participant_gets_the_ledger_in_chain_order,
+    a_hanging_inbox_delays_only_itself,
+    two_500s_then_202_keep_order_and_record_the_failures,
+    gone_dead_letters_with_its_ledger_entry_and_429_waits_as_asked,
+    a_shared_inbox_gets_one_post_for_five_recipients,
+    a_replayed_announce_already_pending_is_declined,
+);
+
+async fn seed_000_fvcv_every_participant_gets_the_ledger_in_chain_order(db: TestDb) -> anyhow::Result<()> {
+    let ap = setup(db, "").await?;
+    let (finder, coord, vendor) = (ap.inbox("finder"), ap.inbox("coordinator"), ap.inbox("vendor"));
+    // A 14-entry backfill to the Coordinator, then new entries to everyone.
+    for n in 0..14 {
+        ap.fan_out(
+            announce(&format!("{ACTOR}/backfill/{n}"), n),
+            std::slice::from_ref(&coord),
+        )
+        .await?;
+    }
+    for n in 14..20 {
+        ap.fan_out(
+            announce(&format!("{ACTOR}/announce/{n}"), n),
+            &[finder.clone(), coord.clone(), vendor.clone()],
+        )
+        .await?;
+    }
+    // A busy Coordinator fails a couple of times on the way.
+    ap.fake.script(
+        "/users/coordinator/inbox",
+        [
+            Reply::Accept,
+            Reply::Accept,
+            Reply::Status(500),
+            Reply::Accept,
+            Reply::Status(503),
+        ],
+    );
+    for _ in 0..8 {
+        ap.running.dispatcher.trigger(ACTOR);
+    }
+    settle(ap.db.queue.as_ref(), Duration::from_secs(30)).await?;
+    ap.running.stop().await?;
+    ensure!(
+        ap.fake.rejections().is_empty(),
+        "signature checks failed: {:?}",
+        ap.fake.rejections()
+    );
+    ensure!(
+        positions(&ap.fake, "coordinator") == (0..20).collect::<Vec<_>>(),
+        "{:?}",
+        positions(&ap.fake, "coordinator")
+    );
+    ensure!(
+        positions(&ap.fake, "finder") == (14..20).collect::<Vec<_>>(),
+        "{:?}",
+        positions(&ap.fake, "finder")
+    );
+    ensure!(
+        positions(&ap.fake, "vendor") == (14..20).collect::<Vec<_>>(),
+        "{:?}",
+        positions(&ap.fake, "vendor")
+    );
+    ensure!(ap.fake.duplicates() == 0, "{} duplicates", ap.fake.duplicates());
+    Ok(())
+}
+
+async fn a_hanging_inbox_delays_only_itself(db: TestDb) -> anyhow::Result<()> {
+    let ap = setup(db, "").await?;
+    ap.fake
+        .script("/users/slow/inbox", [Reply::Hang(Duration::from_secs(30))]);
+    let to = [ap.inbox("slow"), ap.inbox("b"), ap.inbox("c")];
+    for n in 0..5 {
+        ap.fan_out(announce(&format!("{ACTOR}/announce/{n}"), n), &to).await?;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while positions(&ap.fake, "b").len() < 5 || positions(&ap.fake, "c").len() < 5 {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "b {:?} c {:?}",
+            positions(&ap.fake, "b"),
+            positions(&ap.fake, "c")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    ensure!(positions(&ap.fake, "slow").is_empty(), "the hanging inbox moved");
+    ensure!(
+        ap.fake.posts("/users/slow/inbox") == 1,
+        "only the hanging request went to it"
+    );
+    ap.running.stop().await?;
+    Ok(())
+}
+
+async fn two_500s_then_202_keep_order_and_record_the_failures(db: TestDb) -> anyhow::Result<()> {
+    let ap = setup(db, "").await?;
+    ap.fake
+        .script("/users/a/inbox", [Reply::Status(500), Reply::Status(500)]);
+    let mut first: Option<OpId> = None;
+    for n in 0..3 {
+        let r = ap
+            .fan_out(announce(&format!("{ACTOR}/announce/{n}"), n), &[ap.inbox("a")])
+            .await?;
+        first.get_or_insert(r[0].id());
+    }
+    settle(ap.db.queue.as_ref(), Duration::from_secs(15)).await?;
+    ap.running.stop().await?;
+    ensure!(
+        positions(&ap.fake, "a") == vec![0, 1, 2],
+        "{:?}",
+        positions(&ap.fake, "a")
+    );
+    let history = ap.db.queue.attempts(first.context("op")?).await?;
+    let summary: Vec<(AttemptClass, Option<String>)> = history
+        .iter()
+        .map(|a| (a.record.class, a.record.detail.clone()))
+        .collect();
+    ensure!(
+        summary
+            == vec![
+                (AttemptClass::Retryable, Some("500".into())),
+                (AttemptClass::Retryable, Some("500".into())),
+                (AttemptClass::Confirmed, Some("202".into()))
+            ],
+        "{summary:?}"
+    );
+    ensure!(ap.fake.rejections().is_empty());
+    Ok(())
+}
+
+async fn gone_dead_letters_with_its_ledger_entry_and_429_waits_as_asked(db: TestDb) -> anyhow::Result<()> {
+    let ap = setup(db, "").await?;
+    ap.fake.script("/users/gone/inbox", [Reply::Status(410)]);
+    ap.fake.script("/users/busy/inbox", [Reply::TooMany("2".into())]);
+    let gone = ap
+        .fan_out(announce(&format!("{ACTOR}/announce/7"), 7), &[ap.inbox("gone")])
+        .await?[0]
+        .id();
+    let busy = ap
+        .fan_out(announce(&format!("{ACTOR}/announce/8"), 8), &[ap.inbox("busy")])
+        .await?[0]
+        .id();
+    settle(ap.db.queue.as_ref(), Duration::from_secs(15)).await?;
+    ap.running.stop().await?;
+    let dead = ap.db.queue.get(gone).await?.context("op")?;
+    ensure!(dead.status == Status::Failed && dead.attempts == 1, "{dead:?}");
+    ensure!(dead.correlation_id.as_deref() == Some("urn:ledger:entry:7"), "{dead:?}");
+    ensure!(
+        dead.last_error.as_deref().is_some_and(|e| e.starts_with("HTTP 410")),
+        "{dead:?}"
+    );
+    let history = ap.db.queue.attempts(busy).await?;
+    ensure!(
+        history.len() == 2 && history[0].record.detail.as_deref() == Some("429"),
+        "{history:?}"
+    );
+    let waited = history[1].record.started_at - history[0].record.finished_at;
+    ensure!(waited >= chrono::Duration::seconds(2), "retried after {waited}");
+    Ok(())
+}
+
+async fn a_shared_inbox_gets_one_post_for_five_recipients(db: TestDb) -> anyhow::Result<()> {
+    let ap = setup(db, "").await?;
+    let shared = format!("{}/inbox", ap.base);
+    let recipients: Vec<String> = (0..5)
+        .map(|i| format!("{}={shared}", ap.inbox(&format!("u{i}"))))
+        .collect();
+    let ops = ap
+        .fan_out(announce(&format!("{ACTOR}/announce/1"), 1), &recipients)
+        .await?;
+    ensure!(ops.len() == 1, "{ops:?}");
+    settle(ap.db.queue.as_ref(), Duration::from_secs(10)).await?;
+    ap.running.stop().await?;
+    ensure!(ap.fake.posts("/inbox") == 1);
+    ensure!((0..5).all(|i| ap.fake.posts(&format!("/users/u{i}/inbox")) == 0));
+    Ok(())
+}
+
+async fn a_replayed_announce_already_pending_is_declined(db: TestDb) -> anyhow::Result<()> {
+    let ap = setup(db, "").await?;
+    ap.fake
+        .script("/users/coordinator/inbox", [Reply::Hang(Duration::from_secs(30))]);
+    let coord = ap.inbox("coordinator");
+    let first = ap
+        .fan_out(
+            announce(&format!("{ACTOR}/announce/5"), 5),
+            std::slice::from_ref(&coord),
+        )
+        .await?;
+    ensure!(matches!(first.as_slice(), [Enqueued::Created(_)]), "{first:?}");
+    // A Reject-triggered replay of the same entry while it is still pending.
+    let replay = ap
+        .fan_out(announce(&format!("{ACTOR}/replay/5"), 5), std::slice::from_ref(&coord))
+        .await?;
+    ensure!(replay == vec![Enqueued::AlreadyPending(first[0].id())], "{replay:?}");
+    // The same activity again is the same op (idempotent per inbox).
+    let again = ap
+        .fan_out(announce(&format!("{ACTOR}/announce/5"), 5), &[coord])
+        .await?;
+    ensure!(again == vec![Enqueued::Existing(first[0].id())], "{again:?}");
+    ap.running.stop().await?;
+    Ok(())
+}
+
+/// The fake's check can fail: a correctly signed request passes, a tampered
+/// body, a different path or an unknown key does not.
+#[test]
+fn the_fake_inbox_rejects_wrongly_signed_requests() -> anyhow::Result<()> {
+    let (_, _, key) = actor_key()?;
+    let fake = FakeInbox::default();
+    fake.trust(KEY_ID, key.to_public_key());
+    let body = br#"{"id":"x","type":"Create"}"#;
+    let sign = |path: &str, body: &[u8], key_id: &str| -> anyhow::Result<HeaderMap> {
+        let date = httpdate::fmt_http_date(std::time::SystemTime::now());
+        let digest = format!(
+            "SHA-256={}",
+            base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(body))
+        );
+        let text = format!("(request-target): post {path}\nhost: inbox.example\ndate: {date}\ndigest: {digest}");
+        let signer = rsa::pkcs1v15::SigningKey::<sha2::Sha256>::new(key.clone());
+        let signature = base64::engine::general_purpose::STANDARD.encode(signer.sign(text.as_bytes()).to_vec());
+        let mut headers = HeaderMap::new();
+        headers.insert("host", HeaderValue::from_static("inbox.example"));
+        headers.insert("date", HeaderValue::from_str(&date)?);
+        headers.insert("digest", HeaderValue::from_str(&digest)?);
+        headers.insert(
+            "signature",
+            HeaderValue::from_str(&format!(
+                "keyId=\"{key_id}\",algorithm=\"rsa-sha256\",headers=\"(request-target) host date digest\",signature=\"{signature}\""
+            ))?,
+        );
+        Ok(headers)
+    };
+    let uri: Uri = "/users/a/inbox".parse()?;
+    let good = sign("/users/a/inbox", body, KEY_ID)?;
+    ensure!(fake.verify(&Method::POST, &uri, &good, body).is_ok());
+    ensure!(fake.verify(&Method::POST, &uri, &good, br#"{"id":"y"}"#) == Err("digest mismatch".into()));
+    let elsewhere = sign("/users/b/inbox", body, KEY_ID)?;
+    ensure!(fake.verify(&Method::POST, &uri, &elsewhere, body) == Err("bad signature".into()));
+    let stranger = sign("/users/a/inbox", body, "https://evil.example/key")?;
+    ensure!(fake
+        .verify(&Method::POST, &uri, &stranger, body)
+        .is_err_and(|e| e.contains("unknown keyId")));
+    Ok(())
+}
