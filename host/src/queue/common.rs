@@ -3,7 +3,8 @@
 
 use chrono::{DateTime, SubsecRound, Utc};
 
-use super::{Limits, NewOp, QueueError};
+use super::{Cas, ExpireTo, Finish, Limits, NewOp, QueueError};
+use crate::op::{state, truncate_error, OpId, Priority, Status, Transition};
 
 /// Longest outbox, kind, lane, key, subject or correlation id accepted.
 const MAX_NAME_BYTES: usize = 2048;
@@ -94,6 +95,117 @@ pub fn now_ms(clock: &dyn crate::clock::Clock) -> DateTime<Utc> {
 /// A std duration as a chrono one, saturating instead of failing.
 pub fn chrono_duration(d: std::time::Duration) -> chrono::Duration {
     chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+}
+
+/// What a [`Finish`] writes, the same on both backends.
+pub struct FinishParams {
+    /// The transition (its `from` is the expected status).
+    pub transition: Transition,
+    /// A receipt replacing the checkpointed one.
+    pub receipt: Option<String>,
+    /// Error text, truncated.
+    pub error: Option<String>,
+    /// The next attempt time (retries only).
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    /// 1 when the next attempt pays a bumped fee.
+    pub fee_bump: i32,
+    /// Hold the op's lanes (dead letters under `poison = "halt"`).
+    pub halt_lanes: bool,
+}
+
+impl FinishParams {
+    /// The parameters of one finish.
+    pub fn of(finish: &Finish) -> Self {
+        match finish {
+            Finish::Confirm { receipt } => Self {
+                transition: Transition::Confirm,
+                receipt: receipt.clone(),
+                error: None,
+                next_attempt_at: None,
+                fee_bump: 0,
+                halt_lanes: false,
+            },
+            Finish::Retry {
+                next_attempt_at,
+                error,
+                fee_bump,
+            } => Self {
+                transition: Transition::Retry,
+                receipt: None,
+                error: Some(truncate_error(error)),
+                next_attempt_at: Some(*next_attempt_at),
+                fee_bump: i32::from(*fee_bump),
+                halt_lanes: false,
+            },
+            Finish::Fail { error, halt_lanes } => Self {
+                transition: Transition::Fail,
+                receipt: None,
+                error: Some(truncate_error(error)),
+                next_attempt_at: None,
+                fee_bump: 0,
+                halt_lanes: *halt_lanes,
+            },
+        }
+    }
+}
+
+/// Where an expired lease sends its op: the transition, when it is due
+/// again, and whether its lanes are held.
+pub fn expire_params(to: ExpireTo, now: DateTime<Utc>) -> (Transition, DateTime<Utc>, bool) {
+    match to {
+        ExpireTo::Retry(at) => (Transition::Expire, at, false),
+        ExpireTo::DeadLetter { halt_lanes } => (Transition::Fail, now, halt_lanes),
+    }
+}
+
+/// Explains why an operator change matched no row, given the op's status as
+/// read afterwards (`None`: no such op).
+pub fn refusal(id: OpId, status: Option<&str>, transition: Transition) -> QueueError {
+    let Some(s) = status else {
+        return QueueError::NotFound(id);
+    };
+    match parse_status(id, s).map(|from| state::apply(from, transition)) {
+        Err(e) => e,
+        Ok(Err(source)) => QueueError::Illegal { id, source },
+        // The status allowed it, so another writer changed the row between
+        // the update and this read.
+        Ok(Ok(_)) => QueueError::Conflict {
+            id,
+            message: "the op changed concurrently; try again".to_owned(),
+        },
+    }
+}
+
+/// A compare-and-set's result from the rows it changed.
+pub fn cas(rows: u64) -> Cas {
+    if rows == 1 {
+        Cas::Applied
+    } else {
+        Cas::Stale
+    }
+}
+
+/// A stored status, or [`QueueError::Corrupt`].
+pub fn parse_status(id: OpId, s: &str) -> Result<Status, QueueError> {
+    s.parse().map_err(|_| QueueError::Corrupt {
+        id,
+        column: "status",
+        value: s.to_owned(),
+    })
+}
+
+/// A stored priority rank, or [`QueueError::Corrupt`].
+pub fn parse_priority(id: OpId, rank: i64) -> Result<Priority, QueueError> {
+    Priority::from_rank(rank).ok_or(QueueError::Corrupt {
+        id,
+        column: "priority",
+        value: rank.to_string(),
+    })
+}
+
+/// Whether an error is a unique-constraint violation.
+pub fn is_unique_violation(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
 }
 
 #[cfg(test)]

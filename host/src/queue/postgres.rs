@@ -18,16 +18,17 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolO
 use sqlx::{Postgres, QueryBuilder, Row, Transaction};
 use uuid::Uuid;
 
-use super::common::{check_versions, chrono_duration, now_ms, validate_new_op};
+use super::common::{
+    cas, check_versions, chrono_duration, expire_params, is_unique_violation, now_ms, parse_priority, parse_status,
+    refusal, validate_new_op, FinishParams,
+};
 use super::{
-    new_token, Backend, CandidateOp, Cas, ClaimRequest, Claimed, Completion, Depth, Enqueued, ExpireTo, Finish,
-    HaltedSubject, LaneHalt, LeaseSpec, Limits, NewOp, OpFilter, Queue, QueueError, SlotLease, Subscription,
+    new_token, Backend, CandidateOp, Cas, ClaimRequest, Claimed, Completion, Depth, Enqueued, ExpireTo, HaltedSubject,
+    LaneHalt, LeaseSpec, Limits, NewOp, OpFilter, Queue, QueueError, SlotLease, Subscription,
 };
 use crate::clock::Clock;
 use crate::config::DatabaseConfig;
-use crate::op::{
-    state, truncate_error, Attempt, AttemptClass, AttemptRecord, Lease, Op, OpId, Priority, Status, Transition,
-};
+use crate::op::{truncate_error, Attempt, AttemptClass, AttemptRecord, Lease, Op, OpId, Transition};
 
 static MIGRATOR: Migrator = sqlx::migrate!("../migrations/postgres");
 
@@ -243,16 +244,7 @@ impl PgQueue {
             .fetch_optional(&mut *tx)
             .await?;
         tx.rollback().await?;
-        match status {
-            None => Err(QueueError::NotFound(id)),
-            Some(s) => match state::apply(parse_status(id, &s)?, transition) {
-                Err(source) => Err(QueueError::Illegal { id, source }),
-                Ok(_) => Err(QueueError::Conflict {
-                    id,
-                    message: "the op changed concurrently; try again".to_owned(),
-                }),
-            },
-        }
+        Err(refusal(id, status.as_deref(), transition))
     }
 }
 
@@ -388,25 +380,15 @@ impl Queue for PgQueue {
         let mut tx = self.pool.begin().await?;
         let mut out = Vec::with_capacity(completions.len());
         for c in completions {
-            let mut halt = false;
-            let (transition, receipt, error, next_at, bump) = match &c.finish {
-                Finish::Confirm { receipt } => (Transition::Confirm, receipt.clone(), None, None, 0),
-                Finish::Retry {
-                    next_attempt_at,
-                    error,
-                    fee_bump,
-                } => (
-                    Transition::Retry,
-                    None,
-                    Some(truncate_error(error)),
-                    Some(*next_attempt_at),
-                    i32::from(*fee_bump),
-                ),
-                Finish::Fail { error, halt_lanes } => {
-                    halt = *halt_lanes;
-                    (Transition::Fail, None, Some(truncate_error(error)), None, 0)
-                }
-            };
+            let FinishParams {
+                transition,
+                receipt,
+                error,
+                next_attempt_at,
+                fee_bump: bump,
+                halt_lanes: halt,
+            } = FinishParams::of(&c.finish);
+            let next_at = next_attempt_at;
             let finished_at = transition.to().is_terminal().then_some(now);
             let done = sqlx::query(
                 "UPDATE ops SET status = $1, receipt = COALESCE($2, receipt), last_error = COALESCE($3, last_error), \
@@ -486,10 +468,7 @@ impl Queue for PgQueue {
 
     async fn expire(&self, lease: &Lease, to: ExpireTo) -> Result<Cas, QueueError> {
         let now = self.now();
-        let (transition, next_attempt_at, halt) = match to {
-            ExpireTo::Retry(at) => (Transition::Expire, at, false),
-            ExpireTo::DeadLetter { halt_lanes } => (Transition::Fail, now, halt_lanes),
-        };
+        let (transition, next_attempt_at, halt) = expire_params(to, now);
         let finished_at = transition.to().is_terminal().then_some(now);
         let mut tx = self.pool.begin().await?;
         // The CTE reads the row as claimed (when, by whom) before the update
@@ -635,7 +614,7 @@ impl Queue for PgQueue {
                 let priority: i16 = row.try_get("priority")?;
                 Ok(Depth {
                     status: parse_status(0, &status)?,
-                    priority: parse_priority(0, priority)?,
+                    priority: parse_priority(0, i64::from(priority))?,
                     count: row.try_get("n")?,
                 })
             })
@@ -834,34 +813,6 @@ async fn insert_attempt(
     Ok(())
 }
 
-fn cas(rows: u64) -> Cas {
-    if rows == 1 {
-        Cas::Applied
-    } else {
-        Cas::Stale
-    }
-}
-
-fn parse_status(id: OpId, s: &str) -> Result<Status, QueueError> {
-    s.parse().map_err(|_| QueueError::Corrupt {
-        id,
-        column: "status",
-        value: s.to_owned(),
-    })
-}
-
-fn parse_priority(id: OpId, rank: i16) -> Result<Priority, QueueError> {
-    Priority::from_rank(i64::from(rank)).ok_or(QueueError::Corrupt {
-        id,
-        column: "priority",
-        value: rank.to_string(),
-    })
-}
-
-fn is_unique_violation(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
-}
-
 fn op_from_row(row: &PgRow) -> Result<Op, QueueError> {
     let id: i64 = row.try_get("id")?;
     let status: String = row.try_get("status")?;
@@ -870,7 +821,7 @@ fn op_from_row(row: &PgRow) -> Result<Op, QueueError> {
         id,
         outbox: row.try_get("outbox")?,
         kind: row.try_get("kind")?,
-        priority: parse_priority(id, row.try_get("priority")?)?,
+        priority: parse_priority(id, i64::from(row.try_get::<i16, _>("priority")?))?,
         lanes: row.try_get("lanes")?,
         payload: row.try_get("payload")?,
         idempotency_key: row.try_get("idempotency_key")?,

@@ -20,16 +20,17 @@ use sqlx::sqlite::{
 };
 use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
 
-use super::common::{check_versions, chrono_duration, now_ms, validate_new_op};
+use super::common::{
+    cas, check_versions, chrono_duration, expire_params, is_unique_violation, now_ms, parse_priority, parse_status,
+    refusal, validate_new_op, FinishParams,
+};
 use super::{
-    new_token, Backend, CandidateOp, Cas, ClaimRequest, Claimed, Completion, Depth, Enqueued, ExpireTo, Finish,
-    HaltedSubject, LaneHalt, LeaseSpec, Limits, NewOp, OpFilter, Queue, QueueError, SlotLease, Subscription,
+    new_token, Backend, CandidateOp, Cas, ClaimRequest, Claimed, Completion, Depth, Enqueued, ExpireTo, HaltedSubject,
+    LaneHalt, LeaseSpec, Limits, NewOp, OpFilter, Queue, QueueError, SlotLease, Subscription,
 };
 use crate::clock::Clock;
 use crate::config::{DatabaseConfig, Synchronous};
-use crate::op::{
-    state, truncate_error, Attempt, AttemptClass, AttemptRecord, Lease, Op, OpId, Priority, Status, Transition,
-};
+use crate::op::{truncate_error, Attempt, AttemptClass, AttemptRecord, Lease, Op, OpId, Transition};
 
 static MIGRATOR: Migrator = sqlx::migrate!("../migrations/sqlite");
 
@@ -266,21 +267,7 @@ impl SqliteQueue {
                     .fetch_optional(&mut *tx)
                     .await?;
                 tx.rollback().await?;
-                match status {
-                    None => Err(QueueError::NotFound(id)),
-                    Some(s) => {
-                        let from = parse_status(id, &s)?;
-                        match state::apply(from, transition) {
-                            Err(source) => Err(QueueError::Illegal { id, source }),
-                            // The status allowed it, so another writer changed
-                            // the row between our update and this read.
-                            Ok(_) => Err(QueueError::Conflict {
-                                id,
-                                message: "the op changed concurrently; try again".to_owned(),
-                            }),
-                        }
-                    }
-                }
+                Err(refusal(id, status.as_deref(), transition))
             }
         }
     }
@@ -426,25 +413,15 @@ impl Queue for SqliteQueue {
         let mut tx = self.write().await?;
         let mut out = Vec::with_capacity(completions.len());
         for c in completions {
-            let mut halt = false;
-            let (transition, receipt, error, next_at, bump) = match &c.finish {
-                Finish::Confirm { receipt } => (Transition::Confirm, receipt.clone(), None, None, 0),
-                Finish::Retry {
-                    next_attempt_at,
-                    error,
-                    fee_bump,
-                } => (
-                    Transition::Retry,
-                    None,
-                    Some(truncate_error(error)),
-                    Some(ms(*next_attempt_at)),
-                    i32::from(*fee_bump),
-                ),
-                Finish::Fail { error, halt_lanes } => {
-                    halt = *halt_lanes;
-                    (Transition::Fail, None, Some(truncate_error(error)), None, 0)
-                }
-            };
+            let FinishParams {
+                transition,
+                receipt,
+                error,
+                next_attempt_at,
+                fee_bump: bump,
+                halt_lanes: halt,
+            } = FinishParams::of(&c.finish);
+            let next_at = next_attempt_at.map(ms);
             let finished_at = transition.to().is_terminal().then_some(ms(now));
             let done = sqlx::query(
                 "UPDATE ops SET status = ?, receipt = COALESCE(?, receipt), last_error = COALESCE(?, last_error), \
@@ -526,10 +503,7 @@ impl Queue for SqliteQueue {
 
     async fn expire(&self, lease: &Lease, to: ExpireTo) -> Result<Cas, QueueError> {
         let now = self.now();
-        let (transition, next_attempt_at, halt) = match to {
-            ExpireTo::Retry(at) => (Transition::Expire, at, false),
-            ExpireTo::DeadLetter { halt_lanes } => (Transition::Fail, now, halt_lanes),
-        };
+        let (transition, next_attempt_at, halt) = expire_params(to, now);
         let mut tx = self.write().await?;
         // Record the attempt first, while the row still shows when it was claimed.
         let recorded = sqlx::query(
@@ -875,14 +849,6 @@ async fn insert_attempt(
     Ok(())
 }
 
-fn cas(rows: u64) -> Cas {
-    if rows == 1 {
-        Cas::Applied
-    } else {
-        Cas::Stale
-    }
-}
-
 fn ms(t: DateTime<Utc>) -> i64 {
     t.timestamp_millis()
 }
@@ -897,26 +863,6 @@ fn from_ms(id: OpId, column: &'static str, v: i64) -> Result<DateTime<Utc>, Queu
 
 fn opt_from_ms(id: OpId, column: &'static str, v: Option<i64>) -> Result<Option<DateTime<Utc>>, QueueError> {
     v.map(|v| from_ms(id, column, v)).transpose()
-}
-
-fn parse_status(id: OpId, s: &str) -> Result<Status, QueueError> {
-    s.parse().map_err(|_| QueueError::Corrupt {
-        id,
-        column: "status",
-        value: s.to_owned(),
-    })
-}
-
-fn parse_priority(id: OpId, rank: i64) -> Result<Priority, QueueError> {
-    Priority::from_rank(rank).ok_or(QueueError::Corrupt {
-        id,
-        column: "priority",
-        value: rank.to_string(),
-    })
-}
-
-fn is_unique_violation(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
 }
 
 fn op_from_row(row: &SqliteRow) -> Result<Op, QueueError> {
