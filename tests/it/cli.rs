@@ -316,3 +316,58 @@ async fn config_problems_are_reported_together() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn fanout_makes_one_op_per_delivery_inbox_and_is_idempotent() -> anyhow::Result<()> {
+    let env = Env::new("")?;
+    env.ok(&["migrate"], "").await?;
+    let activity =
+        r#"{"id":"https://cm.example/a/1","type":"Announce","object":{"type":"CaseLedgerEntry","id":"urn:e:1"}}"#;
+    let args = [
+        "fanout",
+        "--outbox",
+        "https://cm.example/actor",
+        "--to",
+        "https://big.example/users/a/inbox=https://big.example/inbox",
+        "--to",
+        "https://big.example/users/b/inbox=https://big.example/inbox",
+        "--to",
+        "https://small.example/users/c/inbox",
+    ];
+    let out = env.ok(&args, activity).await?;
+    let lines: Vec<&str> = out.lines().collect();
+    ensure!(lines.len() == 2, "{out}");
+    ensure!(
+        lines[0].starts_with("https://big.example/inbox: op ")
+            && lines[1].starts_with("https://small.example/users/c/inbox: op "),
+        "{out}"
+    );
+    let again = env.ok(&args, activity).await?;
+    ensure!(again.lines().all(|l| l.ends_with("(already enqueued)")), "{again}");
+    let ops: serde_json::Value = serde_json::from_str(&env.ok(&["ops", "list", "--json"], "").await?)?;
+    ensure!(ops.as_array().map(Vec::len) == Some(2), "{ops}");
+    ensure!(ops[0]["correlation_id"] == "urn:e:1", "{ops}");
+    let refused = env.err(&["fanout", "--outbox", "a", "--to", "ftp://x"], "{}").await?;
+    ensure!(refused.contains("not an http(s) URL"), "{refused}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn plugin_check_describes_a_good_component_and_refuses_a_bad_one() -> anyhow::Result<()> {
+    let env = Env::new("")?;
+    let noop = crate::runtime::wasm("noop")?.display().to_string();
+    let out = env.ok(&["plugin", "check", &noop], "").await?;
+    ensure!(
+        out.contains("world:    executor-plugin") && out.contains("laneway:plugin@1.0.0"),
+        "{out}"
+    );
+    let bad = crate::runtime::wasm("forbidden-import")?.display().to_string();
+    let refused = env.err(&["plugin", "check", &bad], "").await?;
+    ensure!(
+        refused.contains("wasi:sockets") && refused.contains("does not allow"),
+        "{refused}"
+    );
+    let missing = env.err(&["plugin", "check", "/nonexistent.wasm"], "").await?;
+    ensure!(missing.contains("cannot read"), "{missing}");
+    Ok(())
+}
