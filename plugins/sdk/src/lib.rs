@@ -44,6 +44,9 @@ pub use executor_world::laneway::plugin::{checkpoint, http, log, signer};
 pub use fee_policy_world::exports::laneway::plugin::fee_policy::{
     Congestion, Decision, FeeQuote, FeeSample, QuoteRequest, Snapshot,
 };
+/// The priority type of the fee-policy world's bindings (a distinct Rust
+/// type from the executor world's [`Priority`], though the same WIT type).
+pub use fee_policy_world::laneway::plugin::types::Priority as PolicyPriority;
 
 /// An executor plugin.
 pub trait Executor {

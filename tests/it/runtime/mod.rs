@@ -3,6 +3,7 @@
 //! quarantine, hot reload, and the frozen contract.
 
 mod faults;
+mod fee_policy;
 mod grants;
 mod reload;
 
