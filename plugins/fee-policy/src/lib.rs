@@ -139,9 +139,9 @@ impl FeePolicy for Policy {
         };
         let wanted = config.level(usage, spread, current);
         // A level is held at least the dwell time before it changes again.
-        let (level, since) = if wanted != current && now_ms - since >= config.dwell_ms {
-            (wanted, now_ms)
-        } else if previous.is_none() {
+        // A level is held at least the dwell time before it changes again;
+        // the first sample sets it at once.
+        let (level, since) = if previous.is_none() || (wanted != current && now_ms - since >= config.dwell_ms) {
             (wanted, now_ms)
         } else {
             (current, since)
