@@ -138,7 +138,6 @@ impl FeePolicy for Policy {
             None => (0, now_ms),
         };
         let wanted = config.level(usage, spread, current);
-        // A level is held at least the dwell time before it changes again.
         // A level is held at least the dwell time before it changes again;
         // the first sample sets it at once.
         let (level, since) = if previous.is_none() || (wanted != current && now_ms - since >= config.dwell_ms) {
