@@ -266,9 +266,6 @@ impl Pass {
     fn log_unrunnable_kinds(&self, candidates: &[CandidateOp], config: &Config) {
         for c in candidates {
             let kind = &c.op.kind;
-            if self.inner.warned_kind(kind) {
-                continue;
-            }
             let why = if !config.kinds.contains_key(kind) {
                 "is not configured"
             } else if self.inner.executors.get(kind).is_none() {
@@ -276,7 +273,11 @@ impl Pass {
             } else {
                 continue;
             };
-            warn!(kind = %kind, outbox = %c.op.outbox, "Kind {why}; its ops wait and block their strict lanes.");
+            // Only an unrunnable kind is marked, so one that loses its
+            // executor later is still reported.
+            if !self.inner.warned_kind(kind) {
+                warn!(kind = %kind, outbox = %c.op.outbox, "Kind {why}; its ops wait and block their strict lanes.");
+            }
         }
     }
 
