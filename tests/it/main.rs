@@ -10,5 +10,6 @@ mod cli;
 mod dispatch;
 mod queue_conformance;
 mod runtime;
+mod stellar;
 mod support;
 mod tidy;

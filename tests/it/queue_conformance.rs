@@ -37,6 +37,7 @@ crate::on_both_backends!(
     a_drain_slot_has_one_holder_until_it_lapses,
     a_halting_dead_letter_holds_its_lanes_until_skipped_or_retried,
     halted_subjects_are_flagged_on_their_candidates,
+    fee_snapshots_only_move_forward,
 );
 
 fn op(outbox: &str, lanes: &[&str]) -> NewOp {
@@ -825,5 +826,30 @@ async fn halted_subjects_are_flagged_on_their_candidates(db: TestDb) -> anyhow::
     ensure!(q.unhalt_subject("user-1").await?);
     ensure!(!q.unhalt_subject("user-1").await?);
     ensure!(q.candidates("o", 10).await?.iter().all(|c| !c.subject_halted));
+    Ok(())
+}
+
+async fn fee_snapshots_only_move_forward(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let t0 = laneway::clock::Clock::now(&db.clock);
+    ensure!(q.fee_snapshot("stellar").await?.is_none());
+    ensure!(q.put_fee_snapshot("stellar", r#"{"v":1}"#, t0).await? == Cas::Applied);
+    ensure!(
+        q.put_fee_snapshot("stellar", r#"{"v":2}"#, t0 + Span::seconds(10))
+            .await?
+            == Cas::Applied
+    );
+    // A host with an older sample must not overwrite a newer one.
+    ensure!(
+        q.put_fee_snapshot("stellar", r#"{"v":0}"#, t0 + Span::seconds(5))
+            .await?
+            == Cas::Stale
+    );
+    let (json, at) = q.fee_snapshot("stellar").await?.context("snapshot")?;
+    ensure!(
+        json.replace(' ', "") == r#"{"v":2}"# && at == t0 + Span::seconds(10),
+        "{json} {at}"
+    );
+    ensure!(q.fee_snapshot("other").await?.is_none());
     Ok(())
 }

@@ -477,6 +477,17 @@ pub trait Queue: Send + Sync + std::fmt::Debug {
     /// Wake-ups from producers in other processes, where the backend has
     /// them (PostgreSQL `LISTEN`); `None` otherwise.
     async fn subscribe(&self) -> Result<Option<Box<dyn Subscription>>, QueueError>;
+
+    /// Stores an oracle's snapshot (JSON) unless a newer one is stored.
+    async fn put_fee_snapshot(
+        &self,
+        oracle: &str,
+        snapshot: &str,
+        sampled_at: DateTime<Utc>,
+    ) -> Result<Cas, QueueError>;
+
+    /// An oracle's latest snapshot (JSON) and when it was sampled.
+    async fn fee_snapshot(&self, oracle: &str) -> Result<Option<(String, DateTime<Utc>)>, QueueError>;
 }
 
 /// Opens the queue named by the config's database URL.

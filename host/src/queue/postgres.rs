@@ -761,6 +761,34 @@ impl Queue for PgQueue {
         listener.listen(NOTIFY_CHANNEL).await?;
         Ok(Some(Box::new(PgSubscription { listener })))
     }
+
+    async fn put_fee_snapshot(
+        &self,
+        oracle: &str,
+        snapshot: &str,
+        sampled_at: DateTime<Utc>,
+    ) -> Result<Cas, QueueError> {
+        let done = sqlx::query(
+            "INSERT INTO fee_snapshots (oracle, snapshot, sampled_at) VALUES ($1, $2::json, $3) \
+             ON CONFLICT (oracle) DO UPDATE SET snapshot = excluded.snapshot, sampled_at = excluded.sampled_at \
+             WHERE fee_snapshots.sampled_at < excluded.sampled_at",
+        )
+        .bind(oracle)
+        .bind(snapshot)
+        .bind(sampled_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(cas(done.rows_affected()))
+    }
+
+    async fn fee_snapshot(&self, oracle: &str) -> Result<Option<(String, DateTime<Utc>)>, QueueError> {
+        let row = sqlx::query("SELECT snapshot::text AS snapshot, sampled_at FROM fee_snapshots WHERE oracle = $1")
+            .bind(oracle)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|row| Ok((row.try_get("snapshot")?, row.try_get("sampled_at")?)))
+            .transpose()
+    }
 }
 
 /// `LISTEN laneway_ops`, yielding the outbox each insert names.

@@ -812,6 +812,39 @@ impl Queue for SqliteQueue {
         // covers producers in other processes.
         Ok(None)
     }
+
+    async fn put_fee_snapshot(
+        &self,
+        oracle: &str,
+        snapshot: &str,
+        sampled_at: DateTime<Utc>,
+    ) -> Result<Cas, QueueError> {
+        let mut tx = self.write().await?;
+        let done = sqlx::query(
+            "INSERT INTO fee_snapshots (oracle, snapshot, sampled_at) VALUES (?, ?, ?) \
+             ON CONFLICT (oracle) DO UPDATE SET snapshot = excluded.snapshot, sampled_at = excluded.sampled_at \
+             WHERE fee_snapshots.sampled_at < excluded.sampled_at",
+        )
+        .bind(oracle)
+        .bind(snapshot)
+        .bind(ms(sampled_at))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(cas(done.rows_affected()))
+    }
+
+    async fn fee_snapshot(&self, oracle: &str) -> Result<Option<(String, DateTime<Utc>)>, QueueError> {
+        let row = sqlx::query("SELECT snapshot, sampled_at FROM fee_snapshots WHERE oracle = ?")
+            .bind(oracle)
+            .fetch_optional(&self.reader)
+            .await?;
+        row.map(|row| {
+            let at: i64 = row.try_get("sampled_at")?;
+            Ok((row.try_get("snapshot")?, from_ms(0, "fee_snapshots.sampled_at", at)?))
+        })
+        .transpose()
+    }
 }
 
 async fn halt_lanes(conn: &mut SqliteConnection, op_id: OpId, now: DateTime<Utc>) -> Result<(), QueueError> {

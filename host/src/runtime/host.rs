@@ -123,8 +123,12 @@ impl PluginHost {
     }
 
     /// A loaded fee policy, by plugin name.
-    pub fn fee_policy(&self, name: &str) -> Option<Arc<Plugin>> {
-        self.fee_policies.load().get(name).cloned()
+    pub fn fee_policy(&self, name: &str) -> Option<super::policy::FeePolicy> {
+        self.fee_policies
+            .load()
+            .get(name)
+            .cloned()
+            .map(super::policy::FeePolicy::new)
     }
 
     /// Reload bookkeeping.

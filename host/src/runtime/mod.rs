@@ -14,6 +14,7 @@ pub mod failure;
 pub mod host;
 pub mod imports;
 pub mod plugin;
+pub mod policy;
 pub mod state;
 
 use std::collections::HashSet;

@@ -1,0 +1,67 @@
+//! Stellar: the fee oracle against a fake Stellar RPC speaking the
+//! documented JSON-RPC shapes, through the real fee-policy plugin.
+
+mod fake_rpc;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{ensure, Context};
+use laneway::clock::SystemClock;
+use laneway::fees::Congestion;
+use laneway::oracle::{FeeOracle, StellarRpc};
+use laneway::runtime::host::PluginHost;
+
+use crate::support::TestDb;
+use fake_rpc::FakeRpc;
+
+crate::on_both_backends!(live: the_oracle_polls_fee_stats_and_stores_a_shared_snapshot);
+
+async fn the_oracle_polls_fee_stats_and_stores_a_shared_snapshot(db: TestDb) -> anyhow::Result<()> {
+    let rpc = FakeRpc::default();
+    let url = rpc.serve().await?;
+    let config = laneway::config::from_toml_str(&format!(
+        "[plugins.fees]\npath = {:?}\n",
+        crate::runtime::wasm("fee-policy")?.display().to_string()
+    ))?;
+    let host = PluginHost::new(&config)?;
+    host.apply(&config).await?;
+    let policy = host.fee_policy("fees").context("fee policy loaded")?;
+    let oracle = FeeOracle::new(
+        "stellar-testnet",
+        StellarRpc::new(&url, Duration::from_secs(5))?,
+        policy,
+        r#"{"dwell_ms": 300}"#.to_owned(),
+        db.queue.clone(),
+        Arc::new(SystemClock),
+    );
+    // The documented example: p70 100, p95 200, 371 transactions over 50 ledgers.
+    let first = oracle.poll_once().await?;
+    ensure!(
+        first.recommended_base_fee == 100 && first.aggressive_base_fee == 200,
+        "{first:?}"
+    );
+    ensure!(
+        first.congestion == Congestion::Elevated,
+        "a 2x spread is elevated: {first:?}"
+    );
+    let stored = oracle.snapshot().await?.context("stored")?;
+    ensure!(stored == first, "{stored:?}");
+    // Congestion rises sharply: fees follow at once, but one sample cannot
+    // move the level before the dwell (300 ms here) has passed.
+    rpc.set_fees(100, 900, 5_000, 5_000, 50);
+    let noisy = oracle.poll_once().await?;
+    ensure!(
+        noisy.congestion == Congestion::Elevated && noisy.recommended_base_fee == 900,
+        "{noisy:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let second = oracle.poll_once().await?;
+    ensure!(second.congestion == Congestion::Severe, "{second:?}");
+    // The RPC goes away: the poll fails and the snapshot stays as it was.
+    rpc.fail();
+    ensure!(oracle.poll_once().await.is_err());
+    ensure!(oracle.snapshot().await?.context("kept")? == second);
+    ensure!(rpc.requests() >= 3);
+    Ok(())
+}
