@@ -13,7 +13,8 @@ use serde_json::{json, Value};
 use crate::clock::Clock;
 use crate::fees::{FeeSample, FeeSnapshot};
 use crate::queue::{Queue, QueueError};
-use crate::runtime::policy::{FeePolicy, PolicyError};
+use crate::runtime::host::PluginHost;
+use crate::runtime::policy::PolicyError;
 
 /// Why a poll did not store a snapshot.
 #[derive(Debug, thiserror::Error)]
@@ -133,7 +134,9 @@ impl StellarRpc {
 pub struct FeeOracle {
     name: String,
     rpc: StellarRpc,
-    policy: FeePolicy,
+    /// Looked up on every poll, so a reloaded policy takes effect.
+    plugins: Arc<PluginHost>,
+    policy: String,
     config: String,
     queue: Arc<dyn Queue>,
     clock: Arc<dyn Clock>,
@@ -148,11 +151,13 @@ impl std::fmt::Debug for FeeOracle {
 }
 
 impl FeeOracle {
-    /// An oracle storing its snapshot as `name`.
+    /// An oracle storing its snapshot as `name`, folding samples through
+    /// the fee policy `policy` loaded by `plugins`.
     pub fn new(
         name: &str,
         rpc: StellarRpc,
-        policy: FeePolicy,
+        plugins: Arc<PluginHost>,
+        policy: &str,
         config: String,
         queue: Arc<dyn Queue>,
         clock: Arc<dyn Clock>,
@@ -160,7 +165,8 @@ impl FeeOracle {
         Self {
             name: name.to_owned(),
             rpc,
-            policy,
+            plugins,
+            policy: policy.to_owned(),
             config,
             queue,
             clock,
@@ -190,8 +196,11 @@ impl FeeOracle {
         let sample = self.rpc.fee_sample().await?;
         let previous = self.snapshot().await?;
         let now = self.clock.now();
-        let snapshot = self
-            .policy
+        let policy = self
+            .plugins
+            .fee_policy(&self.policy)
+            .ok_or_else(|| OracleError::Rpc(format!("fee policy {:?} is not loaded", self.policy)))?;
+        let snapshot = policy
             .observe(previous.as_ref(), sample, now.timestamp_millis(), &self.config)
             .await?;
         let json = serde_json::to_string(&snapshot).map_err(|e| OracleError::Rpc(e.to_string()))?;

@@ -562,7 +562,25 @@ async fn run_cmd(config: Config, source: FileSource) -> Result<(), CliError> {
     let plugins = Arc::new(PluginHost::new(&config)?);
     plugins.apply(&config).await?;
     let debounce = std::time::Duration::from_millis(config.runtime.reload_debounce_ms);
-    let dispatcher = Dispatcher::new(queue, plugins.registry(), config, Arc::new(SystemClock));
+    let oracles = config.oracles.clone();
+    let dispatcher = Dispatcher::new(queue.clone(), plugins.registry(), config, Arc::new(SystemClock));
+    for (name, oracle) in oracles {
+        let rpc = crate::oracle::StellarRpc::new(&oracle.rpc_url, std::time::Duration::from_millis(oracle.timeout_ms))
+            .map_err(|e| CliError::Input(format!("oracles.{name}: {e}")))?;
+        let config_json = serde_json::to_string(&oracle.config).unwrap_or_else(|_| "{}".to_owned());
+        let fee_oracle = crate::oracle::FeeOracle::new(
+            &name,
+            rpc,
+            plugins.clone(),
+            &oracle.policy,
+            config_json,
+            queue.clone(),
+            Arc::new(SystemClock),
+        );
+        let stop = dispatcher.clone();
+        let every = std::time::Duration::from_millis(oracle.poll_ms);
+        tokio::spawn(async move { fee_oracle.run(every, async move { stop.cancelled().await }).await });
+    }
     plugins.watch(source, dispatcher.clone(), debounce);
     let stopper = dispatcher.clone();
     tokio::spawn(async move {

@@ -39,6 +39,8 @@ pub struct Config {
     pub plugins: BTreeMap<String, PluginConfig>,
     /// `[keys.ID]`
     pub keys: BTreeMap<String, crate::keys::KeySource>,
+    /// `[oracles.NAME]`
+    pub oracles: BTreeMap<String, OracleConfig>,
     /// `[kinds.NAME]`
     pub kinds: BTreeMap<String, KindConfig>,
 }
@@ -57,6 +59,32 @@ pub struct RuntimeConfig {
     pub reload_debounce_ms: u64,
     /// Wasm stack per call, for every plugin (an engine-wide setting).
     pub max_wasm_stack_kib: u32,
+}
+
+/// `[oracles.NAME]`: a fee oracle polling Stellar RPC.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct OracleConfig {
+    /// The `[plugins.NAME]` fee policy that folds samples into snapshots.
+    pub policy: String,
+    /// The Stellar RPC endpoint.
+    pub rpc_url: String,
+    /// Poll cadence (seed 003: 10 s).
+    #[serde(default = "default_oracle_poll_ms")]
+    pub poll_ms: u64,
+    /// One RPC call's timeout.
+    #[serde(default = "default_oracle_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Settings handed to the policy (as JSON).
+    #[serde(default)]
+    pub config: toml::Table,
+}
+
+fn default_oracle_poll_ms() -> u64 {
+    10_000
+}
+
+fn default_oracle_timeout_ms() -> u64 {
+    10_000
 }
 
 /// `[plugins.NAME]`: one WebAssembly component and its sandbox.
@@ -558,6 +586,7 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
     let runtime = section::<RuntimeConfig>(&mut table, "runtime", &mut problems);
     let plugins = named_tables::<PluginConfig>(&mut table, "plugins", &mut problems);
     let keys = named_tables::<crate::keys::KeySource>(&mut table, "keys", &mut problems);
+    let oracles = named_tables::<OracleConfig>(&mut table, "oracles", &mut problems);
     let mut kinds = BTreeMap::new();
     match table.remove("kinds") {
         Some(toml::Value::Table(kind_tables)) => {
@@ -577,7 +606,7 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
     for key in table.keys() {
         problems.push(Problem {
             path: key.clone(),
-            message: "unknown key (expected one of: database, queue, dispatch, runtime, plugins, keys, kinds)"
+            message: "unknown key (expected one of: database, queue, dispatch, runtime, plugins, keys, oracles, kinds)"
                 .to_owned(),
         });
     }
@@ -589,6 +618,7 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
             runtime,
             plugins,
             keys,
+            oracles,
             kinds,
         };
         problems.extend(validate(&config));
@@ -837,6 +867,27 @@ fn validate(config: &Config) -> Vec<Problem> {
             );
         }
     }
+    for (name, oracle) in &config.oracles {
+        let path = |key: &str| format!("oracles.{name}.{key}");
+        if !config.plugins.contains_key(&oracle.policy) {
+            bad(&path("policy"), format!("no [plugins.{}] is configured", oracle.policy));
+        }
+        if !(oracle.rpc_url.starts_with("https://") || oracle.rpc_url.starts_with("http://")) {
+            bad(
+                &path("rpc_url"),
+                format!("expected an http(s) URL, got {:?}", oracle.rpc_url),
+            );
+        }
+        if oracle.poll_ms < 100 {
+            bad(
+                &path("poll_ms"),
+                format!("expected at least 100, got {}", oracle.poll_ms),
+            );
+        }
+        if oracle.timeout_ms == 0 {
+            bad(&path("timeout_ms"), "expected at least 1".to_owned());
+        }
+    }
     for (name, kind) in &config.kinds {
         if let Some(plugin) = &kind.plugin {
             if !config.plugins.contains_key(plugin) {
@@ -964,6 +1015,17 @@ mod tests {
         let missing = PathBuf::from("/nonexistent/laneway.toml");
         assert!(load(&FileSource::Explicit(missing.clone()), env(&[])).is_err());
         assert!(load(&FileSource::Default(missing), env(&[])).is_ok());
+    }
+
+    #[test]
+    fn oracles_need_a_policy_plugin_and_an_http_url() {
+        let err = from_toml_str("[oracles.main]\npolicy = \"fees\"\nrpc_url = \"ftp://x\"\npoll_ms = 5\n").unwrap_err();
+        let paths: Vec<&str> = err.problems().iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            vec!["oracles.main.policy", "oracles.main.poll_ms", "oracles.main.rpc_url"],
+            "{err}"
+        );
     }
 
     #[test]

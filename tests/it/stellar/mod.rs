@@ -24,13 +24,14 @@ async fn the_oracle_polls_fee_stats_and_stores_a_shared_snapshot(db: TestDb) -> 
         "[plugins.fees]\npath = {:?}\n",
         crate::runtime::wasm("fee-policy")?.display().to_string()
     ))?;
-    let host = PluginHost::new(&config)?;
+    let host = Arc::new(PluginHost::new(&config)?);
     host.apply(&config).await?;
-    let policy = host.fee_policy("fees").context("fee policy loaded")?;
+    host.fee_policy("fees").context("fee policy loaded")?;
     let oracle = FeeOracle::new(
         "stellar-testnet",
         StellarRpc::new(&url, Duration::from_secs(5))?,
-        policy,
+        host.clone(),
+        "fees",
         r#"{"dwell_ms": 300}"#.to_owned(),
         db.queue.clone(),
         Arc::new(SystemClock),
