@@ -101,6 +101,19 @@ impl Registry {
         self.current.load().get(kind).cloned()
     }
 
+    /// The lanes `kind`'s executor names for an op; empty when the kind has
+    /// no executor or the executor has no opinion.
+    ///
+    /// # Errors
+    ///
+    /// The executor's refusal of the op, as text.
+    pub async fn lanes_for(&self, kind: &str, outbox: &str, payload: &str) -> Result<Vec<String>, String> {
+        match self.get(kind) {
+            Some(executor) => executor.lanes(kind, outbox, payload).await,
+            None => Ok(Vec::new()),
+        }
+    }
+
     /// Replaces every executor at once.
     pub fn replace(&self, executors: Executors) {
         self.current.store(Arc::new(executors));

@@ -34,10 +34,7 @@ fn main() -> ExitCode {
     let mut stdin = std::io::stdin();
     let mut stdout = std::io::stdout();
     let io = Io {
-        // Non-UTF-8 variables cannot be config keys; skip them rather than panic.
-        env: std::env::vars_os()
-            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-            .collect(),
+        env: laneway::config::process_env(),
         stdin: &mut stdin,
         stdout: &mut stdout,
     };

@@ -448,12 +448,11 @@ async fn enqueue_cmd(config: &Config, args: EnqueueArgs, io: Io<'_>) -> Result<(
         // No lanes given: the kind's plugin says which (e.g. the inbox).
         let host = PluginHost::new(config)?;
         host.apply(config).await?;
-        if let Some(executor) = host.registry().get(&args.kind) {
-            lanes = executor
-                .lanes(&args.kind, &args.outbox, &payload)
-                .await
-                .map_err(|e| CliError::Input(format!("kind {}: the plugin refused the op: {e}", args.kind)))?;
-        }
+        lanes = host
+            .registry()
+            .lanes_for(&args.kind, &args.outbox, &payload)
+            .await
+            .map_err(|e| CliError::Input(format!("kind {}: the plugin refused the op: {e}", args.kind)))?;
     }
     let request = EnqueueRequest {
         kind: args.kind,

@@ -422,6 +422,14 @@ fn list(problems: &[Problem]) -> String {
         .join("\n")
 }
 
+/// The process environment as UTF-8 pairs, for `LANEWAY_*` config keys.
+/// Variables that are not UTF-8 cannot be config keys and are skipped.
+pub fn process_env() -> Vec<(String, String)> {
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect()
+}
+
 /// Where the config file comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FileSource {

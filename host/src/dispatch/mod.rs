@@ -145,11 +145,12 @@ impl Dispatcher {
     pub async fn enqueue(&self, ops: &[NewOp]) -> Result<Vec<Enqueued>, QueueError> {
         let mut ops = ops.to_vec();
         for op in ops.iter_mut().filter(|op| op.lanes.is_empty()) {
-            if let Some(executor) = self.inner.executors.get(&op.kind) {
-                op.lanes = executor.lanes(&op.kind, &op.outbox, &op.payload).await.map_err(|e| {
-                    QueueError::InvalidOp(format!("kind {}: the executor refused the op: {e}", op.kind))
-                })?;
-            }
+            op.lanes = self
+                .inner
+                .executors
+                .lanes_for(&op.kind, &op.outbox, &op.payload)
+                .await
+                .map_err(|e| QueueError::InvalidOp(format!("kind {}: the executor refused the op: {e}", op.kind)))?;
         }
         let ops = ops.as_slice();
         let results = self.inner.queue.enqueue(ops).await?;

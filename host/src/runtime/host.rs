@@ -303,7 +303,7 @@ impl PluginHost {
     /// follow too; on failure nothing changes and the error is logged.
     pub async fn reload(&self, source: &FileSource, dispatcher: Option<&Dispatcher>) -> Result<(), LoadError> {
         let result = async {
-            let config = config::load(source, env_vars())?;
+            let config = config::load(source, config::process_env())?;
             self.apply(&config).await?;
             if let Some(d) = dispatcher {
                 d.reconfigure(config);
@@ -379,20 +379,13 @@ impl PluginHost {
     }
 }
 
-/// `LANEWAY_*` and the rest of the environment, for config reloads.
-fn env_vars() -> Vec<(String, String)> {
-    std::env::vars_os()
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-        .collect()
-}
-
 /// The config file and every plugin file it names now.
 fn watch_list(source: &FileSource) -> Vec<PathBuf> {
     let path = match source {
         FileSource::Explicit(p) | FileSource::Default(p) => p.clone(),
     };
     let mut files = vec![path];
-    if let Ok(config) = config::load(source, env_vars()) {
+    if let Ok(config) = config::load(source, config::process_env()) {
         files.extend(config.plugins.values().map(|p| p.path.clone()));
     }
     files
