@@ -97,7 +97,9 @@ async fn postgres_two_dispatchers_share_outboxes_and_take_over_from_a_dead_one()
 
     let outboxes = ["o1", "o2", "o3", "o4"];
     let mut ops = Vec::new();
-    for n in 0..12 {
+    // Enough work per outbox (16 ops per lane, 15 ms each) that A is still
+    // busy with it when it dies.
+    for n in 0..48 {
         for outbox in outboxes {
             ops.push(to(outbox, &format!("https://{outbox}-{}.example/inbox", n % 3), n));
         }
@@ -105,17 +107,13 @@ async fn postgres_two_dispatchers_share_outboxes_and_take_over_from_a_dead_one()
     db.queue.enqueue(&ops).await?;
     let watch = Arc::new(Mutex::new(Watch::default()));
     let config = fast_config("")?;
+    // A starts first and is draining before B joins, so the test always
+    // has a live holder to kill (with both started at once, B could win
+    // every slot and A would have nothing to lose).
     let a = Running::start(Arc::new(first_queue.clone()), registry("A", &watch), config.clone());
-    let b = Running::start(
-        Arc::new(second_queue.clone()) as Arc<dyn Queue>,
-        registry("B", &watch),
-        config,
-    );
     for outbox in outboxes {
         a.dispatcher.trigger(outbox);
-        b.dispatcher.trigger(outbox);
     }
-    // Let A get going, then kill it: its connections go away mid-drain.
     let deadline = Instant::now() + Duration::from_secs(10);
     let a_outbox = loop {
         let found = {
@@ -131,6 +129,17 @@ async fn postgres_two_dispatchers_share_outboxes_and_take_over_from_a_dead_one()
         ensure!(Instant::now() < deadline, "A never drained anything");
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
+    let b = Running::start(
+        Arc::new(second_queue.clone()) as Arc<dyn Queue>,
+        registry("B", &watch),
+        config,
+    );
+    for outbox in outboxes {
+        b.dispatcher.trigger(outbox);
+    }
+    // Both live for a while: never two drains of one outbox. Then kill A:
+    // its connections go away mid-drain.
+    tokio::time::sleep(Duration::from_millis(50)).await;
     first_queue.pool().close().await;
     let killed_at = Instant::now();
     settle(&second_queue, Duration::from_secs(30))
