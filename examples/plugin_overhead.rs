@@ -94,7 +94,10 @@ async fn main() -> anyhow::Result<()> {
             5,
         )
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let checkpoint: Arc<dyn Checkpoint> = Arc::new(NoCheckpoint);
+    let checkpoint = laneway::executor::Attempt {
+        checkpoint: Arc::new(NoCheckpoint),
+        fee: None,
+    };
 
     // Bare wasmtime: same engine settings, same bytes, same generated bindings.
     let mut wasm_config = wasmtime::Config::new();

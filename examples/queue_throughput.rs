@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use laneway::clock::SystemClock;
 use laneway::dispatch::Dispatcher;
-use laneway::executor::{Checkpoint, Executor, Executors, Registry};
+use laneway::executor::{Attempt, Executor, Executors, Registry};
 use laneway::op::{Op, Status};
 use laneway::outcome::Outcome;
 use laneway::queue::postgres::PgQueue;
@@ -25,7 +25,7 @@ struct Instant0;
 
 #[async_trait]
 impl Executor for Instant0 {
-    async fn execute(&self, _op: &Op, _checkpoint: Arc<dyn Checkpoint>) -> Outcome {
+    async fn execute(&self, _op: &Op, _attempt: Attempt) -> Outcome {
         Outcome::confirmed()
     }
 }

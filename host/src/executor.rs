@@ -11,6 +11,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 
+use crate::fees::FeeBid;
 use crate::op::{Lease, Op};
 use crate::outcome::Outcome;
 use crate::queue::{Cas, Queue, QueueError};
@@ -42,16 +43,33 @@ pub trait Checkpoint: Send + Sync {
     async fn checkpoint(&self, receipt: &str) -> Result<(), CheckpointError>;
 }
 
+/// What the host hands one attempt besides the op itself.
+#[derive(Clone)]
+pub struct Attempt {
+    /// Where the executor persists a receipt before its side effect.
+    pub checkpoint: Arc<dyn Checkpoint>,
+    /// The fee the host quoted for this attempt, for kinds with a fee oracle.
+    pub fee: Option<FeeBid>,
+}
+
+impl std::fmt::Debug for Attempt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attempt")
+            .field("fee", &self.fee)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Delivers ops of one or more kinds.
 #[async_trait]
 pub trait Executor: Send + Sync {
     /// Performs the op's side effect once.
-    async fn execute(&self, op: &Op, checkpoint: Arc<dyn Checkpoint>) -> Outcome;
+    async fn execute(&self, op: &Op, attempt: Attempt) -> Outcome;
 
     /// Called instead of a blind redelivery when the op carries a receipt
     /// checkpointed by an earlier attempt that never reported (crash,
     /// timeout): look the side effect up. The default has nothing to look up.
-    async fn reconcile(&self, _op: &Op, _receipt: &str, _checkpoint: Arc<dyn Checkpoint>) -> Reconciled {
+    async fn reconcile(&self, _op: &Op, _receipt: &str, _attempt: Attempt) -> Reconciled {
         Reconciled::Redeliver
     }
 

@@ -1,10 +1,11 @@
-//! Fee oracle values in laneway's own types: a network sample and the
-//! snapshot every host shares through the database (as JSON).
+//! Fee oracle values in laneway's own types: a network sample, the snapshot
+//! every host shares through the database (as JSON), and a fee policy's
+//! decision for one attempt.
 
 use serde::{Deserialize, Serialize};
 
-/// Network congestion, as the fee policy grades it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// Network congestion, as the fee policy grades it (ordered by severity).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Congestion {
     /// Fees at the floor.
@@ -44,4 +45,48 @@ pub struct FeeSnapshot {
     pub congestion_since_ms: i64,
     /// A bound that clamped the fees this sample: "min", "max" or empty.
     pub clamped: String,
+}
+
+/// The fee an attempt bids, as the fee policy quoted it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FeeBid {
+    /// Inclusion fee per operation (stroops), bumps and the cap applied.
+    pub base_fee: u64,
+    /// The aggressive (p95) base was used.
+    pub aggressive: bool,
+    /// The absolute cap was hit.
+    pub capped: bool,
+}
+
+/// What the fee policy decided for one attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FeeDecision {
+    /// Go ahead with this bid.
+    Submit {
+        /// The bid.
+        bid: FeeBid,
+        /// Expected seconds to confirmation at this bid.
+        est_confirmation_seconds: u32,
+    },
+    /// Leave the op pending this much longer (LOW under congestion).
+    Defer(std::time::Duration),
+}
+
+/// What a quote is asked about: one op's next attempt.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QuoteInput<'a> {
+    /// The op's tier.
+    pub priority: crate::op::Priority,
+    /// Attempts in the current budget, counting the one being quoted.
+    pub attempts: u32,
+    /// Fee bumps so far.
+    pub fee_bumps: u32,
+    /// When the op was enqueued (ms since the epoch).
+    pub enqueued_at_ms: i64,
+    /// Now (ms since the epoch): policies have no clock of their own.
+    pub now_ms: i64,
+    /// The shared snapshot, if the oracle has stored one.
+    pub snapshot: Option<&'a FeeSnapshot>,
+    /// The policy's config, as JSON.
+    pub config: &'a str,
 }

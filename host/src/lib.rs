@@ -20,6 +20,7 @@ pub mod lanes;
 pub mod op;
 pub mod oracle;
 pub mod outcome;
+pub mod pricing;
 pub mod queue;
 pub mod retry;
 pub mod runtime;

@@ -23,6 +23,9 @@ pub struct RetryPolicy {
     pub backoff_max: Duration,
     /// Longest wait a `Retry-After` may impose.
     pub retry_after_max: Duration,
+    /// Fee bumps after which an op asking for another one is dead-lettered
+    /// (seed 003's fee-bump cap); no cap when `None`.
+    pub max_fee_bumps: Option<u32>,
 }
 
 impl Default for RetryPolicy {
@@ -33,6 +36,7 @@ impl Default for RetryPolicy {
             backoff_base: Duration::from_secs(2),
             backoff_max: Duration::from_secs(120),
             retry_after_max: Duration::from_secs(3600),
+            max_fee_bumps: None,
         }
     }
 }
@@ -73,9 +77,18 @@ pub fn backoff(policy: &RetryPolicy, attempt: u32, jitter: f64) -> Duration {
     ceiling.mul_f64(jitter.clamp(0.0, 1.0))
 }
 
-/// Decides the next step after attempt number `attempts` (counted against
-/// the current budget, so 1 after the first attempt).
-pub fn decide(policy: &RetryPolicy, outcome: &Outcome, attempts: u32, now: DateTime<Utc>, jitter: f64) -> Decision {
+/// Where an op stands when an attempt ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct History {
+    /// Attempts in the current budget, this one included (1 after the first).
+    pub attempts: u32,
+    /// Fee bumps before this attempt.
+    pub fee_bumps: u32,
+}
+
+/// Decides the next step after an attempt.
+pub fn decide(policy: &RetryPolicy, outcome: &Outcome, history: History, now: DateTime<Utc>, jitter: f64) -> Decision {
+    let History { attempts, fee_bumps } = history;
     match outcome {
         Outcome::Confirmed { receipt, .. } => Decision::Confirm {
             receipt: receipt.clone(),
@@ -90,6 +103,11 @@ pub fn decide(policy: &RetryPolicy, outcome: &Outcome, attempts: u32, now: DateT
             if attempts >= policy.max_attempts {
                 return Decision::DeadLetter {
                     error: format!("gave up after {attempts} attempts: {reason}"),
+                };
+            }
+            if let Some(cap) = policy.max_fee_bumps.filter(|cap| *fee_bump && fee_bumps >= *cap) {
+                return Decision::DeadLetter {
+                    error: format!("fee-bump cap reached after {cap} bumps: {reason}"),
                 };
             }
             // Retry-After is honoured (never retry sooner than asked) but
@@ -136,6 +154,44 @@ mod tests {
             .unwrap_or_default()
     }
 
+    fn h(attempts: u32) -> History {
+        History { attempts, fee_bumps: 0 }
+    }
+
+    #[test]
+    fn the_fee_bump_cap_dead_letters_an_op_asking_for_one_more_bump() {
+        let p = RetryPolicy {
+            max_fee_bumps: Some(3),
+            ..RetryPolicy::default()
+        };
+        let bump = Outcome::Retryable {
+            reason: "transaction expired unconfirmed".into(),
+            retry_after: None,
+            detail: None,
+            fee_bump: true,
+        };
+        let at = |fee_bumps| History { attempts: 2, fee_bumps };
+        assert!(matches!(
+            decide(&p, &bump, at(2), now(), 0.5),
+            Decision::Retry { fee_bump: true, .. }
+        ));
+        assert_eq!(
+            decide(&p, &bump, at(3), now(), 0.5),
+            Decision::DeadLetter {
+                error: "fee-bump cap reached after 3 bumps: transaction expired unconfirmed".into()
+            }
+        );
+        // Without a bump request the cap does not apply, and without a cap bumps are unbounded.
+        assert!(matches!(
+            decide(&p, &Outcome::retry("503"), at(9), now(), 0.5),
+            Decision::Retry { .. }
+        ));
+        assert!(matches!(
+            decide(&RetryPolicy::default(), &bump, at(9), now(), 0.5),
+            Decision::Retry { .. }
+        ));
+    }
+
     #[test]
     fn backoff_doubles_up_to_the_max_and_jitter_scales_it() {
         let p = RetryPolicy::default();
@@ -152,7 +208,7 @@ mod tests {
     fn retryable_failures_retry_until_the_budget_then_dead_letter() {
         let p = RetryPolicy::default();
         let out = Outcome::retry("HTTP 503");
-        match decide(&p, &out, 11, now(), 1.0) {
+        match decide(&p, &out, h(11), now(), 1.0) {
             Decision::Retry { at, error, .. } => {
                 assert_eq!(at, now() + chrono::Duration::seconds(120));
                 assert_eq!(error, "HTTP 503");
@@ -160,7 +216,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(
-            decide(&p, &out, 12, now(), 1.0),
+            decide(&p, &out, h(12), now(), 1.0),
             Decision::DeadLetter {
                 error: "gave up after 12 attempts: HTTP 503".into()
             }
@@ -180,10 +236,10 @@ mod tests {
             fee_bump: false,
         };
         assert!(
-            matches!(decide(&p, &asked(30), 1, now(), 0.0), Decision::Retry { at, .. } if at == now() + chrono::Duration::seconds(30))
+            matches!(decide(&p, &asked(30), h(1), now(), 0.0), Decision::Retry { at, .. } if at == now() + chrono::Duration::seconds(30))
         );
         assert!(
-            matches!(decide(&p, &asked(86_400), 1, now(), 0.0), Decision::Retry { at, .. } if at == now() + chrono::Duration::seconds(60))
+            matches!(decide(&p, &asked(86_400), h(1), now(), 0.0), Decision::Retry { at, .. } if at == now() + chrono::Duration::seconds(60))
         );
     }
 
@@ -191,16 +247,19 @@ mod tests {
     fn permanent_dead_letters_at_once_and_faults_get_fewer_tries() {
         let p = RetryPolicy::default();
         assert_eq!(
-            decide(&p, &Outcome::permanent("HTTP 410"), 1, now(), 0.5),
+            decide(&p, &Outcome::permanent("HTTP 410"), h(1), now(), 0.5),
             Decision::DeadLetter {
                 error: "HTTP 410".into()
             }
         );
         let fault = Outcome::Fault(Fault::Crashed("unreachable".into()));
-        assert!(matches!(decide(&p, &fault, 2, now(), 0.5), Decision::Retry { .. }));
-        assert!(matches!(decide(&p, &fault, 3, now(), 0.5), Decision::DeadLetter { .. }));
+        assert!(matches!(decide(&p, &fault, h(2), now(), 0.5), Decision::Retry { .. }));
         assert!(matches!(
-            decide(&p, &Outcome::confirmed(), 12, now(), 0.5),
+            decide(&p, &fault, h(3), now(), 0.5),
+            Decision::DeadLetter { .. }
+        ));
+        assert!(matches!(
+            decide(&p, &Outcome::confirmed(), h(12), now(), 0.5),
             Decision::Confirm { .. }
         ));
     }
@@ -210,7 +269,7 @@ mod tests {
         fn retries_never_exceed_the_budget_nor_wait_beyond_the_caps(attempts in 1u32..40, jitter in 0.0f64..1.0, after in proptest::option::of(0u64..100_000)) {
             let p = RetryPolicy::default();
             let out = Outcome::Retryable { reason: "x".into(), retry_after: after.map(Duration::from_secs), detail: None, fee_bump: false };
-            match decide(&p, &out, attempts, now(), jitter) {
+            match decide(&p, &out, h(attempts), now(), jitter) {
                 Decision::Retry { at, .. } => {
                     prop_assert!(attempts < p.max_attempts);
                     let wait = (at - now()).to_std().unwrap_or_default();

@@ -358,7 +358,7 @@ async fn plugin_check_describes_a_good_component_and_refuses_a_bad_one() -> anyh
     let noop = crate::runtime::wasm("noop")?.display().to_string();
     let out = env.ok(&["plugin", "check", &noop], "").await?;
     ensure!(
-        out.contains("world:    executor-plugin") && out.contains("laneway:plugin@1.0.0"),
+        out.contains("world:    executor-plugin") && out.contains("laneway:plugin@1.1.0"),
         "{out}"
     );
     let bad = crate::runtime::wasm("forbidden-import")?.display().to_string();

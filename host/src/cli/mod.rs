@@ -437,6 +437,16 @@ async fn fanout_cmd(config: &Config, args: FanoutArgs, io: Io<'_>) -> Result<(),
     Ok(())
 }
 
+/// `laneway enqueue --json` output: the result, and for priced kinds the
+/// fee estimate (seed 003's `estFee` / `estConfirmationSeconds`).
+#[derive(serde::Serialize)]
+struct EnqueueOutput {
+    #[serde(flatten)]
+    result: Enqueued,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    estimate: Option<crate::pricing::FeeEstimate>,
+}
+
 async fn enqueue_cmd(config: &Config, args: EnqueueArgs, io: Io<'_>) -> Result<(), CliError> {
     let priority = parse_priority(args.priority.as_deref())?;
     let payload = read_input(&args.payload, "payload", io.stdin)?;
@@ -475,12 +485,41 @@ async fn enqueue_cmd(config: &Config, args: EnqueueArgs, io: Io<'_>) -> Result<(
         .await?
         .pop()
         .ok_or_else(|| CliError::Input("the queue returned no result".to_owned()))?;
+    let estimate = match (&result, config.kinds.get(&op.kind).and_then(|k| k.fee_oracle.as_ref())) {
+        (Enqueued::Created(_), Some(_)) => {
+            let host = Arc::new(PluginHost::new(config)?);
+            host.apply(config).await?;
+            let pricer = crate::pricing::Pricer::new(host, queue.clone());
+            pricer
+                .estimate(config, &op.kind, op.priority, Utc::now())
+                .await
+                .map_err(|e| CliError::Input(format!("enqueued, but the fee estimate failed: {e}")))?
+                .map(crate::pricing::FeeEstimate::from)
+        }
+        _ => None,
+    };
     if args.json {
-        serde_json::to_writer(&mut *io.stdout, &result).map_err(|e| CliError::Output(e.into()))?;
+        let output = EnqueueOutput { result, estimate };
+        serde_json::to_writer(&mut *io.stdout, &output).map_err(|e| CliError::Output(e.into()))?;
         writeln!(io.stdout)?;
     } else {
         match result {
-            Enqueued::Created(id) => writeln!(io.stdout, "enqueued op {id}")?,
+            Enqueued::Created(id) => {
+                writeln!(io.stdout, "enqueued op {id}")?;
+                match estimate {
+                    Some(e) if e.deferred_ms > 0 => writeln!(
+                        io.stdout,
+                        "estimate: deferred {} ms by the fee policy (congestion)",
+                        e.deferred_ms
+                    )?,
+                    Some(e) => writeln!(
+                        io.stdout,
+                        "estimate: base fee {} stroops, confirmation in about {} s",
+                        e.base_fee, e.est_confirmation_seconds
+                    )?,
+                    None => {}
+                }
+            }
             Enqueued::Existing(id) => writeln!(
                 io.stdout,
                 "op {id} already exists with this idempotency key; nothing enqueued"
@@ -563,10 +602,11 @@ async fn run_cmd(config: Config, source: FileSource) -> Result<(), CliError> {
     let debounce = std::time::Duration::from_millis(config.runtime.reload_debounce_ms);
     let oracles = config.oracles.clone();
     let dispatcher = Dispatcher::new(queue.clone(), plugins.registry(), config, Arc::new(SystemClock));
+    dispatcher.set_fee_policies(plugins.clone());
     for (name, oracle) in oracles {
         let rpc = crate::oracle::StellarRpc::new(&oracle.rpc_url, std::time::Duration::from_millis(oracle.timeout_ms))
             .map_err(|e| CliError::Input(format!("oracles.{name}: {e}")))?;
-        let config_json = serde_json::to_string(&oracle.config).unwrap_or_else(|_| "{}".to_owned());
+        let config_json = oracle.config_json();
         let fee_oracle = crate::oracle::FeeOracle::new(
             &name,
             rpc,

@@ -79,6 +79,13 @@ pub struct OracleConfig {
     pub config: toml::Table,
 }
 
+impl OracleConfig {
+    /// The policy's settings as JSON.
+    pub fn config_json(&self) -> String {
+        serde_json::to_string(&self.config).unwrap_or_else(|_| "{}".to_owned())
+    }
+}
+
 fn default_oracle_poll_ms() -> u64 {
     10_000
 }
@@ -300,6 +307,14 @@ pub struct KindConfig {
     /// Per-kind settings handed to the plugin (as JSON).
     #[serde(default)]
     pub config: toml::Table,
+    /// The `[oracles.NAME]` whose snapshot and fee policy price every
+    /// attempt of this kind (chain kinds); unpriced when absent.
+    #[serde(default)]
+    pub fee_oracle: Option<String>,
+    /// Fee bumps (attempts that ended asking for a higher fee) after which
+    /// the op is dead-lettered with its attempt history (seed 003: 3).
+    #[serde(default)]
+    pub max_fee_bumps: Option<u32>,
 }
 
 fn one() -> usize {
@@ -343,6 +358,7 @@ impl KindConfig {
             backoff_base: std::time::Duration::from_millis(self.backoff_base_ms),
             backoff_max: std::time::Duration::from_millis(self.backoff_max_ms),
             retry_after_max: std::time::Duration::from_millis(self.retry_after_max_ms),
+            max_fee_bumps: self.max_fee_bumps,
         }
     }
 
@@ -902,6 +918,14 @@ fn validate(config: &Config) -> Vec<Problem> {
                 bad(
                     &format!("kinds.{name}.plugin"),
                     format!("no [plugins.{plugin}] is configured"),
+                );
+            }
+        }
+        if let Some(oracle) = &kind.fee_oracle {
+            if !config.oracles.contains_key(oracle) {
+                bad(
+                    &format!("kinds.{name}.fee_oracle"),
+                    format!("no [oracles.{oracle}] is configured"),
                 );
             }
         }

@@ -23,7 +23,8 @@ use tracing::{debug, error, info, warn};
 use super::{DispatchError, Inner};
 use crate::breaker::{self, Admission};
 use crate::config::{Config, KindConfig};
-use crate::executor::{Executor, LeaseCheckpoint, Reconciled};
+use crate::executor::{Attempt, Executor, LeaseCheckpoint, Reconciled};
+use crate::fees::{FeeBid, FeeDecision};
 use crate::lanes::{self, Candidate, Caps, Lane, LaneMode, OpState};
 use crate::op::{AttemptRecord, Lease, Op, OpId, Status};
 use crate::outcome::{Fault, Outcome};
@@ -60,6 +61,7 @@ pub(super) async fn drain(inner: Arc<Inner>, outbox: String) {
 struct Finished {
     claimed: Claimed,
     destination: Option<String>,
+    fee: Option<FeeBid>,
     outcome: Outcome,
     started_at: DateTime<Utc>,
     finished_at: DateTime<Utc>,
@@ -69,6 +71,7 @@ struct Finished {
 struct Flight {
     claimed: Claimed,
     destination: Option<String>,
+    fee: Option<FeeBid>,
     started_at: DateTime<Utc>,
 }
 
@@ -310,6 +313,7 @@ impl Pass {
                 permits.push(permit);
             }
         }
+        let bids = self.price(&mut chosen, &by_id, now).await?;
         if chosen.is_empty() {
             return Ok(());
         }
@@ -337,12 +341,18 @@ impl Pass {
             let executor = self.inner.executors.get(&claimed.op.kind);
             let destination = destination(&claimed.op).map(str::to_owned);
             let started_at = self.inner.clock.now();
+            let fee = bids.get(&claimed.op.id).copied();
+            let max_attempts = kind.map_or(RetryPolicy::default().max_attempts, |k| k.max_attempts);
             let task = execute(
                 self.inner.clone(),
                 executor,
-                claimed.clone(),
-                destination.clone(),
-                timeout,
+                Flight {
+                    claimed: claimed.clone(),
+                    destination: destination.clone(),
+                    fee,
+                    started_at,
+                },
+                (timeout, max_attempts),
                 permit,
             );
             let handle = self.running.spawn(task);
@@ -351,11 +361,54 @@ impl Pass {
                 Flight {
                     claimed,
                     destination,
+                    fee,
                     started_at,
                 },
             );
         }
         Ok(())
+    }
+
+    /// Prices the chosen ops whose kind has a fee oracle: keeps the bids of
+    /// those that may go, defers (in the database, without using an
+    /// attempt) those the policy defers, and leaves out those that cannot be
+    /// priced now. Returns the bids.
+    async fn price(
+        &mut self,
+        chosen: &mut Vec<OpId>,
+        by_id: &HashMap<OpId, &Op>,
+        now: DateTime<Utc>,
+    ) -> Result<HashMap<OpId, FeeBid>, DispatchError> {
+        let mut bids = HashMap::new();
+        let Some(pricer) = self.inner.pricer.load_full() else {
+            return Ok(bids);
+        };
+        let config = self.inner.config.load_full();
+        let mut keep = Vec::with_capacity(chosen.len());
+        for id in chosen.drain(..) {
+            let Some(op) = by_id.get(&id) else { continue };
+            match pricer.price(&config, op, now).await {
+                Ok(None) => keep.push(id),
+                Ok(Some(FeeDecision::Submit { bid, .. })) => {
+                    if bid.capped {
+                        error!(op = id, kind = %op.kind, priority = %op.priority, fee = bid.base_fee, alert = "max-fee-hit", "Fee reached the absolute cap; submitting at the cap.");
+                    } else if bid.aggressive {
+                        info!(op = id, kind = %op.kind, fee = bid.base_fee, "Congested: using the aggressive fee.");
+                    }
+                    bids.insert(id, bid);
+                    keep.push(id);
+                }
+                Ok(Some(FeeDecision::Defer(wait))) => {
+                    let until = now + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX);
+                    if self.inner.queue.defer(id, until).await?.applied() {
+                        info!(op = id, kind = %op.kind, priority = %op.priority, until = %until, "Deferred by the fee policy (congestion).");
+                    }
+                }
+                Err(e) => warn!(op = id, kind = %op.kind, error = %e, "Cannot price the op; it waits."),
+            }
+        }
+        *chosen = keep;
+        Ok(bids)
     }
 
     fn settle_join(&mut self, joined: Result<(TaskId, Finished), JoinError>) -> Option<Finished> {
@@ -372,6 +425,7 @@ impl Pass {
                 Some(Finished {
                     claimed: flight.claimed,
                     destination: flight.destination,
+                    fee: flight.fee,
                     outcome: Outcome::retry("interrupted by shutdown"),
                     started_at: flight.started_at,
                     finished_at: now,
@@ -394,8 +448,11 @@ impl Pass {
             let op = &f.claimed.op;
             let kind: Option<&KindConfig> = config.kinds.get(&op.kind);
             let policy = kind.map_or_else(RetryPolicy::default, KindConfig::retry_policy);
-            let used = u32::try_from(op.budget_attempts()).unwrap_or(u32::MAX);
-            let decision = retry::decide(&policy, &f.outcome, used, now, rand::random::<f64>());
+            let history = retry::History {
+                attempts: u32::try_from(op.budget_attempts()).unwrap_or(u32::MAX),
+                fee_bumps: u32::try_from(op.fee_bumps).unwrap_or(u32::MAX),
+            };
+            let decision = retry::decide(&policy, &f.outcome, history, now, rand::random::<f64>());
             let tries = self.in_pass.entry(op.id).or_default();
             *tries += 1;
             if matches!(decision, Decision::Retry { .. }) && *tries >= in_pass_cap {
@@ -426,7 +483,7 @@ impl Pass {
                     finished_at: f.finished_at,
                     class: f.outcome.class(),
                     detail: f.outcome.detail().map(str::to_owned),
-                    fee: None,
+                    fee: f.fee.and_then(|b| i64::try_from(b.base_fee).ok()),
                     error: f.outcome.error(),
                 },
             });
@@ -508,29 +565,46 @@ fn destination(op: &Op) -> Option<&str> {
 
 /// Runs one attempt: reconcile first if an earlier attempt checkpointed a
 /// receipt, then execute; bounded by the kind's deadline; panics caught.
+///
+/// An op whose budget is already spent reaches here only to reconcile (its
+/// lease expired with a receipt): if the side effect provably did not
+/// happen, it is dead-lettered rather than attempted beyond its budget.
 async fn execute(
     inner: Arc<Inner>,
     executor: Option<Arc<dyn Executor>>,
-    claimed: Claimed,
-    destination: Option<String>,
-    timeout: Duration,
+    flight: Flight,
+    (timeout, max_attempts): (Duration, u32),
     _permit: OwnedSemaphorePermit,
 ) -> Finished {
+    let Flight {
+        claimed,
+        destination,
+        fee,
+        ..
+    } = flight;
     let started_at = inner.clock.now();
     let outcome = match executor {
         None => Outcome::Fault(Fault::NoExecutor),
         Some(executor) => {
-            let checkpoint: Arc<dyn crate::executor::Checkpoint> =
-                Arc::new(LeaseCheckpoint::new(inner.queue.clone(), claimed.lease));
+            let context = Attempt {
+                checkpoint: Arc::new(LeaseCheckpoint::new(inner.queue.clone(), claimed.lease)),
+                fee,
+            };
             let op = &claimed.op;
+            let spent = u32::try_from(op.budget_attempts()).unwrap_or(u32::MAX) > max_attempts;
             let attempt = async {
                 if let Some(receipt) = &op.receipt {
-                    match executor.reconcile(op, receipt, checkpoint.clone()).await {
+                    match executor.reconcile(op, receipt, context.clone()).await {
                         Reconciled::Settled(outcome) => return outcome,
+                        Reconciled::Redeliver if spent => {
+                            return Outcome::permanent(format!(
+                                "gave up after {max_attempts} attempts; the last one provably did not take effect"
+                            ))
+                        }
                         Reconciled::Redeliver => {}
                     }
                 }
-                executor.execute(op, checkpoint).await
+                executor.execute(op, context).await
             };
             match tokio::time::timeout(timeout, std::panic::AssertUnwindSafe(attempt).catch_unwind()).await {
                 Ok(Ok(outcome)) => outcome,
@@ -549,6 +623,7 @@ async fn execute(
     Finished {
         claimed,
         destination,
+        fee,
         outcome,
         started_at,
         finished_at: inner.clock.now(),

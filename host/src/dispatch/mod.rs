@@ -12,7 +12,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -22,6 +22,7 @@ use crate::breaker::{BreakerConfig, Breakers};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::executor::Registry;
+use crate::pricing::{FeeEstimate, FeePolicies, Pricer, PricingError};
 use crate::queue::{Enqueued, ExpireTo, NewOp, Queue, QueueError};
 use slots::{LocalSlots, Trigger};
 
@@ -47,6 +48,8 @@ pub(crate) struct Inner {
     pub tasks: TaskTracker,
     /// Kinds already reported as not runnable (logged once per process).
     pub unrunnable: Mutex<HashSet<String>>,
+    /// Prices attempts of kinds with a fee oracle, once fee policies are set.
+    pub pricer: ArcSwapOption<Pricer>,
 }
 
 impl Inner {
@@ -103,6 +106,7 @@ impl Dispatcher {
                 cancel: CancellationToken::new(),
                 tasks: TaskTracker::new(),
                 unrunnable: Mutex::new(HashSet::new()),
+                pricer: ArcSwapOption::empty(),
             }),
         }
     }
@@ -115,6 +119,37 @@ impl Dispatcher {
     /// The queue it drains.
     pub fn queue(&self) -> &Arc<dyn Queue> {
         &self.inner.queue
+    }
+
+    /// Prices attempts of kinds that name a fee oracle with these policies.
+    /// Until this is called such kinds are not priced (their executors get
+    /// no bid and use their own default).
+    pub fn set_fee_policies(&self, policies: Arc<dyn FeePolicies>) {
+        let pricer = Pricer::new(policies, self.inner.queue.clone());
+        self.inner.pricer.store(Some(Arc::new(pricer)));
+    }
+
+    /// The fee a new op of `kind` at `priority` would bid now and its
+    /// expected confirmation time (seed 003's enqueue estimate); `None` when
+    /// the kind is not priced.
+    ///
+    /// # Errors
+    ///
+    /// [`PricingError`].
+    pub async fn estimate(
+        &self,
+        kind: &str,
+        priority: crate::op::Priority,
+    ) -> Result<Option<FeeEstimate>, PricingError> {
+        let Some(pricer) = self.inner.pricer.load_full() else {
+            return Ok(None);
+        };
+        let config = self.inner.config.load_full();
+        let now = self.inner.clock.now();
+        Ok(pricer
+            .estimate(&config, kind, priority, now)
+            .await?
+            .map(FeeEstimate::from))
     }
 
     /// Applies new tunables (priorities, retry policy, caps) from the next pass on.
@@ -273,7 +308,10 @@ impl Dispatcher {
                     (k.max_attempts, k.halts_lanes())
                 });
             let used = u32::try_from(claimed.op.budget_attempts()).unwrap_or(0);
-            let to = if used >= max_attempts {
+            // An op with a receipt may have taken effect: it goes back so its
+            // executor reconciles it, whatever its budget; dead-lettering it
+            // unseen could record a landed payment as failed.
+            let to = if used >= max_attempts && claimed.op.receipt.is_none() {
                 ExpireTo::DeadLetter { halt_lanes: halt }
             } else {
                 ExpireTo::Retry(self.inner.clock.now())

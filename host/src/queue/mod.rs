@@ -402,6 +402,10 @@ pub trait Queue: Send + Sync + std::fmt::Debug {
     /// before it does it, under the current lease.
     async fn checkpoint(&self, lease: &Lease, receipt: &str) -> Result<Cas, QueueError>;
 
+    /// Leaves a pending op pending until `until` without using an attempt
+    /// (a fee policy deferred it); `Stale` if it is no longer pending.
+    async fn defer(&self, id: OpId, until: DateTime<Utc>) -> Result<Cas, QueueError>;
+
     /// Pushes the leases' expiry to now + `duration`.
     async fn extend_leases(&self, leases: &[Lease], duration: Duration) -> Result<Vec<Cas>, QueueError>;
 

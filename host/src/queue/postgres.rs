@@ -720,6 +720,21 @@ impl Queue for PgQueue {
         Ok(done.rows_affected())
     }
 
+    async fn defer(&self, id: OpId, until: DateTime<Utc>) -> Result<Cas, QueueError> {
+        let done =
+            sqlx::query("UPDATE ops SET next_attempt_at = $1, updated_at = $2 WHERE id = $3 AND status = 'pending'")
+                .bind(until)
+                .bind(self.now())
+                .bind(id)
+                .execute(&self.pool)
+                .await?;
+        Ok(if done.rows_affected() == 1 {
+            Cas::Applied
+        } else {
+            Cas::Stale
+        })
+    }
+
     async fn halt_subject(&self, subject: &str, reason: Option<&str>) -> Result<(), QueueError> {
         sqlx::query(
             "INSERT INTO halted_subjects (subject, reason, halted_at) VALUES ($1, $2, $3) \

@@ -767,6 +767,23 @@ impl Queue for SqliteQueue {
         Ok(done.rows_affected())
     }
 
+    async fn defer(&self, id: OpId, until: DateTime<Utc>) -> Result<Cas, QueueError> {
+        let mut tx = self.write().await?;
+        let done =
+            sqlx::query("UPDATE ops SET next_attempt_at = ?, updated_at = ? WHERE id = ? AND status = 'pending'")
+                .bind(ms(until))
+                .bind(ms(self.now()))
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        tx.commit().await?;
+        Ok(if done.rows_affected() == 1 {
+            Cas::Applied
+        } else {
+            Cas::Stale
+        })
+    }
+
     async fn halt_subject(&self, subject: &str, reason: Option<&str>) -> Result<(), QueueError> {
         let mut tx = self.write().await?;
         sqlx::query(

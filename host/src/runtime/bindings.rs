@@ -8,7 +8,7 @@
 pub mod executor {
     wasmtime::component::bindgen!({
         world: "executor-plugin",
-        path: "../wit/laneway-plugin@1.0.0",
+        path: "../wit/laneway-plugin@1.1.0",
         imports: { default: async | trappable },
         exports: { default: async },
     });
@@ -18,7 +18,7 @@ pub mod executor {
 pub mod fee_policy {
     wasmtime::component::bindgen!({
         world: "fee-policy-plugin",
-        path: "../wit/laneway-plugin@1.0.0",
+        path: "../wit/laneway-plugin@1.1.0",
         imports: { default: async | trappable },
         exports: { default: async },
         with: {

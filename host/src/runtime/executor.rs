@@ -8,7 +8,7 @@ use async_trait::async_trait;
 
 use super::bindings::executor::laneway::plugin::types as wit;
 use super::plugin::Plugin;
-use crate::executor::{Checkpoint, Executor, Reconciled};
+use crate::executor::{Attempt, Executor, Reconciled};
 use crate::op::{Op, Priority};
 use crate::outcome::Outcome;
 
@@ -74,15 +74,15 @@ pub fn outcome(o: wit::Outcome) -> Outcome {
 
 #[async_trait]
 impl Executor for WasmExecutor {
-    async fn execute(&self, op: &Op, checkpoint: Arc<dyn Checkpoint>) -> Outcome {
-        match self.plugin.execute(self.op(op), checkpoint).await {
+    async fn execute(&self, op: &Op, attempt: Attempt) -> Outcome {
+        match self.plugin.execute(self.op(op), attempt).await {
             Ok(o) => outcome(o),
             Err(failure) => failure.into_outcome(),
         }
     }
 
-    async fn reconcile(&self, op: &Op, receipt: &str, checkpoint: Arc<dyn Checkpoint>) -> Reconciled {
-        match self.plugin.reconcile(self.op(op), receipt.to_owned(), checkpoint).await {
+    async fn reconcile(&self, op: &Op, receipt: &str, attempt: Attempt) -> Reconciled {
+        match self.plugin.reconcile(self.op(op), receipt.to_owned(), attempt).await {
             Ok(wit::Reconciled::Settled(o)) => Reconciled::Settled(outcome(o)),
             Ok(wit::Reconciled::Redeliver) => Reconciled::Redeliver,
             Err(failure) => Reconciled::Settled(failure.into_outcome()),

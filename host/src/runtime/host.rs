@@ -434,3 +434,23 @@ fn sighup() -> tokio::sync::mpsc::UnboundedReceiver<()> {
     drop(tx);
     rx
 }
+
+#[async_trait::async_trait]
+impl crate::pricing::FeePolicies for PluginHost {
+    async fn quote(
+        &self,
+        policy: &str,
+        input: crate::fees::QuoteInput<'_>,
+    ) -> Result<crate::fees::FeeDecision, crate::pricing::PricingError> {
+        let plugin = self
+            .fee_policy(policy)
+            .ok_or_else(|| crate::pricing::PricingError::PolicyNotLoaded(policy.to_owned()))?;
+        plugin
+            .quote(input)
+            .await
+            .map_err(|e| crate::pricing::PricingError::Policy {
+                policy: policy.to_owned(),
+                reason: e.to_string(),
+            })
+    }
+}

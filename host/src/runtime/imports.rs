@@ -1,10 +1,11 @@
-//! The host side of the plugin imports: `http`, `signer`, `log` and
-//! `checkpoint`. Each enforces the plugin's grants before doing anything.
+//! The host side of the plugin imports: `http`, `signer`, `log`,
+//! `checkpoint` and `fees`. Each enforces the plugin's grants before doing
+//! anything.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use super::bindings::executor::laneway::plugin::{checkpoint, http, log, signer, types};
+use super::bindings::executor::laneway::plugin::{checkpoint, fees, http, log, signer, types};
 use super::state::HostState;
 use crate::egress::Egress;
 use crate::executor::CheckpointError;
@@ -267,5 +268,15 @@ impl checkpoint::Host for HostState {
             Err(CheckpointError::LeaseLost) => Err(checkpoint::Error::LeaseLost),
             Err(CheckpointError::Queue(e)) => Err(checkpoint::Error::Failed(e.to_string())),
         })
+    }
+}
+
+impl fees::Host for HostState {
+    async fn current(&mut self) -> wasmtime::Result<Option<fees::Bid>> {
+        Ok(self.fee.map(|b| fees::Bid {
+            base_fee: b.base_fee,
+            aggressive: b.aggressive,
+            capped: b.capped,
+        }))
     }
 }

@@ -17,7 +17,7 @@ use super::engine::EngineKind;
 use super::failure::PluginFailure;
 use super::state::{HostState, Services};
 use super::Runtime;
-use crate::executor::Checkpoint;
+use crate::executor::Attempt;
 
 /// The major version of `laneway:plugin` this host implements.
 pub const CONTRACT_MAJOR: u64 = 1;
@@ -50,7 +50,7 @@ impl World {
     /// Interfaces of `laneway:plugin` this world may import.
     fn own_imports(self) -> &'static [&'static str] {
         match self {
-            World::Executor => &["types", "http", "signer", "log", "checkpoint"],
+            World::Executor => &["types", "http", "signer", "log", "checkpoint", "fees"],
             World::FeePolicy => &["types", "log"],
         }
     }
@@ -265,13 +265,9 @@ impl Plugin {
     }
 
     /// A fresh store with the deadline and limits armed.
-    fn store(
-        &self,
-        checkpoint: Option<Arc<dyn Checkpoint>>,
-        op_id: Option<i64>,
-    ) -> Result<Store<HostState>, PluginFailure> {
+    fn store(&self, attempt: Option<Attempt>, op_id: Option<i64>) -> Result<Store<HostState>, PluginFailure> {
         let engine = self.runtime.engines.get(self.inspection.world.engine());
-        let state = HostState::new(self.services.clone(), self.limits.memory, checkpoint, op_id);
+        let state = HostState::new(self.services.clone(), self.limits.memory, attempt, op_id);
         let mut store = Store::new(engine, state);
         store.limiter(|s| &mut s.limiter);
         if self.inspection.world == World::FeePolicy {
@@ -339,9 +335,9 @@ impl Plugin {
     /// # Errors
     ///
     /// [`PluginFailure`] when the call did not return an outcome.
-    pub async fn execute(&self, op: wit::Op, checkpoint: Arc<dyn Checkpoint>) -> Result<wit::Outcome, PluginFailure> {
+    pub async fn execute(&self, op: wit::Op, attempt: Attempt) -> Result<wit::Outcome, PluginFailure> {
         let pre = self.executor_pre()?.clone();
-        let mut store = self.store(Some(checkpoint), Some(op.id))?;
+        let mut store = self.store(Some(attempt), Some(op.id))?;
         self.bounded(&mut store, async move |store| {
             let bindings = pre.instantiate_async(&mut *store).await?;
             bindings.laneway_plugin_executor().call_execute(&mut *store, &op).await
@@ -358,10 +354,10 @@ impl Plugin {
         &self,
         op: wit::Op,
         receipt: String,
-        checkpoint: Arc<dyn Checkpoint>,
+        attempt: Attempt,
     ) -> Result<wit::Reconciled, PluginFailure> {
         let pre = self.executor_pre()?.clone();
-        let mut store = self.store(Some(checkpoint), Some(op.id))?;
+        let mut store = self.store(Some(attempt), Some(op.id))?;
         self.bounded(&mut store, async move |store| {
             let bindings = pre.instantiate_async(&mut *store).await?;
             bindings

@@ -4,9 +4,11 @@
 use std::sync::Arc;
 
 use super::bindings::fee_policy::exports::laneway::plugin::fee_policy as wit;
+use super::bindings::fee_policy::laneway::plugin::types as wit_types;
 use super::failure::PluginFailure;
 use super::plugin::Plugin;
-use crate::fees::{Congestion, FeeSample, FeeSnapshot};
+use crate::fees::{Congestion, FeeBid, FeeDecision, FeeSample, FeeSnapshot, QuoteInput};
+use crate::op::Priority;
 
 /// A fee policy plugin.
 #[derive(Debug, Clone)]
@@ -100,5 +102,38 @@ impl FeePolicy {
             congestion_since_ms: s.congestion_since_ms,
             clamped: s.clamped,
         })
+    }
+
+    /// Prices one attempt, or defers it.
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError`] when the plugin fails or refuses.
+    pub async fn quote(&self, input: QuoteInput<'_>) -> Result<FeeDecision, PolicyError> {
+        let priority = match input.priority {
+            Priority::Critical => wit_types::Priority::Critical,
+            Priority::Normal => wit_types::Priority::Normal,
+            Priority::Low => wit_types::Priority::Low,
+        };
+        let request = wit::QuoteRequest {
+            priority,
+            attempts: input.attempts,
+            fee_bumps: input.fee_bumps,
+            enqueued_at_ms: input.enqueued_at_ms,
+            now_ms: input.now_ms,
+            snapshot: input.snapshot.map(snapshot_to_wit),
+            config: input.config.to_owned(),
+        };
+        match self.plugin.quote(request).await?.map_err(PolicyError::Refused)? {
+            wit::Decision::Submit(q) => Ok(FeeDecision::Submit {
+                bid: FeeBid {
+                    base_fee: q.fee,
+                    aggressive: q.aggressive,
+                    capped: q.capped,
+                },
+                est_confirmation_seconds: q.est_confirmation_seconds,
+            }),
+            wit::Decision::Defer(ms) => Ok(FeeDecision::Defer(std::time::Duration::from_millis(ms))),
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! What a plugin's store holds during one call: an empty WASI context, the
-//! memory limiter, the plugin's granted services, and the op's checkpoint.
+//! memory limiter, the plugin's granted services, and the attempt's
+//! checkpoint and fee quote.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -9,7 +10,8 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::failure::MemoryLimitExceeded;
 use crate::egress::Egress;
-use crate::executor::Checkpoint;
+use crate::executor::{Attempt, Checkpoint};
+use crate::fees::FeeBid;
 use crate::keys::KeyStore;
 
 /// What a plugin may use, shared by all its calls.
@@ -83,6 +85,8 @@ pub struct HostState {
     pub services: Arc<Services>,
     /// Where `checkpoint.save` writes, when an op is being executed.
     pub checkpoint: Option<Arc<dyn Checkpoint>>,
+    /// What `fees.current` answers: the attempt's quote, if any.
+    pub fee: Option<FeeBid>,
     /// The op being executed, for logs.
     pub op_id: Option<i64>,
     /// The first thing the plugin was denied this call: a denial decides the
@@ -95,18 +99,15 @@ pub struct HostState {
 impl HostState {
     /// State for one call. WASI is linked with an empty context: no
     /// preopened directories, environment, arguments or inherited stdio.
-    pub fn new(
-        services: Arc<Services>,
-        max_memory: usize,
-        checkpoint: Option<Arc<dyn Checkpoint>>,
-        op_id: Option<i64>,
-    ) -> Self {
+    pub fn new(services: Arc<Services>, max_memory: usize, attempt: Option<Attempt>, op_id: Option<i64>) -> Self {
+        let (checkpoint, fee) = attempt.map_or((None, None), |a| (Some(a.checkpoint), a.fee));
         Self {
             wasi: WasiCtx::builder().build(),
             table: ResourceTable::new(),
             limiter: Limiter { max_memory, peak: 0 },
             services,
             checkpoint,
+            fee,
             op_id,
             denied: None,
             log_lines: 0,

@@ -1,4 +1,4 @@
-//! The guest SDK: laneway's WIT contract (`laneway:plugin@1.0.0`) as plain
+//! The guest SDK: laneway's WIT contract (`laneway:plugin@1.1.0`) as plain
 //! Rust traits, so a plugin implements [`Executor`] or [`FeePolicy`] and
 //! calls one macro, without touching generated bindings.
 //!
@@ -18,7 +18,7 @@
 pub mod executor_world {
     wit_bindgen::generate!({
         world: "executor-plugin",
-        path: "../../wit/laneway-plugin@1.0.0",
+        path: "../../wit/laneway-plugin@1.1.0",
         default_bindings_module: "laneway_sdk::executor_world",
         pub_export_macro: true,
         export_macro_name: "export_executor_world",
@@ -30,7 +30,7 @@ pub mod executor_world {
 pub mod fee_policy_world {
     wit_bindgen::generate!({
         world: "fee-policy-plugin",
-        path: "../../wit/laneway-plugin@1.0.0",
+        path: "../../wit/laneway-plugin@1.1.0",
         default_bindings_module: "laneway_sdk::fee_policy_world",
         pub_export_macro: true,
         export_macro_name: "export_fee_policy_world",
@@ -40,7 +40,7 @@ pub mod fee_policy_world {
 pub use executor_world::laneway::plugin::types::{
     Confirmation, Description, Failure, Op, OpInput, Outcome, Priority, Reconciled, Retry,
 };
-pub use executor_world::laneway::plugin::{checkpoint, http, log, signer};
+pub use executor_world::laneway::plugin::{checkpoint, fees, http, log, signer};
 pub use fee_policy_world::exports::laneway::plugin::fee_policy::{
     Congestion, Decision, FeeQuote, FeeSample, QuoteRequest, Snapshot,
 };

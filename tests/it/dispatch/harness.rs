@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use laneway::clock::SystemClock;
 use laneway::config::{self, Config};
 use laneway::dispatch::Dispatcher;
-use laneway::executor::{Checkpoint, Executor, Executors, Reconciled, Registry};
+use laneway::executor::{Attempt, Executor, Executors, Reconciled, Registry};
 use laneway::op::{Op, OpId, Status};
 use laneway::outcome::Outcome;
 use laneway::queue::{NewOp, Queue};
@@ -127,7 +127,7 @@ impl Scripted {
 
 #[async_trait]
 impl Executor for Scripted {
-    async fn execute(&self, op: &Op, _checkpoint: Arc<dyn Checkpoint>) -> Outcome {
+    async fn execute(&self, op: &Op, _attempt: Attempt) -> Outcome {
         let lane = op.lanes.first().cloned().unwrap_or_default();
         let step = {
             let mut state = self.lock();
@@ -186,7 +186,7 @@ impl Executor for Scripted {
         outcome
     }
 
-    async fn reconcile(&self, op: &Op, receipt: &str, _checkpoint: Arc<dyn Checkpoint>) -> Reconciled {
+    async fn reconcile(&self, op: &Op, receipt: &str, _attempt: Attempt) -> Reconciled {
         let mut state = self.lock();
         state.reconciles.push((op.id, receipt.to_owned()));
         state

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context};
 use async_trait::async_trait;
-use laneway::executor::{Checkpoint, Executor, Executors, Registry};
+use laneway::executor::{Attempt, Executor, Executors, Registry};
 use laneway::op::{Op, Status};
 use laneway::outcome::Outcome;
 use laneway::queue::postgres::PgQueue;
@@ -37,7 +37,7 @@ struct Tracking {
 
 #[async_trait]
 impl Executor for Tracking {
-    async fn execute(&self, op: &Op, _: Arc<dyn Checkpoint>) -> Outcome {
+    async fn execute(&self, op: &Op, _: Attempt) -> Outcome {
         {
             let mut w = self.watch.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             w.log.push((Instant::now(), self.owner.clone(), op.outbox.clone()));

@@ -11,7 +11,7 @@ use laneway::queue::NewOp;
 use laneway::runtime::failure::{PluginFailure, TrapKind};
 use laneway::runtime::host::PluginHost;
 
-use super::{config_with, http_server, load, op, runtime, Recorder, Serve};
+use super::{attempt, config_with, http_server, load, op, runtime, Recorder, Serve};
 use crate::dispatch::harness::{settle, Running};
 use crate::support;
 
@@ -20,7 +20,7 @@ async fn execute(fixture: &str, extra: &str, payload: &str) -> anyhow::Result<Re
     let plugin =
         load(&rt, fixture, extra, KeyStore::default())?.map_err(|e| anyhow::anyhow!("{fixture} did not load: {e}"))?;
     Ok(plugin
-        .execute(op(1, payload), Arc::new(Recorder::default()))
+        .execute(op(1, payload), attempt(Arc::new(Recorder::default())))
         .await
         .map(|_| ()))
 }
@@ -129,7 +129,7 @@ async fn a_crashing_version_is_quarantined_and_its_ops_wait() -> anyhow::Result<
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     for _ in 0..2 {
         ensure!(plugin
-            .execute(op(1, "{}"), Arc::new(Recorder::default()))
+            .execute(op(1, "{}"), attempt(Arc::new(Recorder::default())))
             .await
             .is_err());
     }

@@ -11,7 +11,7 @@ use laneway::keys::{Algorithm, Key, KeyStore};
 use laneway::runtime::bindings::executor::laneway::plugin::types as wit;
 use laneway::runtime::failure::PluginFailure;
 
-use super::{http_server, load, op, runtime, Recorder, Serve};
+use super::{attempt, http_server, load, op, runtime, Recorder, Serve};
 
 const SEED: [u8; 32] = [7u8; 32];
 
@@ -32,7 +32,9 @@ fn keys() -> anyhow::Result<KeyStore> {
 async fn run(extra: &str, payload: &str) -> anyhow::Result<Result<wit::Outcome, PluginFailure>> {
     let rt = runtime()?;
     let plugin = load(&rt, "grants", extra, keys()?)?.map_err(|e| anyhow::anyhow!("{e}"))?;
-    Ok(plugin.execute(op(1, payload), Arc::new(Recorder::default())).await)
+    Ok(plugin
+        .execute(op(1, payload), attempt(Arc::new(Recorder::default())))
+        .await)
 }
 
 fn unhex(s: &str) -> anyhow::Result<Vec<u8>> {
@@ -69,7 +71,10 @@ async fn an_ungranted_key_is_denied_and_the_call_classified_so() -> anyhow::Resu
     let decision = laneway::retry::decide(
         &laneway::retry::RetryPolicy::default(),
         &PluginFailure::Denied("x".into()).into_outcome(),
-        1,
+        laneway::retry::History {
+            attempts: 1,
+            fee_bumps: 0,
+        },
         chrono::Utc::now(),
         0.5,
     );

@@ -84,6 +84,14 @@ impl Checkpoint for Recorder {
     }
 }
 
+/// An attempt context for direct plugin calls: checkpoints go to `recorder`, no fee bid.
+pub fn attempt(recorder: Arc<Recorder>) -> laneway::executor::Attempt {
+    laneway::executor::Attempt {
+        checkpoint: recorder,
+        fee: None,
+    }
+}
+
 /// A WIT op for direct plugin calls.
 pub fn op(id: i64, payload: &str) -> laneway::runtime::bindings::executor::laneway::plugin::types::Op {
     use laneway::runtime::bindings::executor::laneway::plugin::types as wit;
@@ -204,7 +212,7 @@ async fn a_plugin_built_against_1_0_0_keeps_loading() -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("the 1.0.0 fixture no longer loads: {e}"))?;
     anyhow::ensure!(plugin.inspection.version == "1.0.0");
     let outcome = plugin
-        .execute(op(1, "{}"), Arc::new(Recorder::default()))
+        .execute(op(1, "{}"), attempt(Arc::new(Recorder::default())))
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     use laneway::runtime::bindings::executor::laneway::plugin::types as wit;

@@ -1,15 +1,101 @@
-//! A fake Stellar RPC: JSON-RPC 2.0 on `POST /`, params by name or absent
-//! (arrays are refused, as stellar-rpc does), with the documented result
-//! shapes and types (fees and counts as strings). Only the methods laneway
-//! uses so far.
+//! A fake Stellar RPC for tests: JSON-RPC 2.0 on `POST /`, params by name
+//! or absent (arrays are refused, as stellar-rpc does), with the documented
+//! result shapes and types (fees, counts and close times as strings).
+//!
+//! It is a small ledger, not a canned responder: it decodes envelopes with
+//! `stellar-xdr`, hashes them with the network passphrase, verifies the
+//! ed25519 signatures against the source account, enforces sequence =
+//! current + 1, the minimum inclusion fee, the resource fee, and time and
+//! ledger bounds; one queued transaction per account; a ledger closes on a
+//! timer and applies what is queued. Faults are injected per call.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use ed25519_dalek::{Signature, VerifyingKey};
 use serde_json::{json, Value};
+use sha2::Digest as _;
+use stellar_xdr::{
+    AccountEntry, AccountEntryExt, AccountId, HostFunction, LedgerEntryData, LedgerKey, Limits, Memo, MuxedAccount,
+    OperationBody, Preconditions, PublicKey, ReadXdr, ScVal, SequenceNumber, SorobanTransactionData, String32,
+    Thresholds, TransactionEnvelope, TransactionExt, TransactionMeta, TransactionMetaV3, Uint256, WriteXdr,
+};
+
+/// The testnet passphrase.
+pub const TESTNET: &str = "Test SDF Network ; September 2015";
+
+/// §A4's simulation `transactionData` (resource fee 90353).
+const TRANSACTION_DATA: &str = "AAAAAAAAAAEAAAAGAAAAAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAAAAFAAAAAEAAAABAAAABgAAAAEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQAAABAAAAABAAAAAgAAAA8AAAAHQmFsYW5jZQAAAAASAAAAAAAAAAAHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwAAAAEAHoSAAAAD6AAAAfQAAAAAAAFg8Q==";
+const MIN_RESOURCE_FEE: i64 = 90_353;
+/// §A4's `TransactionResult`s for rejections. (Its txSUCCESS fixture is
+/// three bytes short of a whole hash, so results of applied transactions
+/// are encoded here instead: see `applied_result`.)
+const TX_BAD_SEQ: &str = "AAAAAAAAAGT////7AAAAAA==";
+const TX_INSUFFICIENT_FEE: &str = "AAAAAAAAAGT////3AAAAAA==";
+const TX_TOO_LATE: &str = "AAAAAAAAAGT////9AAAAAA==";
+const TX_BAD_AUTH: &str = "AAAAAAAAAGT////6AAAAAA==";
+const TX_MALFORMED: &str = "AAAAAAAAAGT////wAAAAAA==";
+
+/// A fault for the next `sendTransaction`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendFault {
+    /// `TRY_AGAIN_LATER`, nothing queued.
+    TryAgainLater,
+    /// HTTP 429 with `Retry-After: 1`.
+    Http429,
+    /// HTTP 504.
+    Http504,
+    /// `ERROR` txBAD_SEQ, nothing queued.
+    BadSeq,
+    /// `ERROR` txINSUFFICIENT_FEE, nothing queued.
+    InsufficientFee,
+    /// `PENDING`, then the transaction silently never lands.
+    AcceptThenLose,
+    /// Queued, but `getTransaction` says NOT_FOUND this many more times after it lands.
+    HideFor(u32),
+    /// Queued and applied as txFAILED (the contract trapped).
+    Trap,
+    /// Queued, but the HTTP answer never comes (the caller dies waiting).
+    AcceptThenHang,
+}
+
+/// A transaction the fake accepted.
+#[derive(Debug, Clone)]
+pub struct Submitted {
+    pub hash: String,
+    pub source: [u8; 32],
+    pub sequence: i64,
+    /// `tx.fee` minus the declared resource fee.
+    pub inclusion_fee: i64,
+    pub function: Option<String>,
+    pub args: Vec<ScVal>,
+    pub max_ledger: u32,
+    /// The ledger that was latest when it was accepted.
+    pub accepted_at_ledger: u32,
+    pub state: TxState,
+    envelope: String,
+    hide_for: u32,
+    trap: bool,
+    lose: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxState {
+    Queued,
+    Success {
+        ledger: u32,
+    },
+    Failed {
+        ledger: u32,
+    },
+    /// Lost or expired: it never landed.
+    Dropped,
+}
 
 struct Fees {
     min: u64,
@@ -22,9 +108,23 @@ struct Fees {
 
 struct Inner {
     fees: Fees,
-    latest_ledger: u64,
+    latest_ledger: u32,
+    close_time: u64,
+    network_id: [u8; 32],
+    /// Minimum inclusion fee per operation (surge pricing raises it).
+    min_inclusion_fee: i64,
+    accounts: HashMap<[u8; 32], i64>,
+    txs: Vec<Submitted>,
+    queued: HashMap<[u8; 32], usize>,
+    send_faults: VecDeque<SendFault>,
+    simulate_faults: VecDeque<&'static str>,
     failing: bool,
     requests: usize,
+    /// A send found another transaction of the same account already queued
+    /// (what a dispatcher without per-signer serialization causes).
+    concurrent_sends: usize,
+    /// Sends refused for a bad sequence (not injected).
+    bad_seqs: usize,
 }
 
 /// The fake; clones share state.
@@ -35,7 +135,7 @@ pub struct FakeRpc {
 
 impl Default for FakeRpc {
     fn default() -> Self {
-        // stellar-docs' getFeeStats example.
+        // stellar-docs' getFeeStats example and §A4's account fixture numbers.
         Self {
             inner: Arc::new(Mutex::new(Inner {
                 fees: Fees {
@@ -47,15 +147,35 @@ impl Default for FakeRpc {
                     ledger_count: 50,
                 },
                 latest_ledger: 3_730_870,
+                close_time: unix_now(),
+                network_id: sha2::Sha256::digest(TESTNET.as_bytes()).into(),
+                min_inclusion_fee: 100,
+                accounts: HashMap::new(),
+                txs: Vec::new(),
+                queued: HashMap::new(),
+                send_faults: VecDeque::new(),
+                simulate_faults: VecDeque::new(),
                 failing: false,
                 requests: 0,
+                concurrent_sends: 0,
+                bad_seqs: 0,
             })),
         }
     }
 }
 
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 fn rpc_error(id: &Value, code: i64, message: &str) -> Response {
     axum::Json(json!({ "jsonrpc": "2.0", "id": id, "error": { "code": code, "message": message } })).into_response()
+}
+
+fn ok(id: &Value, result: Value) -> Response {
+    axum::Json(json!({ "jsonrpc": "2.0", "id": id, "result": result })).into_response()
 }
 
 impl FakeRpc {
@@ -85,6 +205,103 @@ impl FakeRpc {
         self.lock().requests
     }
 
+    /// Creates an account with sequence number `sequence`.
+    pub fn fund(&self, public_key: [u8; 32], sequence: i64) {
+        self.lock().accounts.insert(public_key, sequence);
+    }
+
+    /// An account's current sequence number.
+    pub fn sequence(&self, public_key: [u8; 32]) -> Option<i64> {
+        self.lock().accounts.get(&public_key).copied()
+    }
+
+    /// Queues faults for the next `sendTransaction` calls, in order.
+    pub fn inject(&self, faults: &[SendFault]) {
+        self.lock().send_faults.extend(faults.iter().copied());
+    }
+
+    /// The next simulation returns a restore preamble.
+    pub fn need_restore(&self) {
+        self.lock().simulate_faults.push_back("restore");
+    }
+
+    /// The next simulation fails with a contract error.
+    pub fn fail_simulation(&self) {
+        self.lock().simulate_faults.push_back("error");
+    }
+
+    /// Every transaction accepted so far, in order.
+    pub fn submitted(&self) -> Vec<Submitted> {
+        self.lock().txs.clone()
+    }
+
+    /// Transactions that landed successfully.
+    pub fn landed(&self) -> Vec<Submitted> {
+        self.lock()
+            .txs
+            .iter()
+            .filter(|t| matches!(t.state, TxState::Success { .. }))
+            .cloned()
+            .collect()
+    }
+
+    /// Sends that met another queued transaction of their account.
+    pub fn concurrent_sends(&self) -> usize {
+        self.lock().concurrent_sends
+    }
+
+    /// Sends refused for a bad sequence that was not injected.
+    pub fn bad_seqs(&self) -> usize {
+        self.lock().bad_seqs
+    }
+
+    /// The latest ledger.
+    pub fn latest_ledger(&self) -> u32 {
+        self.lock().latest_ledger
+    }
+
+    /// Closes one ledger: applies or drops every queued transaction.
+    pub fn close_ledger(&self) {
+        let mut inner = self.lock();
+        inner.latest_ledger += 1;
+        inner.close_time = unix_now();
+        let ledger = inner.latest_ledger;
+        let close_time = inner.close_time;
+        let queued: Vec<([u8; 32], usize)> = inner.queued.drain().collect();
+        for (account, index) in queued {
+            let (sequence, max_ledger, lose, trap) = {
+                let t = &inner.txs[index];
+                (t.sequence, t.max_ledger, t.lose, t.trap)
+            };
+            let current = inner.accounts.get(&account).copied().unwrap_or_default();
+            let valid = !lose && (max_ledger == 0 || ledger < max_ledger) && sequence == current + 1;
+            let _ = close_time;
+            let state = if !valid {
+                TxState::Dropped
+            } else {
+                // The sequence is consumed whether the call succeeds or traps.
+                inner.accounts.insert(account, sequence);
+                if trap {
+                    TxState::Failed { ledger }
+                } else {
+                    TxState::Success { ledger }
+                }
+            };
+            inner.txs[index].state = state;
+        }
+    }
+
+    /// Closes a ledger every `every` until the returned handle is aborted.
+    pub fn close_ledgers_every(&self, every: Duration) -> tokio::task::JoinHandle<()> {
+        let fake = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                fake.close_ledger();
+            }
+        })
+    }
+
     /// Serves on 127.0.0.1; returns the URL.
     pub async fn serve(&self) -> anyhow::Result<String> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -98,43 +315,415 @@ impl FakeRpc {
 }
 
 async fn handle(State(fake): State<FakeRpc>, body: Bytes) -> Response {
-    let mut inner = fake.lock();
-    inner.requests += 1;
-    if inner.failing {
-        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    let (response, hang) = fake.answer(&body);
+    if hang {
+        // The transaction is queued, but its submitter never hears so.
+        tokio::time::sleep(Duration::from_secs(3600)).await;
     }
-    let Ok(request) = serde_json::from_slice::<Value>(&body) else {
-        return rpc_error(&Value::Null, -32700, "parse error");
-    };
-    let id = request.get("id").cloned().unwrap_or(Value::Null);
-    if request.get("jsonrpc") != Some(&json!("2.0")) {
-        return rpc_error(&id, -32600, "invalid request");
+    response
+}
+
+impl FakeRpc {
+    fn answer(&self, body: &[u8]) -> (Response, bool) {
+        let mut inner = self.lock();
+        inner.requests += 1;
+        if inner.failing {
+            return (StatusCode::SERVICE_UNAVAILABLE.into_response(), false);
+        }
+        let Ok(request) = serde_json::from_slice::<Value>(body) else {
+            return (rpc_error(&Value::Null, -32700, "parse error"), false);
+        };
+        let id = request.get("id").cloned().unwrap_or(Value::Null);
+        if request.get("jsonrpc") != Some(&json!("2.0")) {
+            return (rpc_error(&id, -32600, "invalid request"), false);
+        }
+        let params = match request.get("params") {
+            None => json!({}),
+            Some(p) if p.is_object() => p.clone(),
+            Some(_) => {
+                return (
+                    rpc_error(&id, -32602, "invalid parameters: params must be an object"),
+                    false,
+                )
+            }
+        };
+        let method = request.get("method").and_then(Value::as_str).unwrap_or_default();
+        match method {
+            "getFeeStats" => (ok(&id, inner.fee_stats()), false),
+            "getLatestLedger" => (
+                ok(
+                    &id,
+                    json!({
+                        "id": hex::encode(sha2::Sha256::digest(inner.latest_ledger.to_be_bytes())),
+                        "protocolVersion": 27,
+                        "sequence": inner.latest_ledger,
+                        "closeTime": inner.close_time.to_string(),
+                    }),
+                ),
+                false,
+            ),
+            "getNetwork" => (
+                ok(
+                    &id,
+                    json!({ "passphrase": TESTNET, "protocolVersion": 27, "friendbotUrl": "https://friendbot-testnet.stellar.org/" }),
+                ),
+                false,
+            ),
+            "getHealth" => (
+                ok(
+                    &id,
+                    json!({
+                        "status": "healthy", "latestLedger": inner.latest_ledger,
+                        "latestLedgerCloseTime": inner.close_time.to_string(),
+                        "oldestLedger": inner.latest_ledger.saturating_sub(120_960),
+                        "oldestLedgerCloseTime": inner.close_time.saturating_sub(604_800).to_string(),
+                        "ledgerRetentionWindow": 120_960,
+                    }),
+                ),
+                false,
+            ),
+            "getLedgerEntries" => (inner.ledger_entries(&id, &params), false),
+            "simulateTransaction" => (inner.simulate(&id, &params), false),
+            "sendTransaction" => inner.send(&id, &params),
+            "getTransaction" => (inner.transaction(&id, &params), false),
+            _ => (rpc_error(&id, -32601, "method not found"), false),
+        }
     }
-    if request.get("params").is_some_and(|p| !p.is_object()) {
-        return rpc_error(&id, -32602, "invalid parameters: params must be an object");
-    }
-    let f = &inner.fees;
-    let dist = |count: u64, ledgers: u64| {
+}
+
+impl Inner {
+    fn fee_stats(&self) -> Value {
+        let f = &self.fees;
+        let dist = |count: u64, ledgers: u64| {
+            json!({
+                "max": f.max.to_string(), "min": f.min.to_string(), "mode": f.min.to_string(),
+                "p10": f.min.to_string(), "p20": f.min.to_string(), "p30": f.min.to_string(), "p40": f.min.to_string(),
+                "p50": f.min.to_string(), "p60": f.min.to_string(), "p70": f.p70.to_string(), "p80": f.p70.to_string(),
+                "p90": f.p95.to_string(), "p95": f.p95.to_string(), "p99": f.max.to_string(),
+                "transactionCount": count.to_string(), "ledgerCount": ledgers,
+            })
+        };
         json!({
-            "max": f.max.to_string(), "min": f.min.to_string(), "mode": f.min.to_string(),
-            "p10": f.min.to_string(), "p20": f.min.to_string(), "p30": f.min.to_string(), "p40": f.min.to_string(),
-            "p50": f.min.to_string(), "p60": f.min.to_string(), "p70": f.p70.to_string(), "p80": f.p70.to_string(),
-            "p90": f.p95.to_string(), "p95": f.p95.to_string(), "p99": f.max.to_string(),
-            "transactionCount": count.to_string(), "ledgerCount": ledgers,
-        })
-    };
-    let result = match request.get("method").and_then(Value::as_str) {
-        Some("getFeeStats") => json!({
             "sorobanInclusionFee": dist(f.transaction_count, f.ledger_count),
             "inclusionFee": dist(28, 10),
-            "latestLedger": inner.latest_ledger,
-        }),
-        Some("getLatestLedger") => json!({
-            "id": "0a00a9cf845f7af7cff09c66f8ae6480e9971e6e2c7fa4afd8d6266ee13c987b",
-            "protocolVersion": 27,
-            "sequence": inner.latest_ledger,
-        }),
-        _ => return rpc_error(&id, -32601, "method not found"),
+            "latestLedger": self.latest_ledger,
+        })
+    }
+
+    fn ledger_entries(&self, id: &Value, params: &Value) -> Response {
+        let Some(keys) = params["keys"].as_array() else {
+            return rpc_error(id, -32602, "invalid parameters: keys");
+        };
+        if keys.len() > 200 {
+            return rpc_error(
+                id,
+                -32602,
+                &format!("key count ({}) exceeds maximum supported (200)", keys.len()),
+            );
+        }
+        let mut entries = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let text = key.as_str().unwrap_or_default();
+            let Ok(decoded) = LedgerKey::from_xdr_base64(text, Limits::none()) else {
+                return rpc_error(id, -32602, &format!("cannot unmarshal key value {text} at index {i}"));
+            };
+            let LedgerKey::Account(account) = decoded else { continue };
+            let AccountId(PublicKey::PublicKeyTypeEd25519(Uint256(bytes))) = account.account_id.clone();
+            let Some(sequence) = self.accounts.get(&bytes) else {
+                continue;
+            };
+            let entry = LedgerEntryData::Account(AccountEntry {
+                account_id: account.account_id,
+                balance: 10_000_000_000,
+                seq_num: SequenceNumber(*sequence),
+                num_sub_entries: 0,
+                inflation_dest: None,
+                flags: 0,
+                home_domain: String32::default(),
+                thresholds: Thresholds([1, 0, 0, 0]),
+                signers: Vec::new().try_into().unwrap_or_default(),
+                ext: AccountEntryExt::V0,
+            });
+            entries.push(json!({
+                "key": text,
+                "xdr": entry.to_xdr_base64(Limits::none()).unwrap_or_default(),
+                "lastModifiedLedgerSeq": self.latest_ledger,
+            }));
+        }
+        ok(id, json!({ "entries": entries, "latestLedger": self.latest_ledger }))
+    }
+
+    fn simulate(&mut self, id: &Value, params: &Value) -> Response {
+        let latest = self.latest_ledger;
+        let fail = |error: &str| ok(id, json!({ "error": error, "latestLedger": latest }));
+        let Ok(envelope) =
+            TransactionEnvelope::from_xdr_base64(params["transaction"].as_str().unwrap_or_default(), Limits::none())
+        else {
+            return fail("Could not unmarshal transaction");
+        };
+        let TransactionEnvelope::Tx(v1) = envelope else {
+            return fail("Could not unmarshal transaction");
+        };
+        if v1.tx.operations.len() != 1 {
+            return fail("Transaction contains more than one operation");
+        }
+        if v1.tx.memo != Memo::None {
+            return fail("Transaction contains a memo. Soroban transactions do not support memos.");
+        }
+        match &v1.tx.operations[0].body {
+            OperationBody::InvokeHostFunction(_) | OperationBody::RestoreFootprint(_) => {}
+            other => {
+                return fail(&format!(
+                    "Transaction contains unsupported operation type: {}",
+                    other.name()
+                ))
+            }
+        }
+        match self.simulate_faults.pop_front() {
+            Some("restore") => ok(
+                id,
+                json!({
+                    "restorePreamble": { "transactionData": TRANSACTION_DATA, "minResourceFee": "1000" },
+                    "latestLedger": latest,
+                }),
+            ),
+            Some(_) => fail("host invocation failed\n\nCaused by:\n    HostError: Error(Contract, #3)"),
+            None => ok(
+                id,
+                json!({
+                    "transactionData": TRANSACTION_DATA,
+                    "minResourceFee": MIN_RESOURCE_FEE.to_string(),
+                    "events": [],
+                    "results": [{ "auth": [], "xdr": "AAAAAQ==" }],
+                    "latestLedger": latest,
+                }),
+            ),
+        }
+    }
+
+    fn send_answer(&self, id: &Value, status: &str, hash: &str, error: Option<&str>) -> Response {
+        let mut result = json!({
+            "status": status, "hash": hash, "latestLedger": self.latest_ledger,
+            "latestLedgerCloseTime": self.close_time.to_string(),
+        });
+        if let Some(e) = error {
+            result["errorResultXdr"] = json!(e);
+        }
+        ok(id, result)
+    }
+
+    fn send(&mut self, id: &Value, params: &Value) -> (Response, bool) {
+        let Ok(envelope) =
+            TransactionEnvelope::from_xdr_base64(params["transaction"].as_str().unwrap_or_default(), Limits::none())
+        else {
+            return (rpc_error(id, -32602, "invalid_xdr"), false);
+        };
+        let Ok(hash) = envelope.hash(self.network_id) else {
+            return (rpc_error(id, -32602, "invalid_hash"), false);
+        };
+        let hash_hex = hex::encode(hash);
+        let TransactionEnvelope::Tx(v1) = &envelope else {
+            return (self.send_answer(id, "ERROR", &hash_hex, Some(TX_MALFORMED)), false);
+        };
+        let fault = self.send_faults.pop_front();
+        match fault {
+            Some(SendFault::Http429) => {
+                let mut r = StatusCode::TOO_MANY_REQUESTS.into_response();
+                r.headers_mut()
+                    .insert("retry-after", axum::http::HeaderValue::from_static("1"));
+                return (r, false);
+            }
+            Some(SendFault::Http504) => return (StatusCode::GATEWAY_TIMEOUT.into_response(), false),
+            Some(SendFault::TryAgainLater) => return (self.send_answer(id, "TRY_AGAIN_LATER", &hash_hex, None), false),
+            Some(SendFault::BadSeq) => return (self.send_answer(id, "ERROR", &hash_hex, Some(TX_BAD_SEQ)), false),
+            Some(SendFault::InsufficientFee) => {
+                return (
+                    self.send_answer(id, "ERROR", &hash_hex, Some(TX_INSUFFICIENT_FEE)),
+                    false,
+                )
+            }
+            _ => {}
+        }
+        let tx = &v1.tx;
+        let MuxedAccount::Ed25519(Uint256(source)) = tx.source_account else {
+            return (self.send_answer(id, "ERROR", &hash_hex, Some(TX_MALFORMED)), false);
+        };
+        if let Some(index) = self.txs.iter().position(|t| t.hash == hash_hex) {
+            if self.txs[index].state == TxState::Queued {
+                return (self.send_answer(id, "DUPLICATE", &hash_hex, None), false);
+            }
+        }
+        // Signatures: a wrong passphrase or key gives a different hash or
+        // a signature that does not verify: txBAD_AUTH.
+        let signed = VerifyingKey::from_bytes(&source).is_ok_and(|key| {
+            v1.signatures.iter().any(|s| {
+                s.hint.0 == source[28..32]
+                    && Signature::from_slice(s.signature.0.as_slice())
+                        .is_ok_and(|sig| key.verify_strict(&hash, &sig).is_ok())
+            })
+        });
+        if !signed {
+            return (self.send_answer(id, "ERROR", &hash_hex, Some(TX_BAD_AUTH)), false);
+        }
+        if self.queued.contains_key(&source) {
+            self.concurrent_sends += 1;
+            return (self.send_answer(id, "TRY_AGAIN_LATER", &hash_hex, None), false);
+        }
+        let current = self.accounts.get(&source).copied().unwrap_or_default();
+        if tx.seq_num.0 != current + 1 {
+            self.bad_seqs += 1;
+            return (self.send_answer(id, "ERROR", &hash_hex, Some(TX_BAD_SEQ)), false);
+        }
+        let resource_fee = match &tx.ext {
+            TransactionExt::V1(SorobanTransactionData { resource_fee, .. }) => *resource_fee,
+            TransactionExt::V0 => 0,
+        };
+        if resource_fee > i64::from(tx.fee) {
+            return (self.send_answer(id, "ERROR", &hash_hex, Some(TX_MALFORMED)), false);
+        }
+        let inclusion_fee = i64::from(tx.fee) - resource_fee;
+        if inclusion_fee < self.min_inclusion_fee * i64::try_from(tx.operations.len()).unwrap_or(1) {
+            return (
+                self.send_answer(id, "ERROR", &hash_hex, Some(TX_INSUFFICIENT_FEE)),
+                false,
+            );
+        }
+        let (max_time, max_ledger) = match &tx.cond {
+            Preconditions::None => (0, 0),
+            Preconditions::Time(t) => (t.max_time.0, 0),
+            Preconditions::V2(v2) => (
+                v2.time_bounds.as_ref().map_or(0, |t| t.max_time.0),
+                v2.ledger_bounds.as_ref().map_or(0, |l| l.max_ledger),
+            ),
+        };
+        if (max_time != 0 && max_time < unix_now()) || (max_ledger != 0 && self.latest_ledger + 1 >= max_ledger) {
+            return (self.send_answer(id, "ERROR", &hash_hex, Some(TX_TOO_LATE)), false);
+        }
+        let (function, args) = match tx.operations.first().map(|o| &o.body) {
+            Some(OperationBody::InvokeHostFunction(op)) => match &op.host_function {
+                HostFunction::InvokeContract(call) => {
+                    (Some(call.function_name.0.to_utf8_string_lossy()), call.args.to_vec())
+                }
+                _ => (None, Vec::new()),
+            },
+            _ => (None, Vec::new()),
+        };
+        let index = self.txs.len();
+        self.txs.push(Submitted {
+            hash: hash_hex.clone(),
+            source,
+            sequence: tx.seq_num.0,
+            inclusion_fee,
+            function,
+            args,
+            max_ledger,
+            accepted_at_ledger: self.latest_ledger,
+            state: TxState::Queued,
+            envelope: params["transaction"].as_str().unwrap_or_default().to_owned(),
+            hide_for: match fault {
+                Some(SendFault::HideFor(n)) => n,
+                _ => 0,
+            },
+            trap: fault == Some(SendFault::Trap),
+            lose: fault == Some(SendFault::AcceptThenLose),
+        });
+        self.queued.insert(source, index);
+        (
+            self.send_answer(id, "PENDING", &hash_hex, None),
+            fault == Some(SendFault::AcceptThenHang),
+        )
+    }
+
+    fn transaction(&mut self, id: &Value, params: &Value) -> Response {
+        let hash = params["hash"].as_str().unwrap_or_default().to_owned();
+        if hash.len() != 64 {
+            return rpc_error(id, -32602, &format!("unexpected hash length ({})", hash.len()));
+        }
+        if hex::decode(&hash).is_err() {
+            return rpc_error(id, -32602, &format!("incorrect hash: {hash}"));
+        }
+        let mut result = json!({
+            "status": "NOT_FOUND", "txHash": hash,
+            "latestLedger": self.latest_ledger, "latestLedgerCloseTime": self.close_time.to_string(),
+            "oldestLedger": self.latest_ledger.saturating_sub(120_960),
+            "oldestLedgerCloseTime": self.close_time.saturating_sub(604_800).to_string(),
+        });
+        let Some(tx) = self.txs.iter_mut().find(|t| t.hash == hash) else {
+            return ok(id, result);
+        };
+        let (status, ledger, result_xdr) = match tx.state {
+            TxState::Success { ledger } => ("SUCCESS", ledger, applied_result(true)),
+            TxState::Failed { ledger } => ("FAILED", ledger, applied_result(false)),
+            TxState::Queued | TxState::Dropped => return ok(id, result),
+        };
+        if tx.hide_for > 0 {
+            tx.hide_for -= 1;
+            return ok(id, result);
+        }
+        let meta = TransactionMeta::V3(TransactionMetaV3 {
+            ext: stellar_xdr::ExtensionPoint::V0,
+            tx_changes_before: Vec::new().try_into().unwrap_or_default(),
+            operations: Vec::new().try_into().unwrap_or_default(),
+            tx_changes_after: Vec::new().try_into().unwrap_or_default(),
+            soroban_meta: None,
+        });
+        result["status"] = json!(status);
+        result["applicationOrder"] = json!(1);
+        result["feeBump"] = json!(false);
+        result["envelopeXdr"] = json!(tx.envelope);
+        result["resultXdr"] = json!(result_xdr);
+        result["resultMetaXdr"] = json!(meta.to_xdr_base64(Limits::none()).unwrap_or_default());
+        result["ledger"] = json!(ledger);
+        result["createdAt"] = json!(unix_now().to_string());
+        ok(id, result)
+    }
+}
+
+/// The `TransactionResult` of an applied InvokeHostFunction transaction:
+/// success (with a result hash), or failed because the contract trapped.
+fn applied_result(success: bool) -> String {
+    use stellar_xdr::{
+        Hash, InvokeHostFunctionResult, OperationResult, OperationResultTr, TransactionResult, TransactionResultExt,
+        TransactionResultResult,
     };
-    axum::Json(json!({ "jsonrpc": "2.0", "id": id, "result": result })).into_response()
+    let (op, result): (
+        InvokeHostFunctionResult,
+        fn(stellar_xdr::VecM<OperationResult>) -> TransactionResultResult,
+    ) = if success {
+        (
+            InvokeHostFunctionResult::Success(Hash([0xab; 32])),
+            TransactionResultResult::TxSuccess,
+        )
+    } else {
+        (InvokeHostFunctionResult::Trapped, TransactionResultResult::TxFailed)
+    };
+    let ops = vec![OperationResult::OpInner(OperationResultTr::InvokeHostFunction(op))];
+    TransactionResult {
+        fee_charged: 90_453,
+        result: result(ops.try_into().unwrap_or_default()),
+        ext: TransactionResultExt::V0,
+    }
+    .to_xdr_base64(Limits::none())
+    .unwrap_or_default()
+}
+
+/// An ed25519 key pair for tests: the signing key's PKCS#8 PEM (for the
+/// host's key store) and its public key.
+pub fn keypair(seed: u8) -> anyhow::Result<(String, [u8; 32])> {
+    use ed25519_dalek::pkcs8::EncodePrivateKey as _;
+    let signing = ed25519_dalek::SigningKey::from_bytes(&[seed; 32]);
+    let pem = signing
+        .to_pkcs8_pem(ed25519_dalek::pkcs8::spki::der::pem::LineEnding::LF)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok((pem.to_string(), signing.verifying_key().to_bytes()))
+}
+
+/// The `G…` address of a public key.
+pub fn address(public_key: [u8; 32]) -> String {
+    AccountId(PublicKey::PublicKeyTypeEd25519(Uint256(public_key))).to_string()
+}
+
+/// A fixture for conformance tests: the §A4 account.
+pub fn fixture_account() -> [u8; 32] {
+    [7; 32]
 }

@@ -1,7 +1,10 @@
-//! Stellar: the fee oracle against a fake Stellar RPC speaking the
-//! documented JSON-RPC shapes, through the real fee-policy plugin.
+//! Stellar: the fee oracle and the vault executor against a fake Stellar
+//! RPC that speaks the documented JSON-RPC shapes and checks transactions
+//! like the network does, through the real plugins.
 
+mod conformance;
 mod fake_rpc;
+mod vault;
 
 use std::sync::Arc;
 use std::time::Duration;

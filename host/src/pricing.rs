@@ -1,0 +1,195 @@
+//! Prices attempts of kinds that name a fee oracle: reads the oracle's
+//! shared snapshot from the database and asks the oracle's fee policy for a
+//! decision. The dispatcher prices an op before claiming it, so a deferred
+//! op stays pending and never uses an attempt.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use crate::config::Config;
+use crate::fees::{FeeDecision, FeeSnapshot, QuoteInput};
+use crate::op::{Op, Priority};
+use crate::queue::{Queue, QueueError};
+
+/// Why an op could not be priced. The op is not attempted then: sending a
+/// money movement at a made-up fee is worse than waiting for the policy.
+#[derive(Debug, thiserror::Error)]
+pub enum PricingError {
+    /// The kind names an oracle the config does not have.
+    #[error("kind {kind} names fee oracle {oracle:?}, which is not configured")]
+    UnknownOracle {
+        /// The kind.
+        kind: String,
+        /// The oracle it names.
+        oracle: String,
+    },
+    /// The oracle's policy plugin is not loaded.
+    #[error("fee policy {0:?} is not loaded")]
+    PolicyNotLoaded(String),
+    /// The policy failed or refused.
+    #[error("fee policy {policy:?}: {reason}")]
+    Policy {
+        /// The policy.
+        policy: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The stored snapshot does not parse.
+    #[error("stored fee snapshot of oracle {oracle:?} does not parse: {reason}")]
+    BadSnapshot {
+        /// The oracle.
+        oracle: String,
+        /// The parse error.
+        reason: String,
+    },
+    /// The database failed.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+}
+
+/// The loaded fee policies, by plugin name (the plugin host implements it).
+#[async_trait]
+pub trait FeePolicies: Send + Sync {
+    /// Quotes with the policy named `policy`.
+    ///
+    /// # Errors
+    ///
+    /// [`PricingError::PolicyNotLoaded`] or [`PricingError::Policy`].
+    async fn quote(&self, policy: &str, input: QuoteInput<'_>) -> Result<FeeDecision, PricingError>;
+}
+
+/// Parses a stored snapshot.
+///
+/// # Errors
+///
+/// [`PricingError::BadSnapshot`].
+pub fn parse_snapshot(oracle: &str, json: &str) -> Result<FeeSnapshot, PricingError> {
+    serde_json::from_str(json).map_err(|e| PricingError::BadSnapshot {
+        oracle: oracle.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
+/// What a new op is expected to cost (seed 003: `estFee`,
+/// `estConfirmationSeconds`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct FeeEstimate {
+    /// Inclusion fee per operation it would bid now (stroops); 0 when deferred.
+    pub base_fee: u64,
+    /// Expected seconds to confirmation at that bid; 0 when deferred.
+    pub est_confirmation_seconds: u32,
+    /// How long the policy would defer it first (LOW under congestion).
+    pub deferred_ms: u64,
+}
+
+impl From<FeeDecision> for FeeEstimate {
+    fn from(decision: FeeDecision) -> Self {
+        match decision {
+            FeeDecision::Submit {
+                bid,
+                est_confirmation_seconds,
+            } => FeeEstimate {
+                base_fee: bid.base_fee,
+                est_confirmation_seconds,
+                deferred_ms: 0,
+            },
+            FeeDecision::Defer(wait) => FeeEstimate {
+                base_fee: 0,
+                est_confirmation_seconds: 0,
+                deferred_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+            },
+        }
+    }
+}
+
+/// Prices ops against the config of the moment.
+#[derive(Clone)]
+pub struct Pricer {
+    policies: Arc<dyn FeePolicies>,
+    queue: Arc<dyn Queue>,
+}
+
+impl std::fmt::Debug for Pricer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pricer").finish_non_exhaustive()
+    }
+}
+
+impl Pricer {
+    /// Prices with `policies`, reading snapshots from `queue`.
+    pub fn new(policies: Arc<dyn FeePolicies>, queue: Arc<dyn Queue>) -> Self {
+        Self { policies, queue }
+    }
+
+    /// The decision for `op`'s next attempt, or `None` when its kind is not
+    /// priced (no `fee_oracle`).
+    ///
+    /// # Errors
+    ///
+    /// [`PricingError`]; the op should wait.
+    pub async fn price(
+        &self,
+        config: &Config,
+        op: &Op,
+        now: DateTime<Utc>,
+    ) -> Result<Option<FeeDecision>, PricingError> {
+        let attempts = u32::try_from(op.budget_attempts()).unwrap_or(0).saturating_add(1);
+        let fee_bumps = u32::try_from(op.fee_bumps).unwrap_or(0);
+        self.quote(config, &op.kind, op.priority, (attempts, fee_bumps), op.created_at, now)
+            .await
+    }
+
+    /// What a new op of `kind` at `priority` would bid now, for the estimate
+    /// returned at enqueue; `None` when the kind is not priced.
+    ///
+    /// # Errors
+    ///
+    /// [`PricingError`].
+    pub async fn estimate(
+        &self,
+        config: &Config,
+        kind: &str,
+        priority: Priority,
+        now: DateTime<Utc>,
+    ) -> Result<Option<FeeDecision>, PricingError> {
+        self.quote(config, kind, priority, (1, 0), now, now).await
+    }
+
+    async fn quote(
+        &self,
+        config: &Config,
+        kind_name: &str,
+        priority: Priority,
+        (attempts, fee_bumps): (u32, u32),
+        enqueued_at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<Option<FeeDecision>, PricingError> {
+        let Some(oracle_name) = config.kinds.get(kind_name).and_then(|k| k.fee_oracle.as_ref()) else {
+            return Ok(None);
+        };
+        let oracle = config
+            .oracles
+            .get(oracle_name)
+            .ok_or_else(|| PricingError::UnknownOracle {
+                kind: kind_name.to_owned(),
+                oracle: oracle_name.clone(),
+            })?;
+        let snapshot = match self.queue.fee_snapshot(oracle_name).await? {
+            Some((json, _)) => Some(parse_snapshot(oracle_name, &json)?),
+            None => None,
+        };
+        let config_json = oracle.config_json();
+        let input = QuoteInput {
+            priority,
+            attempts,
+            fee_bumps,
+            enqueued_at_ms: enqueued_at.timestamp_millis(),
+            now_ms: now.timestamp_millis(),
+            snapshot: snapshot.as_ref(),
+            config: &config_json,
+        };
+        self.policies.quote(&oracle.policy, input).await.map(Some)
+    }
+}

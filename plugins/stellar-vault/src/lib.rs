@@ -1,0 +1,442 @@
+//! Soroban vault calls through Stellar RPC, for the kinds `deposit`,
+//! `withdraw`, `rebalance` and `referral_payout` (each kind's config names
+//! the contract, the function, how the arguments come from the payload, the
+//! signer's host key id, the network and the RPC endpoint).
+//!
+//! One attempt: read the tip and the signer account's sequence, build the
+//! InvokeHostFunction transaction with a time bound (≤ 300 s) and a ledger
+//! bound (tip + window, so a lost transaction cannot land later), simulate,
+//! assemble (transaction data, auth, fee = the host's quoted inclusion fee
+//! + the resource fee), have the host sign the hash (the key never enters
+//! this plugin), checkpoint hash + envelope, and only then send and poll
+//! `getTransaction`. `reconcile` finds a checkpointed transaction after a
+//! crash or timeout: landed → done; provably dead → build afresh; still
+//! possible → send the same bytes again (a duplicate is harmless) and wait.
+
+mod receipt;
+mod rpc;
+mod settings;
+mod tx;
+
+use std::time::{Duration, Instant, SystemTime};
+
+use laneway_sdk::signer::{self, Algorithm};
+use laneway_sdk::{checkpoint, fees, log, Confirmation, Executor, Failure, Op, OpInput, Outcome, Reconciled, Retry};
+use receipt::Receipt;
+use rpc::{Lookup, Rpc, RpcError, Sent};
+use settings::Settings;
+
+struct Vault;
+
+fn permanent(reason: impl Into<String>, detail: Option<&str>) -> Outcome {
+    Outcome::Permanent(Failure {
+        reason: reason.into(),
+        detail: detail.map(str::to_owned),
+    })
+}
+
+fn retry(reason: impl Into<String>, detail: Option<&str>, after: Option<Duration>, fee_bump: bool) -> Outcome {
+    Outcome::Retryable(Retry {
+        reason: reason.into(),
+        retry_after_ms: after.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        detail: detail.map(str::to_owned),
+        fee_bump,
+    })
+}
+
+fn rpc_outcome(e: RpcError) -> Outcome {
+    match e {
+        // A missing grant is the host's call; say so plainly.
+        RpcError::Denied(why) => permanent(format!("stellar rpc denied by the host: {why}"), Some("denied")),
+        RpcError::Unavailable { what, retry_after } => retry(what, Some("rpc_unavailable"), retry_after, false),
+        RpcError::Protocol(what) => retry(what, Some("rpc_protocol"), None, false),
+    }
+}
+
+fn public_key(settings: &Settings) -> Result<[u8; 32], Outcome> {
+    let key = signer::public_key(&settings.signer_key)
+        .map_err(|e| permanent(format!("signer key {:?}: {e:?}", settings.signer_key), Some("signer")))?;
+    key.try_into()
+        .map_err(|_| permanent("signer key is not an ed25519 key", Some("signer")))
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// How a sent transaction ended, as far as one wait could tell.
+enum Fate {
+    Landed {
+        ledger: u64,
+    },
+    Failed {
+        code: String,
+    },
+    /// Past its bounds and not in the ledger: it can never land.
+    Expired,
+    /// The network refused it (`ERROR`): it can never land.
+    Rejected {
+        code: String,
+    },
+    /// `TRY_AGAIN_LATER`: not accepted now.
+    Busy,
+    /// The RPC could not be asked.
+    Unreachable(RpcError),
+}
+
+/// Sends the receipt's envelope and waits for its fate.
+fn send_and_wait(rpc: &mut Rpc, receipt: &Receipt, settings: &Settings) -> Fate {
+    match rpc.send(&receipt.envelope) {
+        Ok(Sent::Queued) => wait(rpc, receipt, settings),
+        Ok(Sent::TryAgainLater) => Fate::Busy,
+        Ok(Sent::Error(result)) => Fate::Rejected {
+            code: result.as_deref().map_or_else(|| "error".to_owned(), tx::result_code),
+        },
+        Err(e) => Fate::Unreachable(e),
+    }
+}
+
+/// Polls `getTransaction` until the transaction lands, fails, or provably
+/// cannot land any more.
+fn wait(rpc: &mut Rpc, receipt: &Receipt, settings: &Settings) -> Fate {
+    let give_up = Instant::now() + Duration::from_secs(settings.valid_seconds + 30);
+    loop {
+        match rpc.transaction(&receipt.hash) {
+            Ok((Lookup::Success { ledger }, _)) => return Fate::Landed { ledger },
+            Ok((Lookup::Failed { result }, _)) => {
+                return Fate::Failed {
+                    code: result
+                        .as_deref()
+                        .map_or_else(|| "tx_failed".to_owned(), tx::result_code),
+                }
+            }
+            Ok((Lookup::NotFound, tip)) if receipt.expired_at(tip.ledger, tip.close_time) => return Fate::Expired,
+            Ok((Lookup::NotFound, _)) => {}
+            Err(RpcError::Denied(why)) => return Fate::Unreachable(RpcError::Denied(why)),
+            Err(e) if Instant::now() >= give_up => return Fate::Unreachable(e),
+            Err(_) => {}
+        }
+        if Instant::now() >= give_up {
+            return Fate::Unreachable(RpcError::Unavailable {
+                what: "transaction still pending".to_owned(),
+                retry_after: None,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(settings.poll_ms));
+    }
+}
+
+fn landed(receipt: &Receipt, ledger: u64) -> Outcome {
+    Outcome::Confirmed(Confirmation {
+        receipt: Some(receipt.hash.clone()),
+        detail: Some(format!("SUCCESS in ledger {ledger}")),
+    })
+}
+
+/// Classifies a rejection (`ERROR` from `sendTransaction`).
+fn rejected(code: &str) -> Outcome {
+    match code {
+        "tx_bad_seq" => retry(
+            "tx_bad_seq: the sequence is read afresh next attempt",
+            Some(code),
+            None,
+            false,
+        ),
+        "tx_insufficient_fee" => retry(
+            "tx_insufficient_fee: retrying with a bumped fee",
+            Some(code),
+            None,
+            true,
+        ),
+        "tx_too_late" | "tx_too_early" => retry(format!("{code}: rebuilding with new bounds"), Some(code), None, false),
+        "error" => retry(
+            "sendTransaction returned ERROR without a result",
+            Some(code),
+            None,
+            false,
+        ),
+        _ => permanent(format!("transaction rejected: {code}"), Some(code)),
+    }
+}
+
+/// Marks a checkpointed receipt as rejected, so a reconcile rebuilds at once.
+fn mark_rejected(receipt: &Receipt) {
+    let mut rejected = receipt.clone();
+    rejected.rejected = true;
+    if let Err(e) = checkpoint::save(&rejected.to_json()) {
+        log::log(
+            log::Level::Warn,
+            "could not mark the receipt rejected; the next attempt will look it up",
+            &[("error".to_owned(), format!("{e:?}"))],
+        );
+    }
+}
+
+/// What one wait means for `execute`.
+fn execute_outcome(fate: Fate, receipt: &Receipt, settings: &Settings) -> Outcome {
+    match fate {
+        Fate::Landed { ledger } => landed(receipt, ledger),
+        Fate::Failed { code } => permanent(format!("transaction failed on chain: {code}"), Some(&code)),
+        Fate::Expired => retry(
+            "not included before its ledger bound; resubmitting with a bumped fee",
+            Some("expired"),
+            None,
+            true,
+        ),
+        Fate::Rejected { code } => {
+            mark_rejected(receipt);
+            rejected(&code)
+        }
+        Fate::Busy => retry(
+            "TRY_AGAIN_LATER",
+            Some("TRY_AGAIN_LATER"),
+            Some(Duration::from_millis(settings.try_again_ms)),
+            false,
+        ),
+        Fate::Unreachable(e) => rpc_outcome(e),
+    }
+}
+
+/// The account's next sequence number, read fresh for every transaction,
+/// and the bounds of a transaction built now.
+fn next_sequence(rpc: &mut Rpc, settings: &Settings, key: [u8; 32]) -> Result<(i64, tx::Bounds), Outcome> {
+    let tip = rpc.latest_ledger().map_err(rpc_outcome)?;
+    let account_key = tx::account_key(key).map_err(|e| permanent(e, Some("xdr")))?;
+    let entries = rpc.ledger_entries(&[account_key]).map_err(rpc_outcome)?;
+    let Some(entry) = entries.first() else {
+        return Err(permanent(
+            "the signer account does not exist on this network",
+            Some("tx_no_account"),
+        ));
+    };
+    let sequence = tx::account_sequence(entry).map_err(|e| retry(e, Some("rpc_protocol"), None, false))?;
+    let bounds = tx::Bounds {
+        max_time: unix_now() + settings.valid_seconds,
+        max_ledger: tip.ledger.saturating_add(settings.ledger_window),
+    };
+    Ok((sequence + 1, bounds))
+}
+
+/// Builds, simulates, assembles, signs and checkpoints a transaction for
+/// `body`; returns its receipt, or the outcome that ends the attempt.
+fn prepare(
+    rpc: &mut Rpc,
+    settings: &Settings,
+    key: [u8; 32],
+    inclusion_fee: u64,
+    body: stellar_xdr::OperationBody,
+) -> Result<Prepared, Outcome> {
+    let (sequence, bounds) = next_sequence(rpc, settings, key)?;
+    let fee = u32::try_from(inclusion_fee).map_err(|_| permanent("inclusion fee out of range", Some("fee")))?;
+    let mut transaction = tx::transaction(key, sequence, fee, bounds, body).map_err(|e| permanent(e, Some("xdr")))?;
+    let draft = tx::unsigned(&transaction).map_err(|e| permanent(e, Some("xdr")))?;
+    let simulation = rpc.simulate(&draft).map_err(rpc_outcome)?;
+    if let Some(error) = simulation.error {
+        return Err(permanent(format!("simulation failed: {error}"), Some("simulation")));
+    }
+    if let Some((data, resource_fee)) = simulation.restore {
+        return Ok(Prepared::Restore { data, resource_fee });
+    }
+    let data = simulation.transaction_data.ok_or_else(|| {
+        retry(
+            "simulation returned no transactionData",
+            Some("rpc_protocol"),
+            None,
+            false,
+        )
+    })?;
+    tx::assemble(
+        &mut transaction,
+        &data,
+        &simulation.auth,
+        inclusion_fee,
+        simulation.min_resource_fee,
+    )
+    .map_err(|e| permanent(e, Some("assemble")))?;
+    seal(settings, key, transaction, bounds).map(Prepared::Ready)
+}
+
+enum Prepared {
+    Ready(Receipt),
+    /// Archived entries must be restored first.
+    Restore {
+        data: String,
+        resource_fee: u64,
+    },
+}
+
+/// Signs through the host and checkpoints the receipt before anything is sent.
+fn seal(
+    settings: &Settings,
+    key: [u8; 32],
+    transaction: stellar_xdr::Transaction,
+    bounds: tx::Bounds,
+) -> Result<Receipt, Outcome> {
+    let hash = tx::hash(&transaction, &settings.network_passphrase).map_err(|e| permanent(e, Some("xdr")))?;
+    let signature = signer::sign(&settings.signer_key, Algorithm::Ed25519, &hash)
+        .map_err(|e| permanent(format!("signing failed: {e:?}"), Some("signer")))?;
+    let envelope = tx::signed(transaction, key, signature).map_err(|e| permanent(e, Some("xdr")))?;
+    let receipt = Receipt {
+        hash: hex::encode(hash),
+        envelope,
+        max_ledger: bounds.max_ledger,
+        max_time: bounds.max_time,
+        rejected: false,
+    };
+    match checkpoint::save(&receipt.to_json()) {
+        Ok(()) => Ok(receipt),
+        Err(checkpoint::Error::LeaseLost) => Err(retry(
+            "lease lost before sending; not sent",
+            Some("lease_lost"),
+            None,
+            false,
+        )),
+        Err(checkpoint::Error::Failed(e)) => Err(retry(
+            format!("checkpoint failed; not sent: {e}"),
+            Some("checkpoint"),
+            None,
+            false,
+        )),
+    }
+}
+
+/// Submits a RestoreFootprint transaction for a simulation's preamble.
+fn restore(
+    rpc: &mut Rpc,
+    settings: &Settings,
+    key: [u8; 32],
+    inclusion_fee: u64,
+    (data, resource_fee): (&str, u64),
+) -> Result<Outcome, Outcome> {
+    let (sequence, bounds) = next_sequence(rpc, settings, key)?;
+    let mut transaction =
+        tx::transaction(key, sequence, 0, bounds, tx::restore()).map_err(|e| permanent(e, Some("xdr")))?;
+    tx::assemble(&mut transaction, data, &[], inclusion_fee, resource_fee)
+        .map_err(|e| permanent(e, Some("assemble")))?;
+    let receipt = seal(settings, key, transaction, bounds)?;
+    Ok(match send_and_wait(rpc, &receipt, settings) {
+        // The call itself still has to be made: go again at once.
+        Fate::Landed { .. } => retry(
+            "restored archived entries; invoking next",
+            Some("restored"),
+            Some(Duration::ZERO),
+            false,
+        ),
+        other => execute_outcome(other, &receipt, settings),
+    })
+}
+
+impl Executor for Vault {
+    fn describe() -> laneway_sdk::Description {
+        laneway_sdk::describe(
+            "stellar-vault",
+            env!("CARGO_PKG_VERSION"),
+            &["deposit", "withdraw", "rebalance", "referral_payout"],
+        )
+    }
+
+    /// The signer's account: one sequence number, so one transaction at a time.
+    fn lanes(input: OpInput) -> Result<Vec<String>, String> {
+        let settings = Settings::parse(&input.config)?;
+        let key = signer::public_key(&settings.signer_key).map_err(|e| format!("signer key: {e:?}"))?;
+        let key: [u8; 32] = key.try_into().map_err(|_| "signer key is not ed25519".to_owned())?;
+        Ok(vec![tx::account_id(key).to_string()])
+    }
+
+    fn execute(op: Op) -> Outcome {
+        let settings = match Settings::parse(&op.config) {
+            Ok(s) => s,
+            Err(e) => return permanent(e, Some("config")),
+        };
+        let payload: serde_json::Value = match serde_json::from_str(&op.payload) {
+            Ok(p) => p,
+            Err(e) => return permanent(format!("payload is not JSON: {e}"), Some("payload")),
+        };
+        let args = match settings.arguments(&payload) {
+            Ok(a) => a,
+            Err(e) => return permanent(format!("payload: {e}"), Some("payload")),
+        };
+        let key = match public_key(&settings) {
+            Ok(k) => k,
+            Err(o) => return o,
+        };
+        let inclusion_fee = fees::current().map_or(settings.default_base_fee, |bid| bid.base_fee);
+        let body = match tx::invoke(&settings.contract_id, &settings.function, args) {
+            Ok(b) => b,
+            Err(e) => return permanent(e, Some("xdr")),
+        };
+        let mut rpc = Rpc::new(&settings.rpc_url);
+        match prepare(&mut rpc, &settings, key, inclusion_fee, body) {
+            Err(outcome) => outcome,
+            Ok(Prepared::Restore { data, resource_fee }) => {
+                restore(&mut rpc, &settings, key, inclusion_fee, (&data, resource_fee)).unwrap_or_else(|o| o)
+            }
+            Ok(Prepared::Ready(receipt)) => {
+                let fate = send_and_wait(&mut rpc, &receipt, &settings);
+                execute_outcome(fate, &receipt, &settings)
+            }
+        }
+    }
+
+    fn reconcile(op: Op, receipt: String) -> Reconciled {
+        let settings = match Settings::parse(&op.config) {
+            Ok(s) => s,
+            Err(e) => return Reconciled::Settled(permanent(e, Some("config"))),
+        };
+        let receipt = match Receipt::parse(&receipt) {
+            Ok(r) => r,
+            // Not a receipt this plugin wrote: nothing proves it did not land.
+            Err(e) => return Reconciled::Settled(permanent(e, Some("receipt"))),
+        };
+        if receipt.rejected {
+            return Reconciled::Redeliver;
+        }
+        let mut rpc = Rpc::new(&settings.rpc_url);
+        let (lookup, tip) = match rpc.transaction(&receipt.hash) {
+            Ok(found) => found,
+            Err(e) => return Reconciled::Settled(rpc_outcome(e)),
+        };
+        match lookup {
+            Lookup::Success { ledger } => return Reconciled::Settled(landed(&receipt, ledger)),
+            Lookup::Failed { result } => {
+                let code = result
+                    .as_deref()
+                    .map_or_else(|| "tx_failed".to_owned(), tx::result_code);
+                return Reconciled::Settled(permanent(format!("transaction failed on chain: {code}"), Some(&code)));
+            }
+            Lookup::NotFound if receipt.expired_at(tip.ledger, tip.close_time) => return Reconciled::Redeliver,
+            Lookup::NotFound => {}
+        }
+        // It may still land: send the same bytes again (a queued copy makes
+        // this a DUPLICATE) and wait for its fate.
+        match send_and_wait(&mut rpc, &receipt, &settings) {
+            Fate::Landed { ledger } => Reconciled::Settled(landed(&receipt, ledger)),
+            Fate::Failed { code } => {
+                Reconciled::Settled(permanent(format!("transaction failed on chain: {code}"), Some(&code)))
+            }
+            Fate::Expired => Reconciled::Redeliver,
+            // A bad sequence on a resubmission may mean it already landed:
+            // look the hash up before building afresh.
+            Fate::Rejected { code } if code == "tx_bad_seq" => match rpc.transaction(&receipt.hash) {
+                Ok((Lookup::Success { ledger }, _)) => Reconciled::Settled(landed(&receipt, ledger)),
+                Ok((Lookup::Failed { .. }, _)) => {
+                    Reconciled::Settled(permanent("transaction failed on chain", Some("tx_failed")))
+                }
+                Ok((Lookup::NotFound, _)) => {
+                    mark_rejected(&receipt);
+                    Reconciled::Redeliver
+                }
+                Err(e) => Reconciled::Settled(rpc_outcome(e)),
+            },
+            Fate::Rejected { .. } => {
+                mark_rejected(&receipt);
+                Reconciled::Redeliver
+            }
+            other => Reconciled::Settled(execute_outcome(other, &receipt, &settings)),
+        }
+    }
+}
+
+laneway_sdk::executor!(Vault);

@@ -1,0 +1,504 @@
+//! The Stellar vault end to end: the real `stellar-vault` and `fee-policy`
+//! plugins in the host, signing through the host signer, the fee oracle
+//! feeding quotes, against the fake Stellar RPC (which checks every
+//! signature, sequence, fee and bound).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{ensure, Context};
+use laneway::clock::SystemClock;
+use laneway::config::Config;
+use laneway::op::{OpId, Priority, Status};
+use laneway::oracle::{FeeOracle, StellarRpc};
+use laneway::queue::{Enqueued, NewOp, Queue};
+use laneway::runtime::host::PluginHost;
+use stellar_xdr::{Int128Parts, ScVal};
+
+use super::fake_rpc::{address, keypair, FakeRpc, SendFault, TxState};
+use crate::dispatch::harness::{settle, Running};
+use crate::support::TestDb;
+
+/// Where the vault lives (any valid contract address does for the fake).
+const CONTRACT: &str = "CAAQCAIBAEAQCAIBAEAQCAIBAEAQCAIBAEAQCAIBAEAQCAIBAEAQC526";
+const KINDS: [(&str, &str); 4] = [
+    ("deposit", "deposit"),
+    ("withdraw", "withdraw"),
+    ("rebalance", "rebalance"),
+    ("referral_payout", "pay_referral"),
+];
+
+pub struct Chain {
+    pub fake: FakeRpc,
+    pub url: String,
+    pub signer: [u8; 32],
+    _dir: tempfile::TempDir,
+    key_file: PathBuf,
+    closer: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Chain {
+    fn drop(&mut self) {
+        self.closer.abort();
+    }
+}
+
+impl Chain {
+    /// A fake network closing a ledger every `close_ms`, with a funded signer.
+    pub async fn start(close_ms: u64) -> anyhow::Result<Self> {
+        let fake = FakeRpc::default();
+        let url = fake.serve().await?;
+        let (pem, signer) = keypair(42)?;
+        fake.fund(signer, 4_294_967_337);
+        let dir = tempfile::tempdir()?;
+        let key_file = dir.path().join("vault.pem");
+        std::fs::write(&key_file, pem)?;
+        let closer = fake.close_ledgers_every(Duration::from_millis(close_ms));
+        Ok(Self {
+            fake,
+            url,
+            signer,
+            _dir: dir,
+            key_file,
+            closer,
+        })
+    }
+
+    /// A laneway config serving the four kinds through the vault plugin,
+    /// priced by an oracle on the fake; `policy` and `extra` are TOML.
+    pub fn config(&self, policy: &str, extra: &str) -> anyhow::Result<Config> {
+        let mut kinds = String::new();
+        for (kind, function) in KINDS {
+            kinds.push_str(&format!(
+                "[kinds.{kind}]\nplugin = \"vault\"\nfee_oracle = \"stellar\"\nmax_fee_bumps = 3\n\
+                 backoff_base_ms = 20\nbackoff_max_ms = 100\nretry_after_max_ms = 1000\ntimeout_ms = 20000\n\
+                 [kinds.{kind}.config]\nrpc_url = {url:?}\nnetwork_passphrase = {passphrase:?}\n\
+                 contract_id = {CONTRACT:?}\nfunction = {function:?}\nsigner_key = \"vault\"\npoll_ms = 20\n\
+                 try_again_ms = 50\n\
+                 args = [{{ field = \"user\", type = \"address\" }}, {{ field = \"amount\", type = \"i128\" }}]\n",
+                url = self.url,
+                passphrase = super::fake_rpc::TESTNET,
+            ));
+        }
+        Ok(laneway::config::from_layers(&[
+            "[queue]\nlease_ms = 3000\n[dispatch]\npoll_ms = 25\nslot_ttl_ms = 2000\nshutdown_grace_ms = 300\n",
+            &format!(
+                "[keys.vault]\nalgorithm = \"ed25519\"\nfile = {key:?}\n\
+                 [plugins.vault]\npath = {vault:?}\nallowed_hosts = [\"http://127.0.0.1:*\"]\n\
+                 allowed_internal = [\"127.0.0.1\"]\nkeys = [\"vault\"]\n\
+                 [plugins.fees]\npath = {fees:?}\n\
+                 [oracles.stellar]\npolicy = \"fees\"\nrpc_url = {url:?}\npoll_ms = 100\n\
+                 [oracles.stellar.config]\n{policy}\n",
+                key = self.key_file.display().to_string(),
+                vault = crate::runtime::wasm("stellar-vault")?.display().to_string(),
+                fees = crate::runtime::wasm("fee-policy")?.display().to_string(),
+                url = self.url,
+            ),
+            &kinds,
+            extra,
+        ])?)
+    }
+}
+
+/// A host: the plugins loaded, the dispatcher running with fee policies.
+pub struct Host {
+    pub plugins: Arc<PluginHost>,
+    pub running: Running,
+    pub config: Config,
+}
+
+impl Host {
+    pub async fn start(queue: Arc<dyn Queue>, config: Config) -> anyhow::Result<Self> {
+        let plugins = Arc::new(PluginHost::new(&config)?);
+        plugins.apply(&config).await?;
+        let running = Running::start(queue, plugins.registry(), config.clone());
+        running.dispatcher.set_fee_policies(plugins.clone());
+        Ok(Self {
+            plugins,
+            running,
+            config,
+        })
+    }
+
+    /// Polls the oracle once, storing a snapshot every host shares.
+    pub async fn sample_fees(&self, queue: Arc<dyn Queue>) -> anyhow::Result<laneway::fees::FeeSnapshot> {
+        let oracle = &self.config.oracles["stellar"];
+        let fee_oracle = FeeOracle::new(
+            "stellar",
+            StellarRpc::new(&oracle.rpc_url, Duration::from_secs(5))?,
+            self.plugins.clone(),
+            &oracle.policy,
+            oracle.config_json(),
+            queue,
+            Arc::new(SystemClock),
+        );
+        Ok(fee_oracle.poll_once().await?)
+    }
+
+    pub async fn enqueue(&self, ops: &[NewOp]) -> anyhow::Result<Vec<OpId>> {
+        Ok(self
+            .running
+            .dispatcher
+            .enqueue(ops)
+            .await?
+            .into_iter()
+            .map(Enqueued::id)
+            .collect())
+    }
+}
+
+/// A vault op: `kind` for `user`, `amount` stroops, at the kind's shipped
+/// default priority (withdraw critical, rebalance low, others normal)
+/// unless `priority` says otherwise.
+pub fn vault_op(kind: &str, user: u8, amount: i64, priority: Option<Priority>) -> NewOp {
+    let shipped = match kind {
+        "withdraw" => Priority::Critical,
+        "rebalance" => Priority::Low,
+        _ => Priority::Normal,
+    };
+    let mut op = NewOp::new(
+        "vault",
+        kind,
+        serde_json::json!({ "user": address([user; 32]), "amount": amount.to_string() }).to_string(),
+    );
+    op.priority = priority.unwrap_or(shipped);
+    op
+}
+
+fn amount_of(args: &[ScVal]) -> Option<i128> {
+    args.iter().find_map(|a| match a {
+        ScVal::I128(Int128Parts { hi, lo }) => Some((i128::from(*hi) << 64) | i128::from(*lo)),
+        _ => None,
+    })
+}
+
+crate::on_both_backends!(
+    live:
+    all_four_kinds_land_signed_and_serialized_per_signer,
+    a_critical_withdrawal_overtakes_ten_thousand_queued_ops,
+    a_lost_transaction_is_resubmitted_with_a_bumped_fee_only_after_its_ledger_bound,
+    a_halted_subject_waits_without_using_attempts_and_completes_after_unhalt,
+    congestion_defers_low_prices_critical_aggressively_and_never_exceeds_the_cap,
+);
+
+async fn all_four_kinds_land_signed_and_serialized_per_signer(db: TestDb) -> anyhow::Result<()> {
+    let chain = Chain::start(40).await?;
+    let host = Host::start(db.queue.clone(), chain.config("", "")?).await?;
+    let mut ops = Vec::new();
+    for round in 0..3 {
+        for (i, (kind, _)) in KINDS.iter().enumerate() {
+            ops.push(vault_op(kind, 1 + i as u8, 1_000 * (round + 1) + i as i64, None));
+        }
+    }
+    let ids = host.enqueue(&ops).await?;
+    settle(db.queue.as_ref(), Duration::from_secs(60)).await?;
+    let landed = chain.fake.landed();
+    ensure!(
+        landed.len() == 12,
+        "{} landed: {:?}",
+        landed.len(),
+        chain.fake.submitted()
+    );
+    for (id, op) in ids.iter().zip(&ops) {
+        let stored = db.queue.get(*id).await?.context("op")?;
+        ensure!(stored.status == Status::Confirmed, "{stored:?}");
+        let receipt = stored.receipt.context("receipt")?;
+        let tx = landed
+            .iter()
+            .find(|t| t.hash == receipt)
+            .context("the receipt is a landed hash")?;
+        let function = KINDS.iter().find(|(k, _)| *k == op.kind).map(|(_, f)| *f);
+        ensure!(tx.function.as_deref() == function, "{op:?} → {tx:?}");
+        let payload: serde_json::Value = serde_json::from_str(&op.payload)?;
+        ensure!(
+            amount_of(&tx.args).map(|a| a.to_string()) == payload["amount"].as_str().map(str::to_owned),
+            "{tx:?}"
+        );
+        ensure!(
+            stored.lanes == vec![address(chain.signer)],
+            "the lane is the signer: {:?}",
+            stored.lanes
+        );
+    }
+    // One sequence after another, never two queued at once, never a bad
+    // sequence: the lane serialized the signer across kinds and priorities.
+    let mut sequences: Vec<i64> = landed.iter().map(|t| t.sequence).collect();
+    sequences.sort_unstable();
+    ensure!(
+        sequences == (4_294_967_338..4_294_967_350).collect::<Vec<_>>(),
+        "{sequences:?}"
+    );
+    ensure!(chain.fake.concurrent_sends() == 0, "two in flight for one signer");
+    ensure!(chain.fake.bad_seqs() == 0, "a bad sequence on the normal path");
+    ensure!(chain.fake.submitted().len() == 12, "no transaction was sent twice");
+    host.running.stop().await
+}
+
+async fn a_critical_withdrawal_overtakes_ten_thousand_queued_ops(db: TestDb) -> anyhow::Result<()> {
+    let chain = Chain::start(30).await?;
+    let host = Host::start(db.queue.clone(), chain.config("", "")?).await?;
+    let lane = address(chain.signer);
+    let backlog: Vec<NewOp> = (0..10_000)
+        .map(|i| {
+            let (kind, priority) = if i % 2 == 0 {
+                ("rebalance", Priority::Low)
+            } else {
+                ("deposit", Priority::Normal)
+            };
+            let mut op = vault_op(kind, 3, 1 + i, Some(priority));
+            op.lanes = vec![lane.clone()];
+            op
+        })
+        .collect();
+    host.enqueue(&backlog).await?;
+    // Let the backlog start moving, then a withdrawal arrives.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while chain.fake.landed().len() < 2 {
+        ensure!(tokio::time::Instant::now() < deadline, "the backlog never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let sent_before = chain.fake.submitted().len();
+    let withdraw = host.enqueue(&[vault_op("withdraw", 9, 777, None)]).await?[0];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let op = db.queue.get(withdraw).await?.context("withdraw")?;
+        if op.status == Status::Confirmed {
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "withdrawal not confirmed: {op:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let sent = chain.fake.submitted();
+    let position = sent
+        .iter()
+        .position(|t| t.function.as_deref() == Some("withdraw"))
+        .context("withdrawal sent")?;
+    // Only the op already in flight on the signer's lane (lane cap 1) may go
+    // between the enqueue and the withdrawal.
+    ensure!(
+        position <= sent_before + 1,
+        "withdrawal was transaction {position}, {sent_before} had been sent when it was enqueued"
+    );
+    host.running.stop().await
+}
+
+async fn a_lost_transaction_is_resubmitted_with_a_bumped_fee_only_after_its_ledger_bound(
+    db: TestDb,
+) -> anyhow::Result<()> {
+    let chain = Chain::start(30).await?;
+    let host = Host::start(db.queue.clone(), chain.config("", "")?).await?;
+    host.sample_fees(db.queue.clone()).await?;
+    chain.fake.inject(&[SendFault::AcceptThenLose]);
+    let id = host.enqueue(&[vault_op("deposit", 4, 5_000, None)]).await?[0];
+    settle(db.queue.as_ref(), Duration::from_secs(30)).await?;
+    let sent = chain.fake.submitted();
+    ensure!(sent.len() == 2, "{sent:?}");
+    let (lost, again) = (&sent[0], &sent[1]);
+    ensure!(lost.state == TxState::Dropped, "{lost:?}");
+    ensure!(matches!(again.state, TxState::Success { .. }), "{again:?}");
+    ensure!(
+        again.accepted_at_ledger + 1 >= lost.max_ledger,
+        "resubmitted at ledger {} while the lost one could still land (max ledger {})",
+        again.accepted_at_ledger,
+        lost.max_ledger
+    );
+    ensure!(again.sequence == lost.sequence, "the lost one never used its sequence");
+    ensure!(
+        again.inclusion_fee > lost.inclusion_fee,
+        "fee not bumped: {} then {}",
+        lost.inclusion_fee,
+        again.inclusion_fee
+    );
+    let op = db.queue.get(id).await?.context("op")?;
+    ensure!(op.status == Status::Confirmed && op.fee_bumps == 1, "{op:?}");
+    ensure!(op.receipt.as_deref() == Some(again.hash.as_str()), "{op:?}");
+    let attempts = db.queue.attempts(id).await?;
+    ensure!(attempts.len() == 2, "{attempts:?}");
+    ensure!(
+        attempts[0].record.fee == Some(lost.inclusion_fee) && attempts[1].record.fee == Some(again.inclusion_fee),
+        "the attempts record the bids: {attempts:?}"
+    );
+    host.running.stop().await
+}
+
+async fn a_halted_subject_waits_without_using_attempts_and_completes_after_unhalt(db: TestDb) -> anyhow::Result<()> {
+    let chain = Chain::start(30).await?;
+    let host = Host::start(db.queue.clone(), chain.config("", "")?).await?;
+    db.queue.halt_subject("user:frozen", Some("compliance review")).await?;
+    let mut frozen = vault_op("withdraw", 5, 900, None);
+    frozen.subject = Some("user:frozen".into());
+    let mut other = vault_op("deposit", 6, 100, None);
+    other.subject = Some("user:fine".into());
+    let ids = host.enqueue(&[frozen, other]).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while db.queue.get(ids[1]).await?.context("op")?.status != Status::Confirmed {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the other subject's op did not land"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waiting = db.queue.get(ids[0]).await?.context("op")?;
+    ensure!(
+        waiting.status == Status::Pending && waiting.attempts == 0,
+        "a halted subject's op must wait unattempted: {waiting:?}"
+    );
+    ensure!(
+        chain.fake.submitted().len() == 1,
+        "nothing was sent for the halted subject"
+    );
+    db.queue.unhalt_subject("user:frozen").await?;
+    settle(db.queue.as_ref(), Duration::from_secs(20)).await?;
+    let done = db.queue.get(ids[0]).await?.context("op")?;
+    ensure!(done.status == Status::Confirmed && done.attempts == 1, "{done:?}");
+    host.running.stop().await
+}
+
+async fn congestion_defers_low_prices_critical_aggressively_and_never_exceeds_the_cap(
+    db: TestDb,
+) -> anyhow::Result<()> {
+    let chain = Chain::start(30).await?;
+    let policy = "dwell_ms = 0\nlow_defer_ms = 150\nlow_max_defer_ms = 1200\nmax_abs_fee = 3000\n";
+    let host = Host::start(db.queue.clone(), chain.config(policy, "")?).await?;
+    // Severe congestion: 100 → 2000 spread, full ledgers.
+    chain.fake.set_fees(100, 900, 2_000, 2_000, 500);
+    let snapshot = host.sample_fees(db.queue.clone()).await?;
+    ensure!(
+        snapshot.congestion >= laneway::fees::Congestion::High && snapshot.aggressive_base_fee == 2_000,
+        "{snapshot:?}"
+    );
+    let estimate = host
+        .running
+        .dispatcher
+        .estimate("rebalance", Priority::Low)
+        .await?
+        .context("priced")?;
+    ensure!(
+        estimate.deferred_ms > 0,
+        "a LOW op is estimated as deferred: {estimate:?}"
+    );
+    let estimate = host
+        .running
+        .dispatcher
+        .estimate("withdraw", Priority::Critical)
+        .await?
+        .context("priced")?;
+    ensure!(
+        estimate.base_fee == 2_000 && estimate.est_confirmation_seconds > 0,
+        "{estimate:?}"
+    );
+
+    // The withdrawal's first send is refused for its fee: the retry bumps
+    // 2000 × 2 = 4000, which the cap holds at 3000.
+    chain.fake.inject(&[SendFault::InsufficientFee]);
+    let started = tokio::time::Instant::now();
+    let ids = host
+        .enqueue(&[vault_op("rebalance", 7, 50, None), vault_op("withdraw", 8, 60, None)])
+        .await?;
+    let (rebalance, withdraw) = (ids[0], ids[1]);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while db.queue.get(withdraw).await?.context("op")?.status != Status::Confirmed {
+        ensure!(tokio::time::Instant::now() < deadline, "withdrawal did not land");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let low = db.queue.get(rebalance).await?.context("op")?;
+    if started.elapsed() < Duration::from_millis(1_000) {
+        ensure!(
+            low.status == Status::Pending && low.attempts == 0,
+            "LOW waits under congestion without using attempts: {low:?}"
+        );
+    }
+    settle(db.queue.as_ref(), Duration::from_secs(20)).await?;
+    ensure!(
+        started.elapsed() >= Duration::from_millis(1_200),
+        "the LOW op went before its max defer"
+    );
+    let low = db.queue.get(rebalance).await?.context("op")?;
+    ensure!(
+        low.status == Status::Confirmed && low.attempts == 1,
+        "deferral used no attempts: {low:?}"
+    );
+    let attempts = db.queue.attempts(withdraw).await?;
+    let bids: Vec<Option<i64>> = attempts.iter().map(|a| a.record.fee).collect();
+    ensure!(
+        bids == vec![Some(2_000), Some(3_000)],
+        "aggressive, then bumped to the cap: {bids:?}"
+    );
+    for tx in chain.fake.submitted() {
+        ensure!(tx.inclusion_fee <= 3_000, "the cap was exceeded: {tx:?}");
+    }
+    host.running.stop().await
+}
+
+/// A host killed between `sendTransaction` and the answer (its runtime is
+/// dropped mid-call: no graceful shutdown, no settle, the lease just stays)
+/// is replaced by another; the op's lease expires, the new host reconciles
+/// the checkpointed hash, and the chain sees the transaction exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_killed_between_send_and_ack_reconciles_by_hash_without_a_duplicate() -> anyhow::Result<()> {
+    crate::support::init_logs();
+    let chain = Chain::start(30).await?;
+    let dir = tempfile::tempdir()?;
+    let url = format!("sqlite://{}", dir.path().join("queue.db").display());
+    let config = chain.config("", &format!("[database]\nurl = {url:?}\n[queue]\nlease_ms = 1000\n"))?;
+    chain.fake.inject(&[super::fake_rpc::SendFault::AcceptThenHang]);
+
+    let config_a = config.clone();
+    let (ids_tx, ids_rx) = std::sync::mpsc::channel();
+    let doomed = std::thread::spawn(move || -> anyhow::Result<tokio::runtime::Runtime> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?;
+        runtime.block_on(async {
+            let queue = laneway::queue::open(&config_a.database, config_a.limits(), Arc::new(SystemClock)).await?;
+            queue.migrate().await?;
+            let host = Host::start(queue, config_a).await?;
+            let id = host.enqueue(&[vault_op("withdraw", 9, 1_234, None)]).await?[0];
+            ids_tx.send(id)?;
+            // Host A keeps running on this runtime until it is killed.
+            std::mem::forget(host);
+            anyhow::Ok(())
+        })?;
+        Ok(runtime)
+    });
+    let runtime_a = doomed.join().map_err(|_| anyhow::anyhow!("host A panicked"))??;
+    let id = ids_rx.recv()?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !chain
+        .fake
+        .submitted()
+        .iter()
+        .any(|t| matches!(t.state, TxState::Success { .. }))
+    {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "host A never got its transaction onto the chain"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Killed: the transaction landed, host A never heard.
+    runtime_a.shutdown_background();
+
+    let queue = laneway::queue::open(&config.database, config.limits(), Arc::new(SystemClock)).await?;
+    let op = queue.get(id).await?.context("op")?;
+    ensure!(op.status == Status::Submitted && op.receipt.is_some(), "{op:?}");
+    let host_b = Host::start(queue.clone(), config).await?;
+    settle(queue.as_ref(), Duration::from_secs(20)).await?;
+    let op = queue.get(id).await?.context("op")?;
+    let sent = chain.fake.submitted();
+    ensure!(sent.len() == 1, "the chain saw {} transactions: {sent:?}", sent.len());
+    ensure!(op.status == Status::Confirmed, "{op:?}");
+    ensure!(op.receipt.as_deref() == Some(sent[0].hash.as_str()), "{op:?}");
+    let attempts = queue.attempts(id).await?;
+    ensure!(
+        attempts.first().map(|a| a.record.class) == Some(laneway::op::AttemptClass::LeaseExpired),
+        "{attempts:?}"
+    );
+    host_b.running.stop().await
+}
