@@ -267,7 +267,8 @@ impl Plugin {
     /// A fresh store with the deadline and limits armed.
     fn store(&self, attempt: Option<Attempt>, op_id: Option<i64>) -> Result<Store<HostState>, PluginFailure> {
         let engine = self.runtime.engines.get(self.inspection.world.engine());
-        let state = HostState::new(self.services.clone(), self.limits.memory, attempt, op_id);
+        let deterministic = self.inspection.world == World::FeePolicy;
+        let state = HostState::new(self.services.clone(), self.limits.memory, attempt, op_id, deterministic);
         let mut store = Store::new(engine, state);
         store.limiter(|s| &mut s.limiter);
         if self.inspection.world == World::FeePolicy {

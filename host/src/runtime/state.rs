@@ -48,6 +48,29 @@ impl std::fmt::Debug for Services {
     }
 }
 
+/// A clock that never moves: policies get time as an argument, never from WASI.
+struct StoppedClock;
+
+impl wasmtime_wasi::HostWallClock for StoppedClock {
+    fn resolution(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(1)
+    }
+
+    fn now(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+}
+
+impl wasmtime_wasi::HostMonotonicClock for StoppedClock {
+    fn resolution(&self) -> u64 {
+        1_000_000_000
+    }
+
+    fn now(&self) -> u64 {
+        0
+    }
+}
+
 /// Caps linear memory with a typed error, so running out is classified as
 /// such rather than as whatever the guest's allocator does next.
 #[derive(Debug)]
@@ -99,10 +122,25 @@ pub struct HostState {
 impl HostState {
     /// State for one call. WASI is linked with an empty context: no
     /// preopened directories, environment, arguments or inherited stdio.
-    pub fn new(services: Arc<Services>, max_memory: usize, attempt: Option<Attempt>, op_id: Option<i64>) -> Self {
+    /// A `deterministic` context (fee policies) also has clocks stopped at
+    /// the epoch and a fixed insecure-random seed, so a quote depends only
+    /// on its arguments, time included.
+    pub fn new(
+        services: Arc<Services>,
+        max_memory: usize,
+        attempt: Option<Attempt>,
+        op_id: Option<i64>,
+        deterministic: bool,
+    ) -> Self {
         let (checkpoint, fee) = attempt.map_or((None, None), |a| (Some(a.checkpoint), a.fee));
+        let mut wasi = WasiCtx::builder();
+        if deterministic {
+            wasi.wall_clock(StoppedClock)
+                .monotonic_clock(StoppedClock)
+                .insecure_random_seed(0);
+        }
         Self {
-            wasi: WasiCtx::builder().build(),
+            wasi: wasi.build(),
             table: ResourceTable::new(),
             limiter: Limiter { max_memory, peak: 0 },
             services,

@@ -6,8 +6,8 @@
 //! One attempt: read the tip and the signer account's sequence, build the
 //! InvokeHostFunction transaction with a time bound (≤ 300 s) and a ledger
 //! bound (tip + window, so a lost transaction cannot land later), simulate,
-//! assemble (transaction data, auth, fee = the host's quoted inclusion fee
-//! + the resource fee), have the host sign the hash (the key never enters
+//! assemble (transaction data, auth, and a fee that adds the resource fee
+//! to the host's quoted inclusion fee), have the host sign the hash (the key never enters
 //! this plugin), checkpoint hash + envelope, and only then send and poll
 //! `getTransaction`. `reconcile` finds a checkpointed transaction after a
 //! crash or timeout: landed → done; provably dead → build afresh; still
@@ -255,7 +255,7 @@ fn prepare(
         simulation.min_resource_fee,
     )
     .map_err(|e| permanent(e, Some("assemble")))?;
-    seal(settings, key, transaction, bounds).map(Prepared::Ready)
+    seal(settings, key, transaction, bounds, false).map(Prepared::Ready)
 }
 
 enum Prepared {
@@ -273,6 +273,7 @@ fn seal(
     key: [u8; 32],
     transaction: stellar_xdr::Transaction,
     bounds: tx::Bounds,
+    restore: bool,
 ) -> Result<Receipt, Outcome> {
     let hash = tx::hash(&transaction, &settings.network_passphrase).map_err(|e| permanent(e, Some("xdr")))?;
     let signature = signer::sign(&settings.signer_key, Algorithm::Ed25519, &hash)
@@ -284,6 +285,7 @@ fn seal(
         max_ledger: bounds.max_ledger,
         max_time: bounds.max_time,
         rejected: false,
+        restore,
     };
     match checkpoint::save(&receipt.to_json()) {
         Ok(()) => Ok(receipt),
@@ -315,7 +317,7 @@ fn restore(
         tx::transaction(key, sequence, 0, bounds, tx::restore()).map_err(|e| permanent(e, Some("xdr")))?;
     tx::assemble(&mut transaction, data, &[], inclusion_fee, resource_fee)
         .map_err(|e| permanent(e, Some("assemble")))?;
-    let receipt = seal(settings, key, transaction, bounds)?;
+    let receipt = seal(settings, key, transaction, bounds, true)?;
     Ok(match send_and_wait(rpc, &receipt, settings) {
         // The call itself still has to be made: go again at once.
         Fate::Landed { .. } => retry(
@@ -326,6 +328,23 @@ fn restore(
         ),
         other => execute_outcome(other, &receipt, settings),
     })
+}
+
+/// A checkpointed RestoreFootprint: once it has landed, failed or expired,
+/// the op's own call is still to be made, so it is delivered afresh.
+fn reconcile_restore(rpc: &mut Rpc, receipt: &Receipt, settings: &Settings) -> Reconciled {
+    match rpc.transaction(&receipt.hash) {
+        Ok((Lookup::NotFound, tip)) if !receipt.expired_at(tip.ledger, tip.close_time) => {
+            match send_and_wait(rpc, receipt, settings) {
+                Fate::Busy | Fate::Unreachable(_) => {
+                    Reconciled::Settled(retry("restore still pending", Some("restore"), None, false))
+                }
+                _ => Reconciled::Redeliver,
+            }
+        }
+        Ok(_) => Reconciled::Redeliver,
+        Err(e) => Reconciled::Settled(rpc_outcome(e)),
+    }
 }
 
 impl Executor for Vault {
@@ -394,6 +413,9 @@ impl Executor for Vault {
             return Reconciled::Redeliver;
         }
         let mut rpc = Rpc::new(&settings.rpc_url);
+        if receipt.restore {
+            return reconcile_restore(&mut rpc, &receipt, &settings);
+        }
         let (lookup, tip) = match rpc.transaction(&receipt.hash) {
             Ok(found) => found,
             Err(e) => return Reconciled::Settled(rpc_outcome(e)),

@@ -17,6 +17,10 @@ pub struct Receipt {
     /// The network rejected it (`ERROR`): it can never land.
     #[serde(default)]
     pub rejected: bool,
+    /// A RestoreFootprint transaction, not the op's call: landing it does
+    /// not settle the op.
+    #[serde(default)]
+    pub restore: bool,
 }
 
 impl Receipt {

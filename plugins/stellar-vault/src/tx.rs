@@ -198,14 +198,15 @@ pub fn result_code(result_xdr: &str) -> String {
         return "unreadable_result".to_owned();
     };
     match &result.result {
+        // Soroban transactions carry one operation: its result is the code.
         TransactionResultResult::TxFailed(ops) => ops
-            .iter()
-            .find_map(|op| match op {
+            .first()
+            .map(|op| match op {
                 OperationResult::OpInner(OperationResultTr::InvokeHostFunction(r)) => {
-                    Some(format!("invoke_host_function_{}", snake(r.name())))
+                    format!("invoke_host_function_{}", snake(r.name()))
                 }
-                OperationResult::OpInner(inner) => Some(snake(inner.name())),
-                other => Some(snake(other.name())),
+                OperationResult::OpInner(inner) => snake(inner.name()),
+                other => snake(other.name()),
             })
             .unwrap_or_else(|| "tx_failed".to_owned()),
         other => snake(other.name()),

@@ -159,3 +159,22 @@ async fn quotes_follow_priority_bumps_caps_defers_and_staleness() -> anyhow::Res
     ensure!(q.fee == 100);
     Ok(())
 }
+
+/// Fee policies are pure functions of their arguments: the WASI clocks they
+/// could read are stopped at the epoch, so a policy that peeks at time sees
+/// nothing move and its quotes stay reproducible.
+#[tokio::test]
+async fn fee_policies_see_stopped_clocks() -> anyhow::Result<()> {
+    let rt = runtime()?;
+    let p = load(&rt, "clock-policy", "", KeyStore::default())?.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let first = observe(&p, None, sample(100, 100, 100, 1), 0).await?;
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let second = observe(&p, None, sample(100, 100, 100, 1), 0).await?;
+    ensure!(
+        first.sampled_at_ms == 0 && second.sampled_at_ms == 0,
+        "wall clock moved: {first:?} {second:?}"
+    );
+    ensure!(first.congestion_since_ms == 0, "monotonic clock moved: {first:?}");
+    // Executors keep the real clock: they need it for transaction time bounds.
+    Ok(())
+}

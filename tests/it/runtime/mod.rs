@@ -165,7 +165,10 @@ fn wit_versions_are_frozen() -> anyhow::Result<()> {
     use sha2::Digest as _;
     // A released contract never changes; a change is a new version in a new
     // directory (wit/README.md). Update this list only when adding one.
-    const FROZEN: [(&str, &str); 1] = [("laneway-plugin@1.0.0", FROZEN_1_0_0)];
+    const FROZEN: [(&str, &str); 2] = [
+        ("laneway-plugin@1.0.0", FROZEN_1_0_0),
+        ("laneway-plugin@1.1.0", FROZEN_1_1_0),
+    ];
     for (dir, want) in FROZEN {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../wit").join(dir);
         let mut files: Vec<PathBuf> = std::fs::read_dir(&root)?
@@ -192,6 +195,7 @@ fn wit_versions_are_frozen() -> anyhow::Result<()> {
 }
 
 const FROZEN_1_0_0: &str = "17998fe83fbac751a00009ed61914d77dc1266cb763358eb3037668b4946135a";
+const FROZEN_1_1_0: &str = "9fc8df28cc07d00a27bbc97c99e6321fcecb533ada9221da3727ee96310277ad";
 
 /// A component built against the frozen 1.0.0 contract, committed as built,
 /// still loads and serves: old plugins keep working.

@@ -68,7 +68,6 @@ pub enum SendFault {
 #[derive(Debug, Clone)]
 pub struct Submitted {
     pub hash: String,
-    pub source: [u8; 32],
     pub sequence: i64,
     /// `tx.fee` minus the declared resource fee.
     pub inclusion_fee: i64,
@@ -483,7 +482,7 @@ impl Inner {
             Some("restore") => ok(
                 id,
                 json!({
-                    "restorePreamble": { "transactionData": TRANSACTION_DATA, "minResourceFee": "1000" },
+                    "restorePreamble": { "transactionData": TRANSACTION_DATA, "minResourceFee": MIN_RESOURCE_FEE.to_string() },
                     "latestLedger": latest,
                 }),
             ),
@@ -611,7 +610,6 @@ impl Inner {
         let index = self.txs.len();
         self.txs.push(Submitted {
             hash: hash_hex.clone(),
-            source,
             sequence: tx.seq_num.0,
             inclusion_fee,
             function,
@@ -721,9 +719,4 @@ pub fn keypair(seed: u8) -> anyhow::Result<(String, [u8; 32])> {
 /// The `G…` address of a public key.
 pub fn address(public_key: [u8; 32]) -> String {
     AccountId(PublicKey::PublicKeyTypeEd25519(Uint256(public_key))).to_string()
-}
-
-/// A fixture for conformance tests: the §A4 account.
-pub fn fixture_account() -> [u8; 32] {
-    [7; 32]
 }

@@ -502,3 +502,107 @@ async fn a_host_killed_between_send_and_ack_reconciles_by_hash_without_a_duplica
     );
     host_b.running.stop().await
 }
+
+/// What one op's attempts recorded: (class, detail) per attempt.
+async fn history(queue: &dyn Queue, id: OpId) -> anyhow::Result<Vec<(String, Option<String>)>> {
+    Ok(queue
+        .attempts(id)
+        .await?
+        .into_iter()
+        .map(|a| (a.record.class.as_str().to_owned(), a.record.detail))
+        .collect())
+}
+
+/// Seed 003's error classes, one op at a time through the real plugin:
+/// busy and rate-limited answers retry and resend the very same envelope;
+/// a bad sequence rebuilds; NOT_FOUND before a late SUCCESS keeps waiting;
+/// a trapped contract, a failed simulation and a wrong network dead-letter
+/// with their message; a restore preamble restores first.
+#[tokio::test]
+async fn error_classes_retry_rebuild_or_dead_letter_as_seed_003_says() -> anyhow::Result<()> {
+    let db = crate::support::sqlite_live().await?;
+    let chain = Chain::start(30).await?;
+    let wrong_network = format!(
+        "[kinds.mainnet_deposit]\nplugin = \"vault\"\nlanes = \"required\"\nlane_mode = \"serial\"\n\
+         [kinds.mainnet_deposit.config]\nrpc_url = {:?}\nnetwork_passphrase = \"Public Global Stellar Network ; September 2015\"\n\
+         contract_id = {CONTRACT:?}\nfunction = \"deposit\"\nsigner_key = \"vault\"\npoll_ms = 20\n\
+         args = [{{ field = \"user\", type = \"address\" }}, {{ field = \"amount\", type = \"i128\" }}]\n",
+        chain.url
+    );
+    let host = Host::start(db.queue.clone(), chain.config("", &wrong_network)?).await?;
+    let q = db.queue.as_ref();
+    let run = |op: NewOp| {
+        let host = &host;
+        async move {
+            let id = host.enqueue(&[op]).await?[0];
+            settle(q, Duration::from_secs(20)).await?;
+            anyhow::Ok((q.get(id).await?.context("op")?, history(q, id).await?))
+        }
+    };
+
+    // Busy, rate-limited, gateway timeout: the same envelope goes again.
+    chain
+        .fake
+        .inject(&[SendFault::TryAgainLater, SendFault::Http429, SendFault::Http504]);
+    let (op, tried) = run(vault_op("deposit", 1, 10, None)).await?;
+    ensure!(op.status == Status::Confirmed && tried.len() == 4, "{op:?} {tried:?}");
+    ensure!(tried[0].1.as_deref() == Some("TRY_AGAIN_LATER"), "{tried:?}");
+    ensure!(chain.fake.submitted().len() == 1, "one envelope, sent until it stuck");
+
+    // A bad sequence: read it afresh and rebuild.
+    chain.fake.inject(&[SendFault::BadSeq]);
+    let (op, tried) = run(vault_op("deposit", 1, 11, None)).await?;
+    ensure!(op.status == Status::Confirmed && tried.len() == 2, "{op:?} {tried:?}");
+    ensure!(tried[0].1.as_deref() == Some("tx_bad_seq"), "{tried:?}");
+
+    // NOT_FOUND for a while after landing: still one attempt.
+    chain.fake.inject(&[SendFault::HideFor(3)]);
+    let (op, tried) = run(vault_op("deposit", 1, 12, None)).await?;
+    ensure!(op.status == Status::Confirmed && tried.len() == 1, "{op:?} {tried:?}");
+
+    // The contract traps on chain: permanent, with the code kept.
+    chain.fake.inject(&[SendFault::Trap]);
+    let (op, tried) = run(vault_op("deposit", 1, 13, None)).await?;
+    ensure!(op.status == Status::Failed && tried.len() == 1, "{op:?} {tried:?}");
+    ensure!(
+        op.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("invoke_host_function_trapped")),
+        "{op:?}"
+    );
+
+    // Simulation refuses the call: permanent, with the host error kept.
+    chain.fake.fail_simulation();
+    let (op, _) = run(vault_op("deposit", 1, 14, None)).await?;
+    ensure!(
+        op.status == Status::Failed
+            && op
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("simulation failed") && e.contains("HostError")),
+        "{op:?}"
+    );
+
+    // Archived state: a RestoreFootprint transaction first, then the call.
+    chain.fake.need_restore();
+    let before = chain.fake.submitted().len();
+    let (op, tried) = run(vault_op("deposit", 1, 15, None)).await?;
+    let sent = chain.fake.submitted();
+    ensure!(op.status == Status::Confirmed && tried.len() == 2, "{op:?} {tried:?}");
+    ensure!(
+        sent.len() == before + 2
+            && sent[before].function.is_none()
+            && sent[before + 1].function.as_deref() == Some("deposit"),
+        "restore, then deposit: {:?}",
+        &sent[before..]
+    );
+
+    // Signed for another network: the signature cannot verify here.
+    let (op, _) = run(vault_op("mainnet_deposit", 1, 16, None)).await?;
+    ensure!(
+        op.status == Status::Failed && op.last_error.as_deref().is_some_and(|e| e.contains("tx_bad_auth")),
+        "{op:?}"
+    );
+    ensure!(chain.fake.bad_seqs() == 0 && chain.fake.concurrent_sends() == 0);
+    host.running.stop().await
+}
