@@ -138,16 +138,26 @@ impl Registry {
     }
 }
 
-/// A [`Checkpoint`] that writes under one lease.
+/// A [`Checkpoint`] that writes under one lease, and remembers whether it did.
 pub struct LeaseCheckpoint {
     queue: Arc<dyn Queue>,
     lease: Lease,
+    saved: std::sync::atomic::AtomicBool,
 }
 
 impl LeaseCheckpoint {
     /// Checkpoints for the op held under `lease`.
     pub fn new(queue: Arc<dyn Queue>, lease: Lease) -> Self {
-        Self { queue, lease }
+        Self {
+            queue,
+            lease,
+            saved: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Whether a receipt was stored through it.
+    pub fn saved(&self) -> bool {
+        self.saved.load(std::sync::atomic::Ordering::Acquire)
     }
 }
 
@@ -155,7 +165,10 @@ impl LeaseCheckpoint {
 impl Checkpoint for LeaseCheckpoint {
     async fn checkpoint(&self, receipt: &str) -> Result<(), CheckpointError> {
         match self.queue.checkpoint(&self.lease, receipt).await? {
-            Cas::Applied => Ok(()),
+            Cas::Applied => {
+                self.saved.store(true, std::sync::atomic::Ordering::Release);
+                Ok(())
+            }
             Cas::Stale => Err(CheckpointError::LeaseLost),
         }
     }

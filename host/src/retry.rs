@@ -84,11 +84,46 @@ pub struct History {
     pub attempts: u32,
     /// Fee bumps before this attempt.
     pub fee_bumps: u32,
+    /// The attempt checkpointed a receipt: its side effect may have
+    /// happened even though the attempt did not say so.
+    pub checkpointed: bool,
 }
 
 /// Decides the next step after an attempt.
+///
+/// An attempt that checkpointed a receipt and then ended without a verdict
+/// (a timeout, a crash, a retryable failure that is not a fee bump) is never
+/// dead-lettered for its budget: its side effect may have happened, so it
+/// goes back once more for its executor to reconcile the receipt, and the
+/// dispatcher dead-letters it then only if the receipt provably did not
+/// take effect. A payment that landed is never recorded as failed.
 pub fn decide(policy: &RetryPolicy, outcome: &Outcome, history: History, now: DateTime<Utc>, jitter: f64) -> Decision {
-    let History { attempts, fee_bumps } = history;
+    let decision = decide_budget(policy, outcome, history, now, jitter);
+    let in_doubt = match outcome {
+        Outcome::Retryable { fee_bump, .. } => !fee_bump,
+        Outcome::Fault(_) => true,
+        Outcome::Confirmed { .. } | Outcome::Permanent { .. } => false,
+    };
+    match decision {
+        Decision::DeadLetter { error } if history.checkpointed && in_doubt => Decision::Retry {
+            at: now + chrono::Duration::from_std(backoff(policy, history.attempts, jitter)).unwrap_or_default(),
+            error: format!("{error}; a receipt was checkpointed, so it is reconciled before giving up"),
+            fee_bump: false,
+        },
+        other => other,
+    }
+}
+
+fn decide_budget(
+    policy: &RetryPolicy,
+    outcome: &Outcome,
+    history: History,
+    now: DateTime<Utc>,
+    jitter: f64,
+) -> Decision {
+    let History {
+        attempts, fee_bumps, ..
+    } = history;
     match outcome {
         Outcome::Confirmed { receipt, .. } => Decision::Confirm {
             receipt: receipt.clone(),
@@ -155,7 +190,78 @@ mod tests {
     }
 
     fn h(attempts: u32) -> History {
-        History { attempts, fee_bumps: 0 }
+        History {
+            attempts,
+            fee_bumps: 0,
+            checkpointed: false,
+        }
+    }
+
+    #[test]
+    fn an_attempt_in_doubt_after_a_checkpoint_is_reconciled_not_dead_lettered() {
+        let p = RetryPolicy::default();
+        let spent = History {
+            attempts: 12,
+            fee_bumps: 0,
+            checkpointed: true,
+        };
+        for outcome in [
+            Outcome::retry("rpc unavailable"),
+            Outcome::Fault(Fault::Timeout),
+            Outcome::Fault(Fault::Crashed("trap".into())),
+        ] {
+            assert!(
+                matches!(
+                    decide(&p, &outcome, spent, now(), 0.5),
+                    Decision::Retry { fee_bump: false, .. }
+                ),
+                "{outcome:?}"
+            );
+            // Without a checkpoint the budget rules as before.
+            assert!(matches!(
+                decide(
+                    &p,
+                    &outcome,
+                    History {
+                        checkpointed: false,
+                        ..spent
+                    },
+                    now(),
+                    0.5
+                ),
+                Decision::DeadLetter { .. }
+            ));
+        }
+        // A verdict is a verdict: permanent failures and provably dead
+        // transactions (fee-bump retries) still dead-letter.
+        assert!(matches!(
+            decide(&p, &Outcome::permanent("tx_bad_auth"), spent, now(), 0.5),
+            Decision::DeadLetter { .. }
+        ));
+        let capped = RetryPolicy {
+            max_fee_bumps: Some(1),
+            ..p
+        };
+        let bump = Outcome::Retryable {
+            reason: "expired".into(),
+            retry_after: None,
+            detail: None,
+            fee_bump: true,
+        };
+        assert!(matches!(
+            decide(
+                &capped,
+                &bump,
+                History {
+                    attempts: 2,
+                    fee_bumps: 1,
+                    checkpointed: true
+                },
+                now(),
+                0.5
+            ),
+            Decision::DeadLetter { .. }
+        ));
     }
 
     #[test]
@@ -170,7 +276,11 @@ mod tests {
             detail: None,
             fee_bump: true,
         };
-        let at = |fee_bumps| History { attempts: 2, fee_bumps };
+        let at = |fee_bumps| History {
+            attempts: 2,
+            fee_bumps,
+            checkpointed: false,
+        };
         assert!(matches!(
             decide(&p, &bump, at(2), now(), 0.5),
             Decision::Retry { fee_bump: true, .. }

@@ -62,6 +62,8 @@ struct Finished {
     claimed: Claimed,
     destination: Option<String>,
     fee: Option<FeeBid>,
+    /// A receipt was checkpointed during the attempt.
+    checkpointed: bool,
     outcome: Outcome,
     started_at: DateTime<Utc>,
     finished_at: DateTime<Utc>,
@@ -426,6 +428,8 @@ impl Pass {
                     claimed: flight.claimed,
                     destination: flight.destination,
                     fee: flight.fee,
+                    // Unknown after an abort: assume the worst.
+                    checkpointed: true,
                     outcome: Outcome::retry("interrupted by shutdown"),
                     started_at: flight.started_at,
                     finished_at: now,
@@ -451,6 +455,7 @@ impl Pass {
             let history = retry::History {
                 attempts: u32::try_from(op.budget_attempts()).unwrap_or(u32::MAX),
                 fee_bumps: u32::try_from(op.fee_bumps).unwrap_or(u32::MAX),
+                checkpointed: f.checkpointed,
             };
             let decision = retry::decide(&policy, &f.outcome, history, now, rand::random::<f64>());
             let tries = self.in_pass.entry(op.id).or_default();
@@ -583,15 +588,20 @@ async fn execute(
         ..
     } = flight;
     let started_at = inner.clock.now();
+    let checkpoint = Arc::new(LeaseCheckpoint::new(inner.queue.clone(), claimed.lease));
+    // An earlier attempt's receipt stays in doubt until reconcile settles it
+    // or proves it dead.
+    let earlier_receipt_open = std::sync::atomic::AtomicBool::new(claimed.op.receipt.is_some());
     let outcome = match executor {
         None => Outcome::Fault(Fault::NoExecutor),
         Some(executor) => {
             let context = Attempt {
-                checkpoint: Arc::new(LeaseCheckpoint::new(inner.queue.clone(), claimed.lease)),
+                checkpoint: checkpoint.clone(),
                 fee,
             };
             let op = &claimed.op;
             let spent = u32::try_from(op.budget_attempts()).unwrap_or(u32::MAX) > max_attempts;
+            let earlier = &earlier_receipt_open;
             let attempt = async {
                 if let Some(receipt) = &op.receipt {
                     match executor.reconcile(op, receipt, context.clone()).await {
@@ -601,7 +611,7 @@ async fn execute(
                                 "gave up after {max_attempts} attempts; the last one provably did not take effect"
                             ))
                         }
-                        Reconciled::Redeliver => {}
+                        Reconciled::Redeliver => earlier.store(false, std::sync::atomic::Ordering::Release),
                     }
                 }
                 executor.execute(op, context).await
@@ -624,6 +634,7 @@ async fn execute(
         claimed,
         destination,
         fee,
+        checkpointed: checkpoint.saved() || earlier_receipt_open.load(std::sync::atomic::Ordering::Acquire),
         outcome,
         started_at,
         finished_at: inner.clock.now(),

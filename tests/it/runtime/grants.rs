@@ -74,6 +74,7 @@ async fn an_ungranted_key_is_denied_and_the_call_classified_so() -> anyhow::Resu
         laneway::retry::History {
             attempts: 1,
             fee_bumps: 0,
+            checkpointed: false,
         },
         chrono::Utc::now(),
         0.5,

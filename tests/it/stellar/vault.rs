@@ -180,7 +180,45 @@ crate::on_both_backends!(
     a_lost_transaction_is_resubmitted_with_a_bumped_fee_only_after_its_ledger_bound,
     a_halted_subject_waits_without_using_attempts_and_completes_after_unhalt,
     congestion_defers_low_prices_critical_aggressively_and_never_exceeds_the_cap,
+    two_hosts_on_one_queue_never_have_two_transactions_of_a_signer_in_flight,
 );
+
+/// Seed 003 ran one dispatcher with an in-process signer lock. Here two
+/// hosts share the queue (on PostgreSQL they could be two machines): the
+/// drain slot and the signer's serial lane keep one transaction per signer
+/// in flight across both, and every op lands once.
+async fn two_hosts_on_one_queue_never_have_two_transactions_of_a_signer_in_flight(db: TestDb) -> anyhow::Result<()> {
+    let chain = Chain::start(25).await?;
+    let config = chain.config("", "")?;
+    let a = Host::start(db.queue.clone(), config.clone()).await?;
+    let b = Host::start(db.queue.clone(), config).await?;
+    let mut ids = Vec::new();
+    for i in 0..16 {
+        let (kind, _) = KINDS[i % 4];
+        let host = if i % 2 == 0 { &a } else { &b };
+        ids.extend(
+            host.enqueue(&[vault_op(kind, 1 + i as u8, 100 + i as i64, None)])
+                .await?,
+        );
+    }
+    settle(db.queue.as_ref(), Duration::from_secs(60)).await?;
+    for id in &ids {
+        let op = db.queue.get(*id).await?.context("op")?;
+        ensure!(op.status == Status::Confirmed, "{op:?}");
+    }
+    ensure!(
+        chain.fake.landed().len() == 16 && chain.fake.submitted().len() == 16,
+        "{:?}",
+        chain.fake.submitted()
+    );
+    ensure!(
+        chain.fake.concurrent_sends() == 0,
+        "two transactions of one signer were in flight"
+    );
+    ensure!(chain.fake.bad_seqs() == 0, "a bad sequence between hosts");
+    a.running.stop().await?;
+    b.running.stop().await
+}
 
 async fn all_four_kinds_land_signed_and_serialized_per_signer(db: TestDb) -> anyhow::Result<()> {
     let chain = Chain::start(40).await?;
@@ -523,7 +561,7 @@ async fn error_classes_retry_rebuild_or_dead_letter_as_seed_003_says() -> anyhow
     let db = crate::support::sqlite_live().await?;
     let chain = Chain::start(30).await?;
     let wrong_network = format!(
-        "[kinds.mainnet_deposit]\nplugin = \"vault\"\nlanes = \"required\"\nlane_mode = \"serial\"\n\
+        "[kinds.referral_payout]\nmax_attempts = 1\n[kinds.mainnet_deposit]\nplugin = \"vault\"\nlanes = \"required\"\nlane_mode = \"serial\"\n\
          [kinds.mainnet_deposit.config]\nrpc_url = {:?}\nnetwork_passphrase = \"Public Global Stellar Network ; September 2015\"\n\
          contract_id = {CONTRACT:?}\nfunction = \"deposit\"\nsigner_key = \"vault\"\npoll_ms = 20\n\
          args = [{{ field = \"user\", type = \"address\" }}, {{ field = \"amount\", type = \"i128\" }}]\n",
@@ -595,6 +633,16 @@ async fn error_classes_retry_rebuild_or_dead_letter_as_seed_003_says() -> anyhow
             && sent[before + 1].function.as_deref() == Some("deposit"),
         "restore, then deposit: {:?}",
         &sent[before..]
+    );
+
+    // The budget runs out with the outcome unknown (the gateway timed out
+    // after the receipt was checkpointed): the op is not dead-lettered
+    // blind, it goes back to be reconciled, and lands.
+    chain.fake.inject(&[SendFault::Http504]);
+    let (op, tried) = run(vault_op("referral_payout", 1, 17, None)).await?;
+    ensure!(
+        op.status == Status::Confirmed && tried.len() == 2,
+        "max_attempts = 1, yet reconciled: {op:?} {tried:?}"
     );
 
     // Signed for another network: the signature cannot verify here.
