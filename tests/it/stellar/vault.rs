@@ -654,3 +654,26 @@ async fn error_classes_retry_rebuild_or_dead_letter_as_seed_003_says() -> anyhow
     ensure!(chain.fake.bad_seqs() == 0 && chain.fake.concurrent_sends() == 0);
     host.running.stop().await
 }
+
+/// The shipped example is a valid config, and the shipped defaults carry
+/// seed 003's priorities and caps for the four kinds.
+#[test]
+fn the_shipped_stellar_config_is_valid_and_follows_seed_003() -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/stellar-vault.example.toml"),
+    )?;
+    let config = laneway::config::from_toml_str(&text)?;
+    for (kind, priority) in [
+        ("withdraw", Priority::Critical),
+        ("deposit", Priority::Normal),
+        ("referral_payout", Priority::Normal),
+        ("rebalance", Priority::Low),
+    ] {
+        let k = config.kind(kind).map_err(anyhow::Error::msg)?;
+        ensure!(k.priority == priority, "{kind}: {:?}", k.priority);
+        ensure!(k.lane_mode == laneway::lanes::LaneMode::Serial && k.lane_cap == 1, "{kind}: serial, one per signer");
+        ensure!(k.max_in_flight == Some(10) && k.max_fee_bumps == Some(3), "{kind}: {k:?}");
+        ensure!(k.fee_oracle.as_deref() == Some("stellar") && k.plugin.as_deref() == Some("vault"));
+    }
+    Ok(())
+}
