@@ -371,3 +371,38 @@ async fn plugin_check_describes_a_good_component_and_refuses_a_bad_one() -> anyh
     ensure!(missing.contains("cannot read"), "{missing}");
     Ok(())
 }
+
+/// Enqueueing a priced kind answers with seed 003's estimate: the base fee
+/// it would bid now and the expected confirmation time. With no snapshot
+/// stored yet the policy quotes its default base fee.
+#[tokio::test]
+async fn enqueue_of_a_priced_kind_reports_the_fee_estimate() -> anyhow::Result<()> {
+    let fees = crate::runtime::wasm("fee-policy")?.display().to_string();
+    let env = Env::new(&format!(
+        "[plugins.fees]\npath = {fees:?}\n\
+         [oracles.stellar]\npolicy = \"fees\"\nrpc_url = \"http://127.0.0.1:9/\"\n\
+         [oracles.stellar.config]\ndefault_base_fee = 250\n\
+         [kinds.deposit]\nfee_oracle = \"stellar\"\n"
+    ))?;
+    env.ok(&["migrate"], "").await?;
+    let args = ["enqueue", "--kind", "deposit", "--outbox", "vault", "--lane", "GSIGNER"];
+    let text = env.ok(&args, "{}").await?;
+    ensure!(
+        text.contains("enqueued op 1") && text.contains("estimate: base fee 250 stroops"),
+        "{text}"
+    );
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let out: serde_json::Value = serde_json::from_str(&env.ok(&json_args, r#"{"n":2}"#).await?)?;
+    ensure!(
+        out["result"] == "created" && out["id"] == 2 && out["estimate"]["base_fee"] == 250,
+        "{out}"
+    );
+    ensure!(
+        out["estimate"]["est_confirmation_seconds"]
+            .as_u64()
+            .is_some_and(|s| s > 0),
+        "{out}"
+    );
+    Ok(())
+}

@@ -671,8 +671,14 @@ fn the_shipped_stellar_config_is_valid_and_follows_seed_003() -> anyhow::Result<
     ] {
         let k = config.kind(kind).map_err(anyhow::Error::msg)?;
         ensure!(k.priority == priority, "{kind}: {:?}", k.priority);
-        ensure!(k.lane_mode == laneway::lanes::LaneMode::Serial && k.lane_cap == 1, "{kind}: serial, one per signer");
-        ensure!(k.max_in_flight == Some(10) && k.max_fee_bumps == Some(3), "{kind}: {k:?}");
+        ensure!(
+            k.lane_mode == laneway::lanes::LaneMode::Serial && k.lane_cap == 1,
+            "{kind}: serial, one per signer"
+        );
+        ensure!(
+            k.max_in_flight == Some(10) && k.max_fee_bumps == Some(3),
+            "{kind}: {k:?}"
+        );
         ensure!(k.fee_oracle.as_deref() == Some("stellar") && k.plugin.as_deref() == Some("vault"));
     }
     Ok(())
