@@ -137,7 +137,8 @@ pub struct FeeOracle {
     /// Looked up on every poll, so a reloaded policy takes effect.
     plugins: Arc<PluginHost>,
     policy: String,
-    config: String,
+    /// The policy's settings (JSON); replaced when the config reloads.
+    config: arc_swap::ArcSwap<String>,
     queue: Arc<dyn Queue>,
     clock: Arc<dyn Clock>,
 }
@@ -167,7 +168,7 @@ impl FeeOracle {
             rpc,
             plugins,
             policy: policy.to_owned(),
-            config,
+            config: arc_swap::ArcSwap::from_pointee(config),
             queue,
             clock,
         }
@@ -201,17 +202,29 @@ impl FeeOracle {
             .fee_policy(&self.policy)
             .ok_or_else(|| OracleError::Rpc(format!("fee policy {:?} is not loaded", self.policy)))?;
         let snapshot = policy
-            .observe(previous.as_ref(), sample, now.timestamp_millis(), &self.config)
+            .observe(previous.as_ref(), sample, now.timestamp_millis(), &self.config.load())
             .await?;
         let json = serde_json::to_string(&snapshot).map_err(|e| OracleError::Rpc(e.to_string()))?;
         self.queue.put_fee_snapshot(&self.name, &json, now).await?;
         Ok(snapshot)
     }
 
-    /// Polls every `every` until `stop` resolves, logging failures.
-    pub async fn run(&self, every: Duration, stop: impl std::future::Future<Output = ()>) {
+    /// Polls every `every` until `stop` resolves, logging failures. Before
+    /// each poll `settings` is asked for the policy's current settings, so
+    /// a reloaded config takes effect at the next sample.
+    pub async fn run(
+        &self,
+        every: Duration,
+        stop: impl std::future::Future<Output = ()>,
+        settings: impl Fn() -> Option<String>,
+    ) {
         tokio::pin!(stop);
         loop {
+            if let Some(json) = settings() {
+                if **self.config.load() != json {
+                    self.config.store(Arc::new(json));
+                }
+            }
             match self.poll_once().await {
                 Ok(s) => {
                     tracing::debug!(oracle = %self.name, congestion = ?s.congestion, recommended = s.recommended_base_fee, "Fee snapshot stored.")

@@ -617,8 +617,19 @@ async fn run_cmd(config: Config, source: FileSource) -> Result<(), CliError> {
             Arc::new(SystemClock),
         );
         let stop = dispatcher.clone();
+        let live = dispatcher.clone();
         let every = std::time::Duration::from_millis(oracle.poll_ms);
-        tokio::spawn(async move { fee_oracle.run(every, async move { stop.cancelled().await }).await });
+        tokio::spawn(async move {
+            let settings = move || {
+                live.config()
+                    .oracles
+                    .get(&name)
+                    .map(crate::config::OracleConfig::config_json)
+            };
+            fee_oracle
+                .run(every, async move { stop.cancelled().await }, settings)
+                .await;
+        });
     }
     plugins.watch(source, dispatcher.clone(), debounce);
     let stopper = dispatcher.clone();

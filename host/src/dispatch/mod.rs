@@ -152,6 +152,11 @@ impl Dispatcher {
             .map(FeeEstimate::from))
     }
 
+    /// The config of the moment (reloads replace it).
+    pub fn config(&self) -> Arc<Config> {
+        self.inner.config.load_full()
+    }
+
     /// Applies new tunables (priorities, retry policy, caps) from the next pass on.
     pub fn reconfigure(&self, config: Config) {
         self.inner.config.store(Arc::new(config));

@@ -18,7 +18,7 @@ use laneway::runtime::host::PluginHost;
 use crate::support::TestDb;
 use fake_rpc::FakeRpc;
 
-crate::on_both_backends!(live: the_oracle_polls_fee_stats_and_stores_a_shared_snapshot);
+crate::on_both_backends!(live: the_oracle_polls_fee_stats_and_stores_a_shared_snapshot, a_running_oracle_takes_reloaded_policy_settings_at_its_next_sample);
 
 async fn the_oracle_polls_fee_stats_and_stores_a_shared_snapshot(db: TestDb) -> anyhow::Result<()> {
     let rpc = FakeRpc::default();
@@ -67,5 +67,54 @@ async fn the_oracle_polls_fee_stats_and_stores_a_shared_snapshot(db: TestDb) -> 
     ensure!(oracle.poll_once().await.is_err());
     ensure!(oracle.snapshot().await?.context("kept")? == second);
     ensure!(rpc.requests() >= 3);
+    Ok(())
+}
+
+async fn a_running_oracle_takes_reloaded_policy_settings_at_its_next_sample(db: TestDb) -> anyhow::Result<()> {
+    let rpc = FakeRpc::default();
+    let url = rpc.serve().await?;
+    let config = laneway::config::from_toml_str(&format!(
+        "[plugins.fees]\npath = {:?}\n",
+        crate::runtime::wasm("fee-policy")?.display().to_string()
+    ))?;
+    let host = Arc::new(PluginHost::new(&config)?);
+    host.apply(&config).await?;
+    let oracle = Arc::new(FeeOracle::new(
+        "stellar",
+        StellarRpc::new(&url, Duration::from_secs(5))?,
+        host.clone(),
+        "fees",
+        "{}".to_owned(),
+        db.queue.clone(),
+        Arc::new(SystemClock),
+    ));
+    let settings = Arc::new(std::sync::Mutex::new("{}".to_owned()));
+    // The task is aborted at the end instead of stopped.
+    let stop = std::future::pending::<()>();
+    let (running, current) = (oracle.clone(), settings.clone());
+    let task = tokio::spawn(async move {
+        let read = move || current.lock().ok().map(|s| s.clone());
+        running.run(Duration::from_millis(50), stop, read).await;
+    });
+    let wait_for = |want: u64| {
+        let oracle = oracle.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            loop {
+                if let Some(s) = oracle.snapshot().await? {
+                    if s.recommended_base_fee == want {
+                        return anyhow::Ok(());
+                    }
+                }
+                ensure!(tokio::time::Instant::now() < deadline, "no snapshot with {want}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    wait_for(100).await?;
+    // An operator raises the floor in the config; the next sample obeys it.
+    *settings.lock().map_err(|_| anyhow::anyhow!("poisoned"))? = r#"{"min_fee": 700}"#.to_owned();
+    wait_for(700).await?;
+    task.abort();
     Ok(())
 }

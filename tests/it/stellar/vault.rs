@@ -681,5 +681,6 @@ fn the_shipped_stellar_config_is_valid_and_follows_seed_003() -> anyhow::Result<
         );
         ensure!(k.fee_oracle.as_deref() == Some("stellar") && k.plugin.as_deref() == Some("vault"));
     }
+    ensure!(config.dispatch.outbox_max_in_flight == 10, "seed 003's global cap");
     Ok(())
 }
