@@ -477,12 +477,9 @@ async fn congestion_defers_low_prices_critical_aggressively_and_never_exceeds_th
 /// dropped mid-call: no graceful shutdown, no settle, the lease just stays)
 /// is replaced by another; the op's lease expires, the new host reconciles
 /// the checkpointed hash, and the chain sees the transaction exactly once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_host_killed_between_send_and_ack_reconciles_by_hash_without_a_duplicate() -> anyhow::Result<()> {
+async fn killed_between_send_and_ack(url: String) -> anyhow::Result<()> {
     crate::support::init_logs();
     let chain = Chain::start(30).await?;
-    let dir = tempfile::tempdir()?;
-    let url = format!("sqlite://{}", dir.path().join("queue.db").display());
     let config = chain.config("", &format!("[database]\nurl = {url:?}\n[queue]\nlease_ms = 1000\n"))?;
     chain.fake.inject(&[super::fake_rpc::SendFault::AcceptThenHang]);
 
@@ -539,6 +536,38 @@ async fn a_host_killed_between_send_and_ack_reconciles_by_hash_without_a_duplica
         "{attempts:?}"
     );
     host_b.running.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_killed_between_send_and_ack_reconciles_by_hash_without_a_duplicate_sqlite() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    killed_between_send_and_ack(format!("sqlite://{}", dir.path().join("queue.db").display())).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_killed_between_send_and_ack_reconciles_by_hash_without_a_duplicate_postgres() -> anyhow::Result<()> {
+    use sqlx::Connection as _;
+    // Its own schema (swept like every test schema), named in the URL so
+    // each host opens its own pool on its own runtime.
+    let schema = format!("lwtest_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = sqlx::PgConnection::connect(&crate::support::pg_url()).await?;
+    sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
+        .execute(&mut conn)
+        .await?;
+    let separator = if crate::support::pg_url().contains('?') {
+        '&'
+    } else {
+        '?'
+    };
+    let url = format!(
+        "{}{separator}options=-c%20search_path%3D{schema}",
+        crate::support::pg_url()
+    );
+    let result = killed_between_send_and_ack(url).await;
+    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .execute(&mut conn)
+        .await?;
+    result
 }
 
 /// What one op's attempts recorded: (class, detail) per attempt.
@@ -683,4 +712,37 @@ fn the_shipped_stellar_config_is_valid_and_follows_seed_003() -> anyhow::Result<
     }
     ensure!(config.dispatch.outbox_max_in_flight == 10, "seed 003's global cap");
     Ok(())
+}
+
+/// A transaction that keeps getting lost is resubmitted with a bigger fee
+/// each time, and after `max_fee_bumps` (3) bumps the op is dead-lettered
+/// with every attempt and the fee it bid on record (seed 003's bump cap).
+#[tokio::test]
+async fn after_the_fee_bump_cap_the_op_fails_with_its_whole_history() -> anyhow::Result<()> {
+    let db = crate::support::sqlite_live().await?;
+    let chain = Chain::start(20).await?;
+    let host = Host::start(db.queue.clone(), chain.config("", "")?).await?;
+    host.sample_fees(db.queue.clone()).await?;
+    chain.fake.inject(&[SendFault::AcceptThenLose; 4]);
+    let id = host.enqueue(&[vault_op("deposit", 2, 42, None)]).await?[0];
+    settle(db.queue.as_ref(), Duration::from_secs(30)).await?;
+    let op = db.queue.get(id).await?.context("op")?;
+    ensure!(
+        op.status == Status::Failed && op.fee_bumps == 3,
+        "dead-lettered at the cap: {op:?}"
+    );
+    ensure!(
+        op.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("fee-bump cap reached after 3 bumps")),
+        "{op:?}"
+    );
+    let bids: Vec<Option<i64>> = db.queue.attempts(id).await?.iter().map(|a| a.record.fee).collect();
+    ensure!(
+        bids == vec![Some(100), Some(200), Some(400), Some(800)],
+        "every attempt, each bid doubled: {bids:?}"
+    );
+    let sent = chain.fake.submitted();
+    ensure!(sent.len() == 4 && chain.fake.landed().is_empty(), "{sent:?}");
+    host.running.stop().await
 }
