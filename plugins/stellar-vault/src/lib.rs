@@ -275,6 +275,7 @@ fn seal(
     bounds: tx::Bounds,
     restore: bool,
 ) -> Result<Receipt, Outcome> {
+    let sequence = transaction.seq_num.0;
     let hash = tx::hash(&transaction, &settings.network_passphrase).map_err(|e| permanent(e, Some("xdr")))?;
     let signature = signer::sign(&settings.signer_key, Algorithm::Ed25519, &hash)
         .map_err(|e| permanent(format!("signing failed: {e:?}"), Some("signer")))?;
@@ -286,6 +287,7 @@ fn seal(
         max_time: bounds.max_time,
         rejected: false,
         restore,
+        sequence,
     };
     match checkpoint::save(&receipt.to_json()) {
         Ok(()) => Ok(receipt),
@@ -328,6 +330,43 @@ fn restore(
         ),
         other => execute_outcome(other, &receipt, settings),
     })
+}
+
+/// A transaction past its bounds that the server does not know. If the
+/// server still remembers every ledger it could have landed in, that proves
+/// it never did. If not (the receipt is older than the RPC's retention), the
+/// account's sequence decides: still below the transaction's, it was never
+/// applied; otherwise it may have landed long ago, and rather than risk
+/// paying twice the op is dead-lettered for an operator to check the hash.
+fn dead_or_unknown(rpc: &mut Rpc, receipt: &Receipt, settings: &Settings, oldest: Option<u32>) -> Reconciled {
+    if receipt.within_retention(oldest) {
+        return Reconciled::Redeliver;
+    }
+    let key = match public_key(settings) {
+        Ok(k) => k,
+        Err(o) => return Reconciled::Settled(o),
+    };
+    let account_key = match tx::account_key(key) {
+        Ok(k) => k,
+        Err(e) => return Reconciled::Settled(permanent(e, Some("xdr"))),
+    };
+    let current = match rpc.ledger_entries(&[account_key]) {
+        Ok(entries) => entries.first().map(|e| tx::account_sequence(e)),
+        Err(e) => return Reconciled::Settled(rpc_outcome(e)),
+    };
+    match current {
+        Some(Ok(sequence)) if sequence < receipt.sequence => Reconciled::Redeliver,
+        Some(Ok(_)) => Reconciled::Settled(permanent(
+            format!(
+                "outcome unknown: transaction {} is older than the RPC's retention and its sequence was used; \
+                 check it on a history server before retrying",
+                receipt.hash
+            ),
+            Some("outcome_unknown"),
+        )),
+        Some(Err(e)) => Reconciled::Settled(retry(e, Some("rpc_protocol"), None, false)),
+        None => Reconciled::Settled(permanent("the signer account does not exist", Some("tx_no_account"))),
+    }
 }
 
 /// A checkpointed RestoreFootprint: once it has landed, failed or expired,
@@ -428,7 +467,9 @@ impl Executor for Vault {
                     .map_or_else(|| "tx_failed".to_owned(), tx::result_code);
                 return Reconciled::Settled(permanent(format!("transaction failed on chain: {code}"), Some(&code)));
             }
-            Lookup::NotFound if receipt.expired_at(tip.ledger, tip.close_time) => return Reconciled::Redeliver,
+            Lookup::NotFound if receipt.expired_at(tip.ledger, tip.close_time) => {
+                return dead_or_unknown(&mut rpc, &receipt, &settings, tip.oldest)
+            }
             Lookup::NotFound => {}
         }
         // It may still land: send the same bytes again (a queued copy makes

@@ -21,6 +21,9 @@ pub struct Receipt {
     /// not settle the op.
     #[serde(default)]
     pub restore: bool,
+    /// The transaction's sequence number.
+    #[serde(default)]
+    pub sequence: i64,
 }
 
 impl Receipt {
@@ -35,6 +38,12 @@ impl Receipt {
     /// Whether a chain tip proves the transaction can no longer land: the
     /// next ledger is past its ledger bound, or the tip closed after its
     /// time bound.
+    /// Whether the server still remembers every ledger the transaction
+    /// could have landed in, so that NOT_FOUND proves it did not land.
+    pub fn within_retention(&self, oldest: Option<u32>) -> bool {
+        oldest.is_none_or(|oldest| oldest < self.max_ledger)
+    }
+
     pub fn expired_at(&self, ledger: u32, close_time: Option<u64>) -> bool {
         ledger.saturating_add(1) >= self.max_ledger || close_time.is_some_and(|t| t > self.max_time)
     }

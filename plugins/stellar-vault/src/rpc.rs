@@ -62,6 +62,8 @@ pub struct Tip {
     pub ledger: u32,
     /// Its close time (unix seconds), when the server says.
     pub close_time: Option<u64>,
+    /// The oldest ledger the server still remembers, when it says.
+    pub oldest: Option<u32>,
 }
 
 /// What `simulateTransaction` said.
@@ -155,6 +157,7 @@ impl Rpc {
         Ok(Tip {
             ledger,
             close_time: number(&result["closeTime"]),
+            oldest: None,
         })
     }
 
@@ -211,6 +214,7 @@ impl Rpc {
                 .and_then(|l| u32::try_from(l).ok())
                 .unwrap_or(0),
             close_time: number(&result["latestLedgerCloseTime"]),
+            oldest: number(&result["oldestLedger"]).and_then(|l| u32::try_from(l).ok()),
         };
         let lookup = match result["status"].as_str() {
             Some("SUCCESS") => Lookup::Success {

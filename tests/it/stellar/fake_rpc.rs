@@ -124,6 +124,9 @@ struct Inner {
     concurrent_sends: usize,
     /// Sends refused for a bad sequence (not injected).
     bad_seqs: usize,
+    /// The oldest ledger `getTransaction` claims to remember, when set
+    /// (as if the retention window had moved on).
+    oldest_override: Option<u32>,
 }
 
 /// The fake; clones share state.
@@ -158,6 +161,7 @@ impl Default for FakeRpc {
                 requests: 0,
                 concurrent_sends: 0,
                 bad_seqs: 0,
+                oldest_override: None,
             })),
         }
     }
@@ -252,6 +256,11 @@ impl FakeRpc {
     /// Sends refused for a bad sequence that was not injected.
     pub fn bad_seqs(&self) -> usize {
         self.lock().bad_seqs
+    }
+
+    /// From now on `getTransaction` remembers nothing before `ledger`.
+    pub fn forget_before(&self, ledger: u32) {
+        self.lock().oldest_override = Some(ledger);
     }
 
     /// The latest ledger.
@@ -643,9 +652,17 @@ impl Inner {
         let mut result = json!({
             "status": "NOT_FOUND", "txHash": hash,
             "latestLedger": self.latest_ledger, "latestLedgerCloseTime": self.close_time.to_string(),
-            "oldestLedger": self.latest_ledger.saturating_sub(120_960),
+            "oldestLedger": self.oldest_override.unwrap_or(self.latest_ledger.saturating_sub(120_960)),
             "oldestLedgerCloseTime": self.close_time.saturating_sub(604_800).to_string(),
         });
+        if self.oldest_override.is_some_and(|oldest| {
+            self.txs.iter().any(|t| {
+                t.hash == hash
+                    && matches!(t.state, TxState::Success { ledger } | TxState::Failed { ledger } if ledger < oldest)
+            })
+        }) {
+            return ok(id, result);
+        }
         let Some(tx) = self.txs.iter_mut().find(|t| t.hash == hash) else {
             return ok(id, result);
         };

@@ -746,3 +746,41 @@ async fn after_the_fee_bump_cap_the_op_fails_with_its_whole_history() -> anyhow:
     ensure!(sent.len() == 4 && chain.fake.landed().is_empty(), "{sent:?}");
     host.running.stop().await
 }
+
+/// NOT_FOUND proves a transaction never landed only while the RPC still
+/// remembers every ledger it could have landed in. Past that window the
+/// signer's sequence decides: unused, the op is rebuilt and lands; used
+/// (the transaction may have landed long ago), the op is dead-lettered for
+/// an operator, and nothing is sent twice.
+#[tokio::test]
+async fn past_the_rpc_retention_window_the_sequence_decides_and_nothing_is_paid_twice() -> anyhow::Result<()> {
+    let db = crate::support::sqlite_live().await?;
+    let chain = Chain::start(20).await?;
+    let host = Host::start(db.queue.clone(), chain.config("", "")?).await?;
+    let forget_once_sent = |fake: FakeRpc| async move {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while fake.submitted().is_empty() {
+            ensure!(tokio::time::Instant::now() < deadline, "nothing sent");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The server's window moves past everything sent so far.
+        fake.forget_before(fake.latest_ledger() + 10_000);
+        anyhow::Ok(())
+    };
+
+    // Landed, but the server forgets it before the host hears: unknown.
+    chain.fake.inject(&[SendFault::HideFor(u32::MAX)]);
+    let id = host.enqueue(&[vault_op("deposit", 3, 30, None)]).await?[0];
+    forget_once_sent(chain.fake.clone()).await?;
+    settle(db.queue.as_ref(), Duration::from_secs(20)).await?;
+    let op = db.queue.get(id).await?.context("op")?;
+    ensure!(
+        op.status == Status::Failed && op.last_error.as_deref().is_some_and(|e| e.contains("outcome unknown")),
+        "{op:?}"
+    );
+    ensure!(
+        chain.fake.submitted().len() == 1 && chain.fake.landed().len() == 1,
+        "sent once, landed once"
+    );
+    host.running.stop().await
+}
