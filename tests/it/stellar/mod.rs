@@ -20,7 +20,9 @@ use fake_rpc::FakeRpc;
 
 crate::on_both_backends!(live: the_oracle_polls_fee_stats_and_stores_a_shared_snapshot, a_running_oracle_takes_reloaded_policy_settings_at_its_next_sample);
 
-async fn the_oracle_polls_fee_stats_and_stores_a_shared_snapshot(db: TestDb) -> anyhow::Result<()> {
+/// A fake RPC and an oracle named `name` on it, folding samples through the
+/// real fee-policy plugin with `settings`.
+async fn oracle_on_fake(db: &TestDb, name: &str, settings: &str) -> anyhow::Result<(FakeRpc, FeeOracle)> {
     let rpc = FakeRpc::default();
     let url = rpc.serve().await?;
     let config = laneway::config::from_toml_str(&format!(
@@ -31,14 +33,19 @@ async fn the_oracle_polls_fee_stats_and_stores_a_shared_snapshot(db: TestDb) -> 
     host.apply(&config).await?;
     host.fee_policy("fees").context("fee policy loaded")?;
     let oracle = FeeOracle::new(
-        "stellar-testnet",
+        name,
         StellarRpc::new(&url, Duration::from_secs(5))?,
-        host.clone(),
+        host,
         "fees",
-        r#"{"dwell_ms": 300}"#.to_owned(),
+        settings.to_owned(),
         db.queue.clone(),
         Arc::new(SystemClock),
     );
+    Ok((rpc, oracle))
+}
+
+async fn the_oracle_polls_fee_stats_and_stores_a_shared_snapshot(db: TestDb) -> anyhow::Result<()> {
+    let (rpc, oracle) = oracle_on_fake(&db, "stellar-testnet", r#"{"dwell_ms": 300}"#).await?;
     // The documented example: p70 100, p95 200, 371 transactions over 50 ledgers.
     let first = oracle.poll_once().await?;
     ensure!(
@@ -71,23 +78,8 @@ async fn the_oracle_polls_fee_stats_and_stores_a_shared_snapshot(db: TestDb) -> 
 }
 
 async fn a_running_oracle_takes_reloaded_policy_settings_at_its_next_sample(db: TestDb) -> anyhow::Result<()> {
-    let rpc = FakeRpc::default();
-    let url = rpc.serve().await?;
-    let config = laneway::config::from_toml_str(&format!(
-        "[plugins.fees]\npath = {:?}\n",
-        crate::runtime::wasm("fee-policy")?.display().to_string()
-    ))?;
-    let host = Arc::new(PluginHost::new(&config)?);
-    host.apply(&config).await?;
-    let oracle = Arc::new(FeeOracle::new(
-        "stellar",
-        StellarRpc::new(&url, Duration::from_secs(5))?,
-        host.clone(),
-        "fees",
-        "{}".to_owned(),
-        db.queue.clone(),
-        Arc::new(SystemClock),
-    ));
+    let (_rpc, oracle) = oracle_on_fake(&db, "stellar", "{}").await?;
+    let oracle = Arc::new(oracle);
     let settings = Arc::new(std::sync::Mutex::new("{}".to_owned()));
     // The task is aborted at the end instead of stopped.
     let stop = std::future::pending::<()>();
