@@ -28,6 +28,9 @@ pub enum OracleError {
     /// The database failed.
     #[error(transparent)]
     Queue(#[from] QueueError),
+    /// The stored snapshot could not be read.
+    #[error(transparent)]
+    Stored(#[from] crate::pricing::PricingError),
 }
 
 /// A minimal Stellar RPC client: JSON-RPC 2.0 over HTTP POST, named params.
@@ -180,12 +183,7 @@ impl FeeOracle {
     ///
     /// A database error, or a stored snapshot that does not parse.
     pub async fn snapshot(&self) -> Result<Option<FeeSnapshot>, OracleError> {
-        match self.queue.fee_snapshot(&self.name).await? {
-            None => Ok(None),
-            Some((json, _)) => serde_json::from_str(&json)
-                .map(Some)
-                .map_err(|e| OracleError::Rpc(format!("stored snapshot does not parse: {e}"))),
-        }
+        Ok(crate::pricing::stored_snapshot(self.queue.as_ref(), &self.name).await?)
     }
 
     /// One poll: sample, fold, store.
@@ -221,9 +219,7 @@ impl FeeOracle {
         tokio::pin!(stop);
         loop {
             if let Some(json) = settings() {
-                if **self.config.load() != json {
-                    self.config.store(Arc::new(json));
-                }
+                self.config.store(Arc::new(json));
             }
             match self.poll_once().await {
                 Ok(s) => {

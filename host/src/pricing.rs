@@ -3,6 +3,8 @@
 //! decision. The dispatcher prices an op before claiming it, so a deferred
 //! op stays pending and never uses an attempt.
 
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -60,16 +62,30 @@ pub trait FeePolicies: Send + Sync {
     async fn quote(&self, policy: &str, input: QuoteInput<'_>) -> Result<FeeDecision, PricingError>;
 }
 
-/// Parses a stored snapshot.
+/// An oracle's stored snapshot, if it has one.
 ///
 /// # Errors
 ///
-/// [`PricingError::BadSnapshot`].
-pub fn parse_snapshot(oracle: &str, json: &str) -> Result<FeeSnapshot, PricingError> {
-    serde_json::from_str(json).map_err(|e| PricingError::BadSnapshot {
-        oracle: oracle.to_owned(),
-        reason: e.to_string(),
-    })
+/// [`PricingError::Queue`], or [`PricingError::BadSnapshot`] when the stored
+/// JSON does not parse.
+pub async fn stored_snapshot(queue: &dyn Queue, oracle: &str) -> Result<Option<FeeSnapshot>, PricingError> {
+    match queue.fee_snapshot(oracle).await? {
+        None => Ok(None),
+        Some((json, _)) => serde_json::from_str(&json)
+            .map(Some)
+            .map_err(|e| PricingError::BadSnapshot {
+                oracle: oracle.to_owned(),
+                reason: e.to_string(),
+            }),
+    }
+}
+
+/// What each oracle contributes to a quote (its snapshot and its policy's
+/// settings), read once and reused for every op priced in one go: a drain
+/// pass prices many ops against the same view.
+#[derive(Debug, Default)]
+pub struct OracleViews {
+    views: HashMap<String, (Option<FeeSnapshot>, String)>,
 }
 
 /// What a new op is expected to cost (seed 003: `estFee`,
@@ -104,6 +120,16 @@ impl From<FeeDecision> for FeeEstimate {
     }
 }
 
+/// The op (or would-be op) a quote is for.
+struct Priced<'a> {
+    kind: &'a str,
+    priority: Priority,
+    /// Attempts in the budget, counting the one being priced.
+    attempts: u32,
+    fee_bumps: u32,
+    enqueued_at: DateTime<Utc>,
+}
+
 /// Prices ops against the config of the moment.
 #[derive(Clone)]
 pub struct Pricer {
@@ -132,13 +158,20 @@ impl Pricer {
     pub async fn price(
         &self,
         config: &Config,
+        views: &mut OracleViews,
         op: &Op,
         now: DateTime<Utc>,
     ) -> Result<Option<FeeDecision>, PricingError> {
         let attempts = u32::try_from(op.budget_attempts()).unwrap_or(0).saturating_add(1);
         let fee_bumps = u32::try_from(op.fee_bumps).unwrap_or(0);
-        self.quote(config, &op.kind, op.priority, (attempts, fee_bumps), op.created_at, now)
-            .await
+        let priced = Priced {
+            kind: &op.kind,
+            priority: op.priority,
+            attempts,
+            fee_bumps,
+            enqueued_at: op.created_at,
+        };
+        self.quote(config, views, priced, now).await
     }
 
     /// What a new op of `kind` at `priority` would bid now, for the estimate
@@ -154,18 +187,24 @@ impl Pricer {
         priority: Priority,
         now: DateTime<Utc>,
     ) -> Result<Option<FeeDecision>, PricingError> {
-        self.quote(config, kind, priority, (1, 0), now, now).await
+        let priced = Priced {
+            kind,
+            priority,
+            attempts: 1,
+            fee_bumps: 0,
+            enqueued_at: now,
+        };
+        self.quote(config, &mut OracleViews::default(), priced, now).await
     }
 
     async fn quote(
         &self,
         config: &Config,
-        kind_name: &str,
-        priority: Priority,
-        (attempts, fee_bumps): (u32, u32),
-        enqueued_at: DateTime<Utc>,
+        views: &mut OracleViews,
+        priced: Priced<'_>,
         now: DateTime<Utc>,
     ) -> Result<Option<FeeDecision>, PricingError> {
+        let kind_name = priced.kind;
         let Some(oracle_name) = config.kinds.get(kind_name).and_then(|k| k.fee_oracle.as_ref()) else {
             return Ok(None);
         };
@@ -176,19 +215,21 @@ impl Pricer {
                 kind: kind_name.to_owned(),
                 oracle: oracle_name.clone(),
             })?;
-        let snapshot = match self.queue.fee_snapshot(oracle_name).await? {
-            Some((json, _)) => Some(parse_snapshot(oracle_name, &json)?),
-            None => None,
+        let (snapshot, config_json) = match views.views.entry(oracle_name.clone()) {
+            Entry::Occupied(seen) => seen.into_mut(),
+            Entry::Vacant(first) => first.insert((
+                stored_snapshot(self.queue.as_ref(), oracle_name).await?,
+                oracle.config_json(),
+            )),
         };
-        let config_json = oracle.config_json();
         let input = QuoteInput {
-            priority,
-            attempts,
-            fee_bumps,
-            enqueued_at_ms: enqueued_at.timestamp_millis(),
+            priority: priced.priority,
+            attempts: priced.attempts,
+            fee_bumps: priced.fee_bumps,
+            enqueued_at_ms: priced.enqueued_at.timestamp_millis(),
             now_ms: now.timestamp_millis(),
             snapshot: snapshot.as_ref(),
-            config: &config_json,
+            config: config_json,
         };
         self.policies.quote(&oracle.policy, input).await.map(Some)
     }

@@ -28,6 +28,7 @@ use crate::fees::{FeeBid, FeeDecision};
 use crate::lanes::{self, Candidate, Caps, Lane, LaneMode, OpState};
 use crate::op::{AttemptRecord, Lease, Op, OpId, Status};
 use crate::outcome::{Fault, Outcome};
+use crate::pricing::OracleViews;
 use crate::queue::{CandidateOp, Claimed, Completion, Finish, LeaseSpec, SlotLease};
 use crate::retry::{self, Decision, RetryPolicy};
 
@@ -70,6 +71,7 @@ struct Finished {
 }
 
 /// An op being executed by this pass.
+#[derive(Clone)]
 struct Flight {
     claimed: Claimed,
     destination: Option<String>,
@@ -345,28 +347,21 @@ impl Pass {
             let started_at = self.inner.clock.now();
             let fee = bids.get(&claimed.op.id).copied();
             let max_attempts = kind.map_or(RetryPolicy::default().max_attempts, |k| k.max_attempts);
+            let flight = Flight {
+                claimed,
+                destination,
+                fee,
+                started_at,
+            };
             let task = execute(
                 self.inner.clone(),
                 executor,
-                Flight {
-                    claimed: claimed.clone(),
-                    destination: destination.clone(),
-                    fee,
-                    started_at,
-                },
+                flight.clone(),
                 (timeout, max_attempts),
                 permit,
             );
             let handle = self.running.spawn(task);
-            self.flights.insert(
-                handle.id(),
-                Flight {
-                    claimed,
-                    destination,
-                    fee,
-                    started_at,
-                },
-            );
+            self.flights.insert(handle.id(), flight);
         }
         Ok(())
     }
@@ -386,10 +381,11 @@ impl Pass {
             return Ok(bids);
         };
         let config = self.inner.config.load_full();
+        let mut views = OracleViews::default();
         let mut keep = Vec::with_capacity(chosen.len());
         for id in chosen.drain(..) {
             let Some(op) = by_id.get(&id) else { continue };
-            match pricer.price(&config, op, now).await {
+            match pricer.price(&config, &mut views, op, now).await {
                 Ok(None) => keep.push(id),
                 Ok(Some(FeeDecision::Submit { bid, .. })) => {
                     if bid.capped {
