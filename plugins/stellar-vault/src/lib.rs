@@ -53,11 +53,21 @@ fn rpc_outcome(e: RpcError) -> Outcome {
     }
 }
 
-fn public_key(settings: &Settings) -> Result<[u8; 32], Outcome> {
-    let key = signer::public_key(&settings.signer_key)
-        .map_err(|e| permanent(format!("signer key {:?}: {e:?}", settings.signer_key), Some("signer")))?;
+/// The signer's ed25519 public key, from the host.
+fn signer_key(settings: &Settings) -> Result<[u8; 32], String> {
+    let key =
+        signer::public_key(&settings.signer_key).map_err(|e| format!("signer key {:?}: {e:?}", settings.signer_key))?;
     key.try_into()
-        .map_err(|_| permanent("signer key is not an ed25519 key", Some("signer")))
+        .map_err(|_| format!("signer key {:?} is not an ed25519 key", settings.signer_key))
+}
+
+fn public_key(settings: &Settings) -> Result<[u8; 32], Outcome> {
+    signer_key(settings).map_err(|e| permanent(e, Some("signer")))
+}
+
+/// A transaction that was applied and failed: final.
+fn failed_on_chain(code: &str) -> Outcome {
+    permanent(format!("transaction failed on chain: {code}"), Some(code))
 }
 
 fn unix_now() -> u64 {
@@ -105,13 +115,7 @@ fn wait(rpc: &mut Rpc, receipt: &Receipt, settings: &Settings) -> Fate {
     loop {
         match rpc.transaction(&receipt.hash) {
             Ok((Lookup::Success { ledger }, _)) => return Fate::Landed { ledger },
-            Ok((Lookup::Failed { result }, _)) => {
-                return Fate::Failed {
-                    code: result
-                        .as_deref()
-                        .map_or_else(|| "tx_failed".to_owned(), tx::result_code),
-                }
-            }
+            Ok((Lookup::Failed { code }, _)) => return Fate::Failed { code },
             Ok((Lookup::NotFound, tip)) if receipt.expired_at(tip.ledger, tip.close_time) => return Fate::Expired,
             Ok((Lookup::NotFound, _)) => {}
             Err(RpcError::Denied(why)) => return Fate::Unreachable(RpcError::Denied(why)),
@@ -178,7 +182,7 @@ fn mark_rejected(receipt: &Receipt) {
 fn execute_outcome(fate: Fate, receipt: &Receipt, settings: &Settings) -> Outcome {
     match fate {
         Fate::Landed { ledger } => landed(receipt, ledger),
-        Fate::Failed { code } => permanent(format!("transaction failed on chain: {code}"), Some(&code)),
+        Fate::Failed { code } => failed_on_chain(&code),
         Fate::Expired => retry(
             "not included before its ledger bound; resubmitting with a bumped fee",
             Some("expired"),
@@ -398,9 +402,7 @@ impl Executor for Vault {
     /// The signer's account: one sequence number, so one transaction at a time.
     fn lanes(input: OpInput) -> Result<Vec<String>, String> {
         let settings = Settings::parse(&input.config)?;
-        let key = signer::public_key(&settings.signer_key).map_err(|e| format!("signer key: {e:?}"))?;
-        let key: [u8; 32] = key.try_into().map_err(|_| "signer key is not ed25519".to_owned())?;
-        Ok(vec![tx::account_id(key).to_string()])
+        Ok(vec![tx::account_id(signer_key(&settings)?).to_string()])
     }
 
     fn execute(op: Op) -> Outcome {
@@ -461,12 +463,7 @@ impl Executor for Vault {
         };
         match lookup {
             Lookup::Success { ledger } => return Reconciled::Settled(landed(&receipt, ledger)),
-            Lookup::Failed { result } => {
-                let code = result
-                    .as_deref()
-                    .map_or_else(|| "tx_failed".to_owned(), tx::result_code);
-                return Reconciled::Settled(permanent(format!("transaction failed on chain: {code}"), Some(&code)));
-            }
+            Lookup::Failed { code } => return Reconciled::Settled(failed_on_chain(&code)),
             Lookup::NotFound if receipt.expired_at(tip.ledger, tip.close_time) => {
                 return dead_or_unknown(&mut rpc, &receipt, &settings, tip.oldest)
             }
@@ -476,17 +473,13 @@ impl Executor for Vault {
         // this a DUPLICATE) and wait for its fate.
         match send_and_wait(&mut rpc, &receipt, &settings) {
             Fate::Landed { ledger } => Reconciled::Settled(landed(&receipt, ledger)),
-            Fate::Failed { code } => {
-                Reconciled::Settled(permanent(format!("transaction failed on chain: {code}"), Some(&code)))
-            }
+            Fate::Failed { code } => Reconciled::Settled(failed_on_chain(&code)),
             Fate::Expired => Reconciled::Redeliver,
             // A bad sequence on a resubmission may mean it already landed:
             // look the hash up before building afresh.
             Fate::Rejected { code } if code == "tx_bad_seq" => match rpc.transaction(&receipt.hash) {
                 Ok((Lookup::Success { ledger }, _)) => Reconciled::Settled(landed(&receipt, ledger)),
-                Ok((Lookup::Failed { .. }, _)) => {
-                    Reconciled::Settled(permanent("transaction failed on chain", Some("tx_failed")))
-                }
+                Ok((Lookup::Failed { code }, _)) => Reconciled::Settled(failed_on_chain(&code)),
                 Ok((Lookup::NotFound, _)) => {
                     mark_rejected(&receipt);
                     Reconciled::Redeliver

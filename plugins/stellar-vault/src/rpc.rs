@@ -49,8 +49,8 @@ pub enum Sent {
 pub enum Lookup {
     /// Applied successfully in `ledger`.
     Success { ledger: u64 },
-    /// Applied but failed; the `resultXdr`.
-    Failed { result: Option<String> },
+    /// Applied but failed; the result code (`invoke_host_function_trapped`).
+    Failed { code: String },
     /// Not in any ledger the server remembers (yet).
     NotFound,
 }
@@ -221,7 +221,9 @@ impl Rpc {
                 ledger: number(&result["ledger"]).unwrap_or(0),
             },
             Some("FAILED") => Lookup::Failed {
-                result: result["resultXdr"].as_str().map(str::to_owned),
+                code: result["resultXdr"]
+                    .as_str()
+                    .map_or_else(|| "tx_failed".to_owned(), crate::tx::result_code),
             },
             Some("NOT_FOUND") => Lookup::NotFound,
             other => return Err(RpcError::Protocol(format!("getTransaction: unknown status {other:?}"))),
