@@ -166,6 +166,29 @@ pub fn vault_op(kind: &str, user: u8, amount: i64, priority: Option<Priority>) -
     op
 }
 
+/// Waits up to `within` until `done` holds; `what` names it in the failure.
+async fn eventually(within: Duration, what: &str, mut done: impl FnMut() -> bool) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + within;
+    while !done() {
+        ensure!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
+/// Waits (up to 20 s) until op `id` is confirmed.
+async fn confirmed(queue: &dyn Queue, id: OpId) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let op = queue.get(id).await?.context("op")?;
+        if op.status == Status::Confirmed {
+            return Ok(());
+        }
+        ensure!(tokio::time::Instant::now() < deadline, "not confirmed: {op:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 fn amount_of(args: &[ScVal]) -> Option<i128> {
     args.iter().find_map(|a| match a {
         ScVal::I128(Int128Parts { hi, lo }) => Some((i128::from(*hi) << 64) | i128::from(*lo)),
@@ -291,25 +314,13 @@ async fn a_critical_withdrawal_overtakes_ten_thousand_queued_ops(db: TestDb) -> 
         .collect();
     host.enqueue(&backlog).await?;
     // Let the backlog start moving, then a withdrawal arrives.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while chain.fake.landed().len() < 2 {
-        ensure!(tokio::time::Instant::now() < deadline, "the backlog never started");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(Duration::from_secs(20), "the backlog never started", || {
+        chain.fake.landed().len() >= 2
+    })
+    .await?;
     let sent_before = chain.fake.submitted().len();
     let withdraw = host.enqueue(&[vault_op("withdraw", 9, 777, None)]).await?[0];
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let op = db.queue.get(withdraw).await?.context("withdraw")?;
-        if op.status == Status::Confirmed {
-            break;
-        }
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "withdrawal not confirmed: {op:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    confirmed(db.queue.as_ref(), withdraw).await?;
     let sent = chain.fake.submitted();
     let position = sent
         .iter()
@@ -372,14 +383,7 @@ async fn a_halted_subject_waits_without_using_attempts_and_completes_after_unhal
     let mut other = vault_op("deposit", 6, 100, None);
     other.subject = Some("user:fine".into());
     let ids = host.enqueue(&[frozen, other]).await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while db.queue.get(ids[1]).await?.context("op")?.status != Status::Confirmed {
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "the other subject's op did not land"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    confirmed(db.queue.as_ref(), ids[1]).await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let waiting = db.queue.get(ids[0]).await?.context("op")?;
     ensure!(
@@ -439,11 +443,7 @@ async fn congestion_defers_low_prices_critical_aggressively_and_never_exceeds_th
         .enqueue(&[vault_op("rebalance", 7, 50, None), vault_op("withdraw", 8, 60, None)])
         .await?;
     let (rebalance, withdraw) = (ids[0], ids[1]);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while db.queue.get(withdraw).await?.context("op")?.status != Status::Confirmed {
-        ensure!(tokio::time::Instant::now() < deadline, "withdrawal did not land");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    confirmed(db.queue.as_ref(), withdraw).await?;
     let low = db.queue.get(rebalance).await?.context("op")?;
     if started.elapsed() < Duration::from_millis(1_000) {
         ensure!(
@@ -504,19 +504,12 @@ async fn killed_between_send_and_ack(url: String) -> anyhow::Result<()> {
     });
     let runtime_a = doomed.join().map_err(|_| anyhow::anyhow!("host A panicked"))??;
     let id = ids_rx.recv()?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !chain
-        .fake
-        .submitted()
-        .iter()
-        .any(|t| matches!(t.state, TxState::Success { .. }))
-    {
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "host A never got its transaction onto the chain"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(
+        Duration::from_secs(20),
+        "host A never got its transaction onto the chain",
+        || !chain.fake.landed().is_empty(),
+    )
+    .await?;
     // Killed: the transaction landed, host A never heard.
     runtime_a.shutdown_background();
 
@@ -757,21 +750,15 @@ async fn past_the_rpc_retention_window_the_sequence_decides_and_nothing_is_paid_
     let db = crate::support::sqlite_live().await?;
     let chain = Chain::start(20).await?;
     let host = Host::start(db.queue.clone(), chain.config("", "")?).await?;
-    let forget_once_sent = |fake: FakeRpc| async move {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while fake.submitted().is_empty() {
-            ensure!(tokio::time::Instant::now() < deadline, "nothing sent");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        // The server's window moves past everything sent so far.
-        fake.forget_before(fake.latest_ledger() + 10_000);
-        anyhow::Ok(())
-    };
-
     // Landed, but the server forgets it before the host hears: unknown.
     chain.fake.inject(&[SendFault::HideFor(u32::MAX)]);
     let id = host.enqueue(&[vault_op("deposit", 3, 30, None)]).await?[0];
-    forget_once_sent(chain.fake.clone()).await?;
+    eventually(Duration::from_secs(10), "nothing sent", || {
+        !chain.fake.submitted().is_empty()
+    })
+    .await?;
+    // The server's window moves past everything sent so far.
+    chain.fake.forget_before(chain.fake.latest_ledger() + 10_000);
     settle(db.queue.as_ref(), Duration::from_secs(20)).await?;
     let op = db.queue.get(id).await?.context("op")?;
     ensure!(
