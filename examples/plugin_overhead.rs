@@ -94,10 +94,7 @@ async fn main() -> anyhow::Result<()> {
             5,
         )
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let checkpoint = laneway::executor::Attempt {
-        checkpoint: Arc::new(NoCheckpoint),
-        fee: None,
-    };
+    let checkpoint = laneway::executor::Attempt::new(Arc::new(NoCheckpoint), None);
 
     // Bare wasmtime: same engine settings, same bytes, same generated bindings.
     let mut wasm_config = wasmtime::Config::new();

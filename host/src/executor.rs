@@ -50,6 +50,51 @@ pub struct Attempt {
     pub checkpoint: Arc<dyn Checkpoint>,
     /// The fee the host quoted for this attempt, for kinds with a fee oracle.
     pub fee: Option<FeeBid>,
+    /// The fee the attempt actually paid, when the executor reports one
+    /// (a resubmitted envelope carries the fee it was built with).
+    pub spent: Arc<SpentFee>,
+}
+
+impl Attempt {
+    /// An attempt with a fresh fee report.
+    pub fn new(checkpoint: Arc<dyn Checkpoint>, fee: Option<FeeBid>) -> Self {
+        Self {
+            checkpoint,
+            fee,
+            spent: Arc::new(SpentFee::default()),
+        }
+    }
+
+    /// The fee to record for the attempt: what the executor says it paid,
+    /// else the quote.
+    pub fn recorded_fee(&self) -> Option<u64> {
+        self.spent.get().or(self.fee.map(|b| b.base_fee))
+    }
+}
+
+/// The inclusion fee an attempt actually paid, reported by its executor; the
+/// last report wins.
+#[derive(Debug)]
+pub struct SpentFee(std::sync::atomic::AtomicU64);
+
+impl Default for SpentFee {
+    fn default() -> Self {
+        Self(std::sync::atomic::AtomicU64::new(u64::MAX))
+    }
+}
+
+impl SpentFee {
+    /// Records what was paid.
+    pub fn report(&self, base_fee: u64) {
+        self.0
+            .store(base_fee.min(u64::MAX - 1), std::sync::atomic::Ordering::Release);
+    }
+
+    /// What was reported, if anything.
+    pub fn get(&self) -> Option<u64> {
+        let v = self.0.load(std::sync::atomic::Ordering::Acquire);
+        (v != u64::MAX).then_some(v)
+    }
 }
 
 impl std::fmt::Debug for Attempt {

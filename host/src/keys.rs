@@ -1,8 +1,9 @@
 //! Signing keys held by the host. Plugins name a key by id and get back a
 //! signature or a public key; no function here returns private material.
 //!
-//! Keys come from PEM files or environment variables named in the config,
-//! never from the config text itself.
+//! Keys come from files or environment variables named in the config, never
+//! from the config text itself: PEM (PKCS#8; PKCS#1 for RSA), or for
+//! Ed25519 a Stellar secret seed (`S…`), the way Stellar operators hold them.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -37,9 +38,10 @@ impl fmt::Display for Algorithm {
 pub struct KeySource {
     /// The key's algorithm.
     pub algorithm: Algorithm,
-    /// A PEM file (PKCS#8; PKCS#1 also accepted for RSA).
+    /// A file holding the key: PEM (PKCS#8; PKCS#1 also accepted for RSA),
+    /// or a Stellar secret seed (`S…`) for Ed25519.
     pub file: Option<std::path::PathBuf>,
-    /// An environment variable holding the PEM text.
+    /// An environment variable holding the same text.
     pub env: Option<String>,
 }
 
@@ -83,16 +85,24 @@ pub enum SignError {
 }
 
 impl Key {
-    /// Parses a PEM key of the given algorithm.
+    /// Parses a key of the given algorithm: PEM, or for Ed25519 also a
+    /// Stellar secret seed (`S…`).
     ///
     /// # Errors
     ///
-    /// A message saying why the PEM is not a key of that algorithm.
+    /// A message saying why the text is not a key of that algorithm (never
+    /// quoting the text).
     pub fn from_pem(algorithm: Algorithm, pem: &str) -> Result<Self, String> {
+        let text = pem.trim();
         let secret = match algorithm {
+            Algorithm::Ed25519 if text.starts_with('S') && !text.contains("-----") => {
+                let seed = stellar_strkey::ed25519::PrivateKey::from_string(text)
+                    .map_err(|_| "not a Stellar secret seed (S…, 56 characters with a valid checksum)".to_owned())?;
+                Secret::Ed25519(ed25519_dalek::SigningKey::from_bytes(&seed.0))
+            }
             Algorithm::Ed25519 => Secret::Ed25519(
-                ed25519_dalek::SigningKey::from_pkcs8_pem(pem)
-                    .map_err(|e| format!("not a PKCS#8 Ed25519 private key: {e}"))?,
+                ed25519_dalek::SigningKey::from_pkcs8_pem(text)
+                    .map_err(|e| format!("not a PKCS#8 Ed25519 private key or a Stellar secret seed: {e}"))?,
             ),
             Algorithm::RsaSha256 => {
                 let key = rsa::RsaPrivateKey::from_pkcs8_pem(pem)
@@ -115,6 +125,19 @@ impl Key {
         match self.secret {
             Secret::Ed25519(_) => Algorithm::Ed25519,
             Secret::Rsa(..) => Algorithm::RsaSha256,
+        }
+    }
+
+    /// The Stellar account (`G…`) of an Ed25519 key.
+    pub fn stellar_account(&self) -> Option<String> {
+        match &self.secret {
+            Secret::Ed25519(k) => Some(
+                stellar_strkey::ed25519::PublicKey(k.verifying_key().to_bytes())
+                    .to_string()
+                    .as_str()
+                    .to_owned(),
+            ),
+            Secret::Rsa(..) => None,
         }
     }
 
@@ -181,6 +204,11 @@ impl KeyStore {
     /// Whether a key id is loaded.
     pub fn contains(&self, id: &str) -> bool {
         self.keys.contains_key(id)
+    }
+
+    /// A loaded key, for its public parts.
+    pub fn get(&self, id: &str) -> Option<&Key> {
+        self.keys.get(id)
     }
 
     /// Signs `data` with key `id`.
@@ -254,5 +282,30 @@ pub(crate) mod tests {
         );
         assert!(Key::from_pem(Algorithm::RsaSha256, &ed25519_pem([1; 32])).is_err());
         assert!(Key::from_pem(Algorithm::Ed25519, "garbage").is_err());
+    }
+
+    /// Stellar's documented key pair (SEP-0005 test 1, index 0).
+    const SEED: &str = "SBGWSG6BTNCKCOB3DIFBGCVMUPQFYPA2G4O34RMTB343OYPXU5DJDVMN";
+    const ACCOUNT: &str = "GDRXE2BQUC3AZNPVFSCEZ76NJ3WWL25FYFK6RGZGIEKWE4SOOHSUJUJ6";
+
+    #[test]
+    fn a_stellar_secret_seed_is_an_ed25519_key_with_its_account() {
+        let key = Key::from_pem(Algorithm::Ed25519, &format!("{SEED}\n")).unwrap();
+        assert_eq!(key.stellar_account().as_deref(), Some(ACCOUNT));
+        let pem_key = Key::from_pem(
+            Algorithm::Ed25519,
+            &ed25519_pem(stellar_strkey::ed25519::PrivateKey::from_string(SEED).unwrap().0),
+        )
+        .unwrap();
+        assert_eq!(
+            key.public_key(),
+            pem_key.public_key(),
+            "the seed and its PEM are one key"
+        );
+        // A mistyped seed fails its checksum, and the error never echoes it.
+        let typo = SEED.replace("SBGW", "SBGX");
+        let err = Key::from_pem(Algorithm::Ed25519, &typo).unwrap_err();
+        assert!(!err.contains(&typo), "{err}");
+        assert!(Key::from_pem(Algorithm::RsaSha256, SEED).is_err());
     }
 }

@@ -39,6 +39,11 @@ pub enum PricingError {
         reason: String,
     },
     /// The stored snapshot does not parse.
+    /// The oracle has not sampled the network yet: the op waits for its
+    /// first snapshot (up to the oracle's `first_sample_wait_ms`) rather
+    /// than go out at a made-up default fee.
+    #[error("fee oracle {0:?} has no sample yet; waiting for its first one")]
+    NoSampleYet(String),
     #[error("stored fee snapshot of oracle {oracle:?} does not parse: {reason}")]
     BadSnapshot {
         /// The oracle.
@@ -128,6 +133,8 @@ struct Priced<'a> {
     attempts: u32,
     fee_bumps: u32,
     enqueued_at: DateTime<Utc>,
+    /// A real attempt (not an estimate): it waits for the first sample.
+    attempt: bool,
 }
 
 /// Prices ops against the config of the moment.
@@ -135,6 +142,10 @@ struct Priced<'a> {
 pub struct Pricer {
     policies: Arc<dyn FeePolicies>,
     queue: Arc<dyn Queue>,
+    /// When this pricer first priced anything: the wait for an oracle's
+    /// first sample is measured from here, so a backlog found at start
+    /// waits as long as a fresh op.
+    first_priced: Arc<std::sync::OnceLock<DateTime<Utc>>>,
 }
 
 impl std::fmt::Debug for Pricer {
@@ -146,7 +157,11 @@ impl std::fmt::Debug for Pricer {
 impl Pricer {
     /// Prices with `policies`, reading snapshots from `queue`.
     pub fn new(policies: Arc<dyn FeePolicies>, queue: Arc<dyn Queue>) -> Self {
-        Self { policies, queue }
+        Self {
+            policies,
+            queue,
+            first_priced: Arc::new(std::sync::OnceLock::new()),
+        }
     }
 
     /// The decision for `op`'s next attempt, or `None` when its kind is not
@@ -170,6 +185,7 @@ impl Pricer {
             attempts,
             fee_bumps,
             enqueued_at: op.created_at,
+            attempt: true,
         };
         self.quote(config, views, priced, now).await
     }
@@ -193,6 +209,7 @@ impl Pricer {
             attempts: 1,
             fee_bumps: 0,
             enqueued_at: now,
+            attempt: false,
         };
         self.quote(config, &mut OracleViews::default(), priced, now).await
     }
@@ -222,6 +239,13 @@ impl Pricer {
                 oracle.config_json(),
             )),
         };
+        if snapshot.is_none() && priced.attempt {
+            let since = *self.first_priced.get_or_init(|| now);
+            let wait = chrono::Duration::milliseconds(i64::try_from(oracle.first_sample_wait_ms).unwrap_or(i64::MAX));
+            if now - since < wait {
+                return Err(PricingError::NoSampleYet(oracle_name.clone()));
+            }
+        }
         let input = QuoteInput {
             priority: priced.priority,
             attempts: priced.attempts,

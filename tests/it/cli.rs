@@ -358,7 +358,9 @@ async fn plugin_check_describes_a_good_component_and_refuses_a_bad_one() -> anyh
     let noop = crate::runtime::wasm("noop")?.display().to_string();
     let out = env.ok(&["plugin", "check", &noop], "").await?;
     ensure!(
-        out.contains("world:    executor-plugin") && out.contains("laneway:plugin@1.1.0"),
+        out.contains("world:    executor-plugin")
+            && out.contains("laneway:plugin@1.2.0")
+            && out.contains("laneway:plugin/validation@1.2.0"),
         "{out}"
     );
     let bad = crate::runtime::wasm("forbidden-import")?.display().to_string();
@@ -378,8 +380,10 @@ async fn plugin_check_describes_a_good_component_and_refuses_a_bad_one() -> anyh
 #[tokio::test]
 async fn enqueue_of_a_priced_kind_reports_the_fee_estimate() -> anyhow::Result<()> {
     let fees = crate::runtime::wasm("fee-policy")?.display().to_string();
+    let noop = crate::runtime::wasm("noop")?.display().to_string();
     let env = Env::new(&format!(
         "[plugins.fees]\npath = {fees:?}\n\
+         [plugins.chain]\npath = {noop:?}\nallowed_hosts = [\"http://127.0.0.1:9\"]\n\
          [oracles.stellar]\npolicy = \"fees\"\nrpc_url = \"http://127.0.0.1:9/\"\n\
          [oracles.stellar.config]\ndefault_base_fee = 250\n\
          [kinds.deposit]\nfee_oracle = \"stellar\"\n"

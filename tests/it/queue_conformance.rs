@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context};
 use chrono::Duration as Span;
+use laneway::lanes::{LaneMode, LaneRule, LaneRules};
 use laneway::op::{AttemptClass, AttemptRecord, Lease, Priority, Status};
 use laneway::queue::{
     Cas, ClaimRequest, Claimed, Completion, Enqueued, ExpireTo, Finish, LeaseSpec, NewOp, OpFilter, Queue, QueueError,
@@ -38,6 +39,10 @@ crate::on_both_backends!(
     a_halting_dead_letter_holds_its_lanes_until_skipped_or_retried,
     halted_subjects_are_flagged_on_their_candidates,
     fee_snapshots_only_move_forward,
+    a_lane_occupied_in_another_outbox_refuses_the_claim,
+    serial_caps_count_across_outboxes,
+    a_receipt_in_doubt_holds_its_lanes_until_settled,
+    concurrent_claimers_never_share_a_lane_across_outboxes,
 );
 
 fn op(outbox: &str, lanes: &[&str]) -> NewOp {
@@ -289,12 +294,17 @@ async fn claim_ids_takes_only_ops_still_pending(db: TestDb) -> anyhow::Result<()
         .into_iter()
         .map(Enqueued::id)
         .collect();
-    let first = q.claim_ids(&[ids[0], ids[2]], &lease_spec("h1")).await?;
+    let first = q
+        .claim_ids(&[ids[0], ids[2]], &lease_spec("h1"), &LaneRules::default())
+        .await?;
     ensure!(first.iter().map(|c| c.op.id).collect::<Vec<_>>() == vec![ids[0], ids[2]]);
     q.cancel(ids[1]).await?;
-    let second = q.claim_ids(&ids, &lease_spec("h2")).await?;
+    let second = q.claim_ids(&ids, &lease_spec("h2"), &LaneRules::default()).await?;
     ensure!(second.is_empty(), "claimed {second:?}");
-    ensure!(q.claim_ids(&[], &lease_spec("h2")).await?.is_empty());
+    ensure!(q
+        .claim_ids(&[], &lease_spec("h2"), &LaneRules::default())
+        .await?
+        .is_empty());
     Ok(())
 }
 
@@ -429,6 +439,7 @@ async fn retry_backs_off_and_counts_attempts_across_claims(db: TestDb) -> anyhow
                 next_attempt_at: next,
                 error: format!("HTTP 503 on attempt {attempt}"),
                 fee_bump: true,
+                receipt_settled: false,
             },
             attempt: AttemptRecord {
                 detail: Some("503".into()),
@@ -684,7 +695,7 @@ async fn candidates_are_the_outbox_non_terminal_ops_in_dispatch_order(db: TestDb
         .map(Enqueued::id)
         .collect();
     q.cancel(ids[4]).await?;
-    q.claim_ids(&[ids[1]], &lease_spec("h")).await?;
+    q.claim_ids(&[ids[1]], &lease_spec("h"), &LaneRules::default()).await?;
     let got: Vec<(i64, Status)> = q
         .candidates("o", 100)
         .await?
@@ -851,5 +862,174 @@ async fn fee_snapshots_only_move_forward(db: TestDb) -> anyhow::Result<()> {
         "{json} {at}"
     );
     ensure!(q.fee_snapshot("other").await?.is_none());
+    Ok(())
+}
+
+fn serial(cap: usize) -> LaneRules {
+    LaneRules(std::collections::HashMap::from([(
+        "activitypub".to_owned(),
+        LaneRule {
+            mode: LaneMode::Serial,
+            cap,
+        },
+    )]))
+}
+
+async fn claimed_ids(q: &dyn Queue, ids: &[i64], rules: &LaneRules) -> anyhow::Result<Vec<i64>> {
+    Ok(q.claim_ids(ids, &lease_spec("h"), rules)
+        .await?
+        .into_iter()
+        .map(|c| c.op.id)
+        .collect())
+}
+
+/// A lane names a resource, not a position in one outbox: an op in flight in
+/// one outbox keeps another outbox's op of the same lane from being claimed.
+async fn a_lane_occupied_in_another_outbox_refuses_the_claim(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let a = enqueue_one(q, op("outbox-a", &["GSIGNER"])).await?;
+    let b = enqueue_one(q, op("outbox-b", &["GSIGNER"])).await?;
+    let c = enqueue_one(q, op("outbox-b", &["OTHER"])).await?;
+    let rules = LaneRules::default();
+    let first = q.claim_ids(&[a], &lease_spec("h1"), &rules).await?;
+    ensure!(first.len() == 1);
+    ensure!(claimed_ids(q, &[b, c], &rules).await? == vec![c], "b shares a's lane");
+    let occupants = q.occupants().await?;
+    ensure!(
+        occupants.iter().any(|o| o.id == a && o.in_flight && !o.in_doubt),
+        "{occupants:?}"
+    );
+    ensure!(q.complete(&[confirm(&db, first[0].lease)]).await? == vec![Cas::Applied]);
+    ensure!(claimed_ids(q, &[b], &rules).await? == vec![b]);
+    Ok(())
+}
+
+async fn serial_caps_count_across_outboxes(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let mut ids = Vec::new();
+    for outbox in ["o1", "o2", "o3"] {
+        ids.push(enqueue_one(q, op(outbox, &["L"])).await?);
+    }
+    let rules = serial(2);
+    ensure!(claimed_ids(q, &[ids[0]], &rules).await? == vec![ids[0]]);
+    ensure!(claimed_ids(q, &[ids[1]], &rules).await? == vec![ids[1]]);
+    ensure!(
+        claimed_ids(q, &[ids[2]], &rules).await?.is_empty(),
+        "a third op on a lane capped at 2"
+    );
+    Ok(())
+}
+
+/// An op whose attempt checkpointed a receipt and ended without a verdict
+/// holds its lanes, in every outbox, until a later attempt settles it; it
+/// cannot be cancelled meanwhile; once settled it holds nothing.
+async fn a_receipt_in_doubt_holds_its_lanes_until_settled(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let holder = enqueue_one(q, op("o1", &["GSIGNER"])).await?;
+    let next = enqueue_one(q, op("o1", &["GSIGNER"])).await?;
+    let elsewhere = enqueue_one(q, op("o2", &["GSIGNER"])).await?;
+    let rules = serial(3);
+    let c = q.claim_ids(&[holder], &lease_spec("h"), &rules).await?;
+    let lease = c.first().context("claimed")?.lease;
+    ensure!(q.checkpoint(&lease, "tx-1").await? == Cas::Applied);
+    let retry = |lease, settled| Completion {
+        lease,
+        finish: Finish::Retry {
+            next_attempt_at: laneway::clock::Clock::now(&db.clock),
+            error: "504 after the send".into(),
+            fee_bump: false,
+            receipt_settled: settled,
+        },
+        attempt: record(&db, AttemptClass::Retryable),
+    };
+    ensure!(q.complete(&[retry(lease, false)]).await? == vec![Cas::Applied]);
+    let op = q.get(holder).await?.context("op")?;
+    ensure!(
+        op.status == Status::Pending && op.receipt.as_deref() == Some("tx-1"),
+        "{op:?}"
+    );
+    ensure!(
+        q.occupants()
+            .await?
+            .iter()
+            .any(|o| o.id == holder && !o.in_flight && o.in_doubt),
+        "a pending op in doubt occupies its lanes"
+    );
+    // Whatever the cap, nothing else of the lane starts, here or elsewhere.
+    ensure!(claimed_ids(q, &[next, elsewhere], &rules).await?.is_empty());
+    match q.cancel(holder).await {
+        Err(QueueError::InDoubt(id)) => ensure!(id == holder),
+        other => anyhow::bail!("cancel of an op in doubt gave {other:?}"),
+    }
+    // The holder itself goes, and settles: the lane is free again.
+    let c = q.claim_ids(&[holder, next], &lease_spec("h"), &rules).await?;
+    ensure!(c.iter().map(|c| c.op.id).collect::<Vec<_>>() == vec![holder], "{c:?}");
+    ensure!(q.complete(&[retry(c[0].lease, true)]).await? == vec![Cas::Applied]);
+    let op = q.get(holder).await?.context("op")?;
+    ensure!(op.receipt.is_none(), "a settled receipt is cleared: {op:?}");
+    ensure!(q.occupants().await?.is_empty());
+    ensure!(claimed_ids(q, &[next, elsewhere], &rules).await? == vec![next, elsewhere]);
+    // A receipt kept at a dead letter is evidence, and holds nothing.
+    Ok(())
+}
+
+/// Eight claimers, each draining its own outbox, all on one lane: the lane
+/// never has two ops in flight, on either backend (SQLite serializes the
+/// claiming transactions; PostgreSQL takes the lane's advisory lock).
+async fn concurrent_claimers_never_share_a_lane_across_outboxes(db: TestDb) -> anyhow::Result<()> {
+    let mut outboxes = Vec::new();
+    for i in 0..8 {
+        let outbox = format!("outbox-{i}");
+        let mut ids = Vec::new();
+        for _ in 0..4 {
+            ids.push(enqueue_one(db.queue.as_ref(), op(&outbox, &["GSHARED"])).await?);
+        }
+        outboxes.push(ids);
+    }
+    let overlaps = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for ids in outboxes {
+        let queue = db.queue.clone();
+        let clock = db.clock.clone();
+        let overlaps = overlaps.clone();
+        tasks.spawn(async move {
+            let mut left = ids;
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while !left.is_empty() && std::time::Instant::now() < deadline {
+                let claimed = queue.claim_ids(&left, &lease_spec("h"), &LaneRules::default()).await?;
+                for c in claimed {
+                    let busy = queue.occupants().await?.iter().filter(|o| o.in_flight).count();
+                    if busy != 1 {
+                        overlaps.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    tokio::task::yield_now().await;
+                    let now = laneway::clock::Clock::now(&clock);
+                    let done = Completion {
+                        lease: c.lease,
+                        finish: Finish::Confirm { receipt: None },
+                        attempt: AttemptRecord {
+                            started_at: now,
+                            finished_at: now,
+                            class: AttemptClass::Confirmed,
+                            detail: None,
+                            fee: None,
+                            error: None,
+                        },
+                    };
+                    queue.complete(&[done]).await?;
+                    left.retain(|id| *id != c.op.id);
+                }
+                tokio::task::yield_now().await;
+            }
+            anyhow::Ok(left.len())
+        });
+    }
+    let mut unfinished = 0;
+    while let Some(joined) = tasks.join_next().await {
+        unfinished += joined??;
+    }
+    ensure!(unfinished == 0, "{unfinished} ops never claimed");
+    let overlaps = overlaps.load(std::sync::atomic::Ordering::SeqCst);
+    ensure!(overlaps == 0, "{overlaps} claims saw another op of the lane in flight");
     Ok(())
 }

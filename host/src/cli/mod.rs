@@ -57,8 +57,30 @@ pub enum Command {
     /// Inspect WebAssembly plugins.
     #[command(subcommand)]
     Plugin(PluginCommand),
-    /// Check the configuration and say so.
+    /// Check the configuration, its keys and plugins, and every kind's config
+    /// (asked of its plugin), and say so.
     CheckConfig,
+    /// Signing keys held by the host (public parts only).
+    #[command(subcommand)]
+    Keys(KeysCommand),
+}
+
+/// `laneway keys …`
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Print a key's public half, and for Ed25519 its Stellar account (`G…`),
+    /// which plain-SQL producers put in `lanes` for the signer's kinds.
+    Show(KeyShowArgs),
+}
+
+/// `laneway keys show`
+#[derive(Debug, Args)]
+pub struct KeyShowArgs {
+    /// The key id (`[keys.ID]`).
+    pub id: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `laneway plugin …`
@@ -325,16 +347,22 @@ pub async fn run(cli: Cli, io: Io<'_>) -> Result<(), CliError> {
     let config = config::load(&file, io.env.clone())?;
     match cli.command {
         Command::CheckConfig => {
+            check_plugins(&config).await?;
             writeln!(
                 io.stdout,
-                "configuration is valid (database: {})",
-                queue::redact_url(&config.database.url)
+                "configuration is valid (database: {}; {} plugin{}, {} kind{})",
+                queue::redact_url(&config.database.url),
+                config.plugins.len(),
+                if config.plugins.len() == 1 { "" } else { "s" },
+                config.kinds.len(),
+                if config.kinds.len() == 1 { "" } else { "s" },
             )?;
             Ok(())
         }
         Command::Migrate => {
             let queue = open(&config).await?;
             queue.migrate().await?;
+            queue.set_kind_defaults(&config.kind_defaults()).await?;
             writeln!(
                 io.stdout,
                 "database is at the current schema ({})",
@@ -349,6 +377,29 @@ pub async fn run(cli: Cli, io: Io<'_>) -> Result<(), CliError> {
         Command::Plugin(PluginCommand::Check(args)) => plugin_check(&config, args, io.stdout).await,
         Command::Lanes(command) => lanes_cmd(&config, command, io.stdout).await,
         Command::Subjects(command) => subjects_cmd(&config, command, io.stdout).await,
+        Command::Keys(KeysCommand::Show(args)) => keys_show(&config, &args, io.stdout),
+    }
+}
+
+/// Loads what the config names the way `laneway run` would (keys, plugins)
+/// and has every executor plugin check its kinds' configs, so a mistake is
+/// reported here, with its key path, instead of dead-lettering a backlog.
+async fn check_plugins(config: &Config) -> Result<(), CliError> {
+    if config.plugins.is_empty() && config.keys.is_empty() {
+        return Ok(());
+    }
+    let host = PluginHost::new(config)?;
+    let problems = match host.apply(config).await {
+        Ok(refused) => refused,
+        Err(crate::runtime::host::LoadError::Plugins(problems)) => problems,
+        Err(e) => return Err(e.into()),
+    };
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        let mut problems = problems;
+        problems.sort_by(|a, b| a.path.cmp(&b.path));
+        Err(config::ConfigError::Invalid(problems).into())
     }
 }
 
@@ -595,6 +646,7 @@ async fn ops_cmd(config: &Config, command: OpsCommand, out: &mut dyn Write) -> R
 
 async fn run_cmd(config: Config, source: FileSource) -> Result<(), CliError> {
     let queue = open_checked(&config).await?;
+    queue.set_kind_defaults(&config.kind_defaults()).await?;
     // Every configured plugin must load before anything is dispatched; a
     // kind without a plugin has its ops wait (and says so in the log).
     let plugins = Arc::new(PluginHost::new(&config)?);
@@ -720,6 +772,52 @@ async fn subjects_cmd(config: &Config, command: SubjectsCommand, out: &mut dyn W
                 render::subjects_table(out, &halted)
             };
         }
+    }
+    Ok(())
+}
+
+fn keys_show(config: &Config, args: &KeyShowArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    use base64::Engine as _;
+    let source = config.keys.get(&args.id).ok_or_else(|| {
+        CliError::Input(format!(
+            "no [keys.{}] is configured (configured: {})",
+            args.id,
+            config.keys.keys().cloned().collect::<Vec<_>>().join(", ")
+        ))
+    })?;
+    let only = std::collections::BTreeMap::from([(args.id.clone(), source.clone())]);
+    let store = crate::keys::KeyStore::load(&only).map_err(|problems| {
+        config::ConfigError::Invalid(
+            problems
+                .into_iter()
+                .map(|(path, message)| config::Problem { path, message })
+                .collect(),
+        )
+    })?;
+    let key = store
+        .get(&args.id)
+        .ok_or_else(|| CliError::Input(format!("key {} did not load", args.id)))?;
+    let public = base64::engine::general_purpose::STANDARD.encode(key.public_key());
+    let account = key.stellar_account();
+    if args.json {
+        return render::json(
+            out,
+            &serde_json::json!({
+                "id": args.id,
+                "algorithm": key.algorithm().to_string(),
+                "public_key": public,
+                "stellar_account": account,
+            }),
+        );
+    }
+    writeln!(out, "key:        {}", args.id)?;
+    writeln!(out, "algorithm:  {}", key.algorithm())?;
+    match key.algorithm() {
+        crate::keys::Algorithm::Ed25519 => writeln!(out, "public key: {public} (32 bytes, base64)")?,
+        crate::keys::Algorithm::RsaSha256 => writeln!(out, "public key: {public} (PKCS#1 DER, base64)")?,
+    }
+    if let Some(account) = account {
+        writeln!(out, "account:    {account}")?;
     }
     Ok(())
 }

@@ -74,6 +74,10 @@ pub struct OracleConfig {
     /// One RPC call's timeout.
     #[serde(default = "default_oracle_timeout_ms")]
     pub timeout_ms: u64,
+    /// How long priced ops wait for the oracle's first sample (after the
+    /// host starts pricing) before the policy's default fee is used.
+    #[serde(default = "default_first_sample_wait_ms")]
+    pub first_sample_wait_ms: u64,
     /// Settings handed to the policy (as JSON).
     #[serde(default)]
     pub config: toml::Table,
@@ -92,6 +96,10 @@ fn default_oracle_poll_ms() -> u64 {
 
 fn default_oracle_timeout_ms() -> u64 {
     10_000
+}
+
+fn default_first_sample_wait_ms() -> u64 {
+    30_000
 }
 
 /// `[plugins.NAME]`: one WebAssembly component and its sandbox.
@@ -901,6 +909,8 @@ fn validate(config: &Config) -> Vec<Problem> {
                 &path("rpc_url"),
                 format!("expected an http(s) URL, got {:?}", oracle.rpc_url),
             );
+        } else if let Some(why) = oracle_url_unlisted(&oracle.rpc_url, &config.plugins) {
+            bad(&path("rpc_url"), why);
         }
         if oracle.poll_ms < 100 {
             bad(
@@ -941,12 +951,65 @@ fn validate(config: &Config) -> Vec<Problem> {
     problems
 }
 
+/// Why an oracle's RPC URL is suspect: the host polls it itself, but the
+/// chain kinds it prices reach their RPC through a plugin's allow-list, so an
+/// oracle URL that no plugin may reach is a typo or another network's node,
+/// and its quotes would price the wrong network.
+fn oracle_url_unlisted(rpc_url: &str, plugins: &BTreeMap<String, PluginConfig>) -> Option<String> {
+    let url = reqwest::Url::parse(rpc_url).ok()?;
+    let (host, port) = (url.host_str()?, url.port_or_known_default()?);
+    let listed = plugins.values().any(|p| {
+        p.allowed_hosts.iter().any(|pattern| {
+            crate::egress::HostPattern::parse(pattern).is_ok_and(|pattern| pattern.allows(url.scheme(), host, port))
+        })
+    });
+    (!listed).then(|| {
+        format!(
+            "{}://{host}:{port} is in no plugin's allowed_hosts; list it on the executor plugin whose kinds this \
+             oracle prices (an oracle polling another network quotes the wrong fees)",
+            url.scheme()
+        )
+    })
+}
+
 impl Config {
     /// The queue limits this config sets.
     pub fn limits(&self) -> crate::queue::Limits {
         crate::queue::Limits {
             max_payload_bytes: self.queue.max_payload_bytes,
         }
+    }
+
+    /// Every kind's default priority, for plain-SQL producers (the
+    /// database's `kind_defaults`).
+    pub fn kind_defaults(&self) -> Vec<(String, Priority)> {
+        self.kinds
+            .iter()
+            .map(|(name, kind)| (name.clone(), kind.priority))
+            .collect()
+    }
+
+    /// How every configured kind's ops use their lanes.
+    pub fn lane_rules(&self) -> crate::lanes::LaneRules {
+        crate::lanes::LaneRules(
+            self.kinds
+                .iter()
+                .map(|(name, kind)| {
+                    let cap = if kind.lane_mode == LaneMode::Serial {
+                        kind.lane_cap
+                    } else {
+                        1
+                    };
+                    (
+                        name.clone(),
+                        crate::lanes::LaneRule {
+                            mode: kind.lane_mode,
+                            cap,
+                        },
+                    )
+                })
+                .collect(),
+        )
     }
 
     /// The config a kind runs with.
@@ -1058,6 +1121,18 @@ mod tests {
             vec!["oracles.main.policy", "oracles.main.poll_ms", "oracles.main.rpc_url"],
             "{err}"
         );
+    }
+
+    #[test]
+    fn an_oracle_url_no_plugin_may_reach_is_refused() {
+        let base = "[plugins.fees]\npath = \"f.wasm\"\n\
+                    [plugins.vault]\npath = \"v.wasm\"\nallowed_hosts = [\"https://rpc.example\"]\n\
+                    [oracles.main]\npolicy = \"fees\"\n";
+        assert!(from_toml_str(&format!("{base}rpc_url = \"https://rpc.example\"\n")).is_ok());
+        let err = from_toml_str(&format!("{base}rpc_url = \"https://rpc.other.example\"\n")).unwrap_err();
+        let paths: Vec<&str> = err.problems().iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(paths, vec!["oracles.main.rpc_url"], "{err}");
+        assert!(err.to_string().contains("allowed_hosts"), "{err}");
     }
 
     #[test]

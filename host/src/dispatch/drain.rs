@@ -25,7 +25,7 @@ use crate::breaker::{self, Admission};
 use crate::config::{Config, KindConfig};
 use crate::executor::{Attempt, Executor, LeaseCheckpoint, Reconciled};
 use crate::fees::{FeeBid, FeeDecision};
-use crate::lanes::{self, Candidate, Caps, Lane, LaneMode, OpState};
+use crate::lanes::{self, Candidate, Caps, Lane, LaneMode, LaneRules, OpState};
 use crate::op::{AttemptRecord, Lease, Op, OpId, Status};
 use crate::outcome::{Fault, Outcome};
 use crate::pricing::OracleViews;
@@ -62,7 +62,8 @@ pub(super) async fn drain(inner: Arc<Inner>, outbox: String) {
 struct Finished {
     claimed: Claimed,
     destination: Option<String>,
-    fee: Option<FeeBid>,
+    /// The fee the attempt paid (reported by the executor, else the quote).
+    fee: Option<u64>,
     /// A receipt was checkpointed during the attempt.
     checkpointed: bool,
     outcome: Outcome,
@@ -186,35 +187,47 @@ impl Pass {
                 caps.per_kind.insert(name.clone(), cap);
             }
         }
+        let rules = config.lane_rules();
         {
             let breakers = self.inner.breakers();
             for c in &candidates {
-                let kind = config.kinds.get(&c.op.kind);
-                let mode = kind.map_or(LaneMode::Strict, |k| k.lane_mode);
-                if mode == LaneMode::Serial {
-                    for lane in &c.op.lanes {
-                        caps.serial.insert(lane.clone(), kind.map_or(1, |k| k.lane_cap));
-                    }
-                }
-                let state = self.state_of(c, kind.is_some(), now, &breakers, &mut due_next);
+                let state = self.state_of(c, config.kinds.contains_key(&c.op.kind), now, &breakers, &mut due_next);
                 input.push(Candidate {
                     id: c.op.id,
                     priority: c.op.priority,
                     seq: c.op.id,
                     kind: c.op.kind.clone(),
-                    lanes: c
-                        .op
-                        .lanes
-                        .iter()
-                        .map(|name| Lane {
-                            name: name.clone(),
-                            mode,
-                        })
-                        .collect(),
+                    lanes: rules.lanes(&c.op.kind, &c.op.lanes, &mut caps),
                     state,
+                    in_doubt: c.op.receipt.is_some(),
                 });
             }
         }
+        // Ops that occupy lanes elsewhere (other outboxes, or this one's
+        // beyond the window): they never start here, but nothing of their
+        // lanes may run beside them where the mode forbids it.
+        let seen: HashSet<OpId> = candidates.iter().map(|c| c.op.id).collect();
+        let elsewhere: Vec<Candidate> = self
+            .inner
+            .queue
+            .occupants()
+            .await?
+            .into_iter()
+            .filter(|o| !seen.contains(&o.id))
+            .map(|o| Candidate {
+                id: o.id,
+                priority: o.priority,
+                seq: o.id,
+                lanes: rules.lanes(&o.kind, &o.lanes, &mut Caps::default()),
+                kind: o.kind,
+                state: if o.in_flight {
+                    OpState::InFlight
+                } else {
+                    OpState::Waiting
+                },
+                in_doubt: o.in_doubt,
+            })
+            .collect();
         // A lane held by a dead letter (poison = halt) is blocked as if an op
         // waited at its head.
         for (i, halt) in halts.iter().enumerate() {
@@ -228,14 +241,15 @@ impl Pass {
                     mode: LaneMode::Strict,
                 }],
                 state: OpState::Waiting,
+                in_doubt: false,
             });
         }
         self.log_unrunnable_kinds(&candidates, &config);
 
-        let start = lanes::schedule(&input, &caps);
+        let start = lanes::schedule(&input, &elsewhere, &caps);
         debug!(outbox = %outbox, candidates = candidates.len(), start = ?start, "Scheduled.");
         if !start.is_empty() {
-            self.start(start, &candidates, lease_for, now).await?;
+            self.start(start, &candidates, (lease_for, &rules), now).await?;
         }
         Ok(due_next.map(|at| Instant::now() + (at - now).to_std().unwrap_or_default()))
     }
@@ -292,7 +306,7 @@ impl Pass {
         &mut self,
         start: Vec<OpId>,
         candidates: &[CandidateOp],
-        lease_for: Duration,
+        (lease_for, rules): (Duration, &LaneRules),
         now: DateTime<Utc>,
     ) -> Result<(), DispatchError> {
         let by_id: HashMap<OpId, &Op> = candidates.iter().map(|c| (c.op.id, &c.op)).collect();
@@ -325,7 +339,7 @@ impl Pass {
             owner: self.inner.owner.clone(),
             duration: lease_for,
         };
-        let claimed = self.inner.queue.claim_ids(&chosen, &spec).await?;
+        let claimed = self.inner.queue.claim_ids(&chosen, &spec, rules).await?;
         // A trial op that could not be claimed must not leave its breaker
         // waiting for a result that never comes.
         let claimed_ids: HashSet<OpId> = claimed.iter().map(|c| c.op.id).collect();
@@ -402,6 +416,9 @@ impl Pass {
                         info!(op = id, kind = %op.kind, priority = %op.priority, until = %until, "Deferred by the fee policy (congestion).");
                     }
                 }
+                Err(e @ crate::pricing::PricingError::NoSampleYet(_)) => {
+                    debug!(op = id, kind = %op.kind, error = %e, "Waiting for the fee oracle's first sample.");
+                }
                 Err(e) => warn!(op = id, kind = %op.kind, error = %e, "Cannot price the op; it waits."),
             }
         }
@@ -423,7 +440,7 @@ impl Pass {
                 Some(Finished {
                     claimed: flight.claimed,
                     destination: flight.destination,
-                    fee: flight.fee,
+                    fee: flight.fee.map(|b| b.base_fee),
                     // Unknown after an abort: assume the worst.
                     checkpointed: true,
                     outcome: Outcome::retry("interrupted by shutdown"),
@@ -470,6 +487,7 @@ impl Pass {
                     next_attempt_at: *at,
                     error: error.clone(),
                     fee_bump: *fee_bump,
+                    receipt_settled: !f.checkpointed,
                 },
                 Decision::DeadLetter { error } => Finish::Fail {
                     error: error.clone(),
@@ -484,7 +502,7 @@ impl Pass {
                     finished_at: f.finished_at,
                     class: f.outcome.class(),
                     detail: f.outcome.detail().map(str::to_owned),
-                    fee: f.fee.and_then(|b| i64::try_from(b.base_fee).ok()),
+                    fee: f.fee.and_then(|fee| i64::try_from(fee).ok()),
                     error: f.outcome.error(),
                 },
             });
@@ -588,13 +606,11 @@ async fn execute(
     // An earlier attempt's receipt stays in doubt until reconcile settles it
     // or proves it dead.
     let earlier_receipt_open = std::sync::atomic::AtomicBool::new(claimed.op.receipt.is_some());
+    let context = Attempt::new(checkpoint.clone(), fee);
     let outcome = match executor {
         None => Outcome::Fault(Fault::NoExecutor),
         Some(executor) => {
-            let context = Attempt {
-                checkpoint: checkpoint.clone(),
-                fee,
-            };
+            let context = context.clone();
             let op = &claimed.op;
             let spent = u32::try_from(op.budget_attempts()).unwrap_or(u32::MAX) > max_attempts;
             let earlier = &earlier_receipt_open;
@@ -629,7 +645,7 @@ async fn execute(
     Finished {
         claimed,
         destination,
-        fee,
+        fee: context.recorded_fee(),
         checkpointed: checkpoint.saved() || earlier_receipt_open.load(std::sync::atomic::Ordering::Acquire),
         outcome,
         started_at,

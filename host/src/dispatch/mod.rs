@@ -159,7 +159,15 @@ impl Dispatcher {
 
     /// Applies new tunables (priorities, retry policy, caps) from the next pass on.
     pub fn reconfigure(&self, config: Config) {
+        let defaults = config.kind_defaults();
         self.inner.config.store(Arc::new(config));
+        // Plain-SQL producers see the new default priorities from now on.
+        let queue = self.inner.queue.clone();
+        self.inner.tasks.spawn(async move {
+            if let Err(e) = queue.set_kind_defaults(&defaults).await {
+                tracing::warn!(error = %e, "Could not store the kinds' default priorities; plain-SQL inserts keep the previous ones.");
+            }
+        });
     }
 
     /// Wakes the outbox's drain. Never waits: a drain already running looks

@@ -3,7 +3,10 @@
 
 use chrono::{DateTime, SubsecRound, Utc};
 
-use super::{Cas, ExpireTo, Finish, Limits, NewOp, QueueError};
+use std::collections::HashSet;
+
+use super::{Cas, ExpireTo, Finish, Limits, NewOp, Occupant, QueueError};
+use crate::lanes::{self, Candidate, Caps, LaneRules, OpState};
 use crate::op::{state, truncate_error, OpId, Priority, Status, Transition};
 
 /// Longest outbox, kind, lane, key, subject or correlation id accepted.
@@ -111,6 +114,8 @@ pub struct FinishParams {
     pub fee_bump: i32,
     /// Hold the op's lanes (dead letters under `poison = "halt"`).
     pub halt_lanes: bool,
+    /// Clear the stored receipt: nothing is in doubt any more.
+    pub clear_receipt: bool,
 }
 
 impl FinishParams {
@@ -124,11 +129,13 @@ impl FinishParams {
                 next_attempt_at: None,
                 fee_bump: 0,
                 halt_lanes: false,
+                clear_receipt: false,
             },
             Finish::Retry {
                 next_attempt_at,
                 error,
                 fee_bump,
+                receipt_settled,
             } => Self {
                 transition: Transition::Retry,
                 receipt: None,
@@ -136,7 +143,10 @@ impl FinishParams {
                 next_attempt_at: Some(*next_attempt_at),
                 fee_bump: i32::from(*fee_bump),
                 halt_lanes: false,
+                clear_receipt: *receipt_settled,
             },
+            // A dead letter keeps its receipt for the audit trail; it holds
+            // nothing once terminal, and a force-retry brings the doubt back.
             Finish::Fail { error, halt_lanes } => Self {
                 transition: Transition::Fail,
                 receipt: None,
@@ -144,6 +154,7 @@ impl FinishParams {
                 next_attempt_at: None,
                 fee_bump: 0,
                 halt_lanes: *halt_lanes,
+                clear_receipt: false,
             },
         }
     }
@@ -158,12 +169,80 @@ pub fn expire_params(to: ExpireTo, now: DateTime<Utc>) -> (Transition, DateTime<
     }
 }
 
-/// Explains why an operator change matched no row, given the op's status as
-/// read afterwards (`None`: no such op).
-pub fn refusal(id: OpId, status: Option<&str>, transition: Transition) -> QueueError {
-    let Some(s) = status else {
+/// Which of the `picked` ops (pending, due, about to be claimed) their lanes
+/// admit, given every op that occupies a lane anywhere: the lane scheduler
+/// run over the picked ops as ready and the occupants as in flight or
+/// holding. Ops with a lane in `contended` (another transaction is claiming
+/// it right now) are left for the next round. The picked ops were admitted
+/// by their drain's scheduler already; this is the same rule, checked again
+/// where it cannot race.
+pub fn admit_claims(
+    picked: &[Occupant],
+    occupants: &[Occupant],
+    rules: &LaneRules,
+    contended: &HashSet<String>,
+) -> Vec<OpId> {
+    let mut caps = Caps::default();
+    let candidate = |o: &Occupant, state: OpState, caps: &mut Caps| Candidate {
+        id: o.id,
+        priority: o.priority,
+        seq: o.id,
+        kind: o.kind.clone(),
+        lanes: rules.lanes(&o.kind, &o.lanes, caps),
+        state,
+        in_doubt: o.in_doubt,
+    };
+    let ready: Vec<Candidate> = picked
+        .iter()
+        .filter(|o| !o.lanes.iter().any(|l| contended.contains(l)))
+        .map(|o| candidate(o, OpState::Ready, &mut caps))
+        .collect();
+    let mine: HashSet<OpId> = picked.iter().map(|o| o.id).collect();
+    let others: Vec<Candidate> = occupants
+        .iter()
+        .filter(|o| !mine.contains(&o.id))
+        .map(|o| {
+            let state = if o.in_flight {
+                OpState::InFlight
+            } else {
+                OpState::Waiting
+            };
+            candidate(o, state, &mut Caps::default())
+        })
+        .collect();
+    lanes::schedule(&ready, &others, &caps)
+}
+
+/// The advisory-lock key of a lane (PostgreSQL): the first eight bytes of a
+/// SHA-256 of its name, the same on every host and every build.
+pub fn lane_lock_key(lane: &str) -> i64 {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(format!("laneway lane\0{lane}").as_bytes());
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(&digest[..8]);
+    i64::from_be_bytes(bytes)
+}
+
+/// The extra condition an operator change needs beyond the status: a cancel
+/// applies only to an op that was never sent, and an op carrying a receipt
+/// in doubt may have been.
+pub fn unsent_guard(transition: Transition) -> &'static str {
+    if transition == Transition::Cancel {
+        " AND receipt IS NULL"
+    } else {
+        ""
+    }
+}
+
+/// Explains why an operator change matched no row, given the op's status
+/// and whether it carries a receipt, as read afterwards (`None`: no such op).
+pub fn refusal(id: OpId, found: Option<(&str, bool)>, transition: Transition) -> QueueError {
+    let Some((s, in_doubt)) = found else {
         return QueueError::NotFound(id);
     };
+    if transition == Transition::Cancel && in_doubt && s == Status::Pending.as_str() {
+        return QueueError::InDoubt(id);
+    }
     match parse_status(id, s).map(|from| state::apply(from, transition)) {
         Err(e) => e,
         Ok(Err(source)) => QueueError::Illegal { id, source },

@@ -23,6 +23,7 @@ use uuid::Uuid;
 
 use crate::clock::Clock;
 use crate::config::DatabaseConfig;
+use crate::lanes::LaneRules;
 use crate::op::{Attempt, AttemptRecord, IllegalTransition, Lease, Op, OpId, Priority, Status};
 
 pub use common::validate_new_op;
@@ -84,6 +85,10 @@ pub enum QueueError {
         #[source]
         source: IllegalTransition,
     },
+    /// The op carries a receipt in doubt: its side effect may have happened,
+    /// so it cannot be cancelled; its executor reconciles it first.
+    #[error("op {0}: an earlier attempt may have taken effect (its receipt is in doubt); it is reconciled on its next attempt and cannot be cancelled")]
+    InDoubt(OpId),
     /// The change conflicts with another op or a concurrent writer.
     #[error("op {id}: {message}")]
     Conflict {
@@ -219,6 +224,11 @@ pub enum Finish {
         error: String,
         /// Whether the next attempt uses a bumped fee.
         fee_bump: bool,
+        /// No receipt is in doubt any more: the attempt checkpointed nothing
+        /// and any earlier receipt was proven dead, so the stored one is
+        /// cleared and the op stops holding its lanes. Otherwise the receipt
+        /// stays and the op holds its lanes until it is reconciled.
+        receipt_settled: bool,
     },
     /// Dead-letter: permanent failure or the budget is spent.
     Fail {
@@ -250,6 +260,26 @@ pub struct CandidateOp {
     pub op: Op,
     /// Its subject is halted (compliance guard): it must not be attempted.
     pub subject_halted: bool,
+}
+
+/// An op that occupies its lanes, in any outbox: in flight, or holding a
+/// receipt in doubt (the receipt rule of [`crate::lanes`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Occupant {
+    /// The op.
+    pub id: OpId,
+    /// Its outbox.
+    pub outbox: String,
+    /// Its kind (for its lanes' mode).
+    pub kind: String,
+    /// Its tier (holders go in dispatch order).
+    pub priority: Priority,
+    /// Its lanes.
+    pub lanes: Vec<String>,
+    /// Claimed and executing (otherwise pending with a receipt in doubt).
+    pub in_flight: bool,
+    /// It carries a receipt whose fate is unknown.
+    pub in_doubt: bool,
 }
 
 /// A held drain slot.
@@ -390,9 +420,17 @@ pub trait Queue: Send + Sync + std::fmt::Debug {
     /// sequence), each under a fresh lease.
     async fn claim(&self, request: &ClaimRequest) -> Result<Vec<Claimed>, QueueError>;
 
-    /// Claims exactly these ops if they are still pending (and due); the
-    /// ones that are not are left out of the result.
-    async fn claim_ids(&self, ids: &[OpId], lease: &LeaseSpec) -> Result<Vec<Claimed>, QueueError>;
+    /// Claims exactly these ops if they are still pending (and due) and
+    /// their lanes, across every outbox, still admit them under `rules` (the
+    /// lane scheduler's rule, checked again inside the claiming transaction
+    /// against every op that occupies a lane, so two drains of different
+    /// outboxes or hosts can never both start ops that exclude each other).
+    /// The ones that are not claimable are left out of the result.
+    async fn claim_ids(&self, ids: &[OpId], lease: &LeaseSpec, rules: &LaneRules) -> Result<Vec<Claimed>, QueueError>;
+
+    /// Every op, in any outbox, that occupies its lanes: in flight, or
+    /// pending with a receipt in doubt.
+    async fn occupants(&self) -> Result<Vec<Occupant>, QueueError>;
 
     /// Finishes attempts in one transaction, recording each attempt row.
     /// Each item is applied only if its lease is still current.
@@ -420,11 +458,13 @@ pub trait Queue: Send + Sync + std::fmt::Debug {
     /// records the attempt as `lease_expired`.
     async fn expire(&self, lease: &Lease, to: ExpireTo) -> Result<Cas, QueueError>;
 
-    /// Operator: cancels a pending op.
+    /// Operator: cancels a pending op that was never sent.
     ///
     /// # Errors
     ///
-    /// [`QueueError::NotFound`], or [`QueueError::Illegal`] if it is not pending.
+    /// [`QueueError::NotFound`], [`QueueError::Illegal`] if it is not
+    /// pending, or [`QueueError::InDoubt`] if an earlier attempt may have
+    /// taken effect (it carries a receipt in doubt).
     async fn cancel(&self, id: OpId) -> Result<Op, QueueError>;
 
     /// Operator: sends a failed op back to pending, due now, with a fresh
@@ -481,6 +521,10 @@ pub trait Queue: Send + Sync + std::fmt::Debug {
     /// Wake-ups from producers in other processes, where the backend has
     /// them (PostgreSQL `LISTEN`); `None` otherwise.
     async fn subscribe(&self) -> Result<Option<Box<dyn Subscription>>, QueueError>;
+
+    /// Replaces the default priority of every kind, which plain-SQL inserts
+    /// that leave `priority` out get (a kind not listed gets normal).
+    async fn set_kind_defaults(&self, defaults: &[(String, Priority)]) -> Result<(), QueueError>;
 
     /// Stores an oracle's snapshot (JSON) unless a newer one is stored.
     async fn put_fee_snapshot(

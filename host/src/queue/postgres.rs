@@ -19,16 +19,17 @@ use sqlx::{Postgres, QueryBuilder, Row, Transaction};
 use uuid::Uuid;
 
 use super::common::{
-    cas, check_versions, chrono_duration, expire_params, is_unique_violation, now_ms, parse_priority, parse_status,
-    refusal, validate_new_op, FinishParams,
+    admit_claims, cas, check_versions, chrono_duration, expire_params, is_unique_violation, lane_lock_key, now_ms,
+    parse_priority, parse_status, refusal, unsent_guard, validate_new_op, FinishParams,
 };
 use super::{
     new_token, Backend, CandidateOp, Cas, ClaimRequest, Claimed, Completion, Depth, Enqueued, ExpireTo, HaltedSubject,
-    LaneHalt, LeaseSpec, Limits, NewOp, OpFilter, Queue, QueueError, SlotLease, Subscription,
+    LaneHalt, LeaseSpec, Limits, NewOp, Occupant, OpFilter, Queue, QueueError, SlotLease, Subscription,
 };
 use crate::clock::Clock;
 use crate::config::DatabaseConfig;
-use crate::op::{truncate_error, Attempt, AttemptClass, AttemptRecord, Lease, Op, OpId, Transition};
+use crate::lanes::LaneRules;
+use crate::op::{truncate_error, Attempt, AttemptClass, AttemptRecord, Lease, Op, OpId, Priority, Transition};
 
 static MIGRATOR: Migrator = sqlx::migrate!("../migrations/postgres");
 
@@ -39,6 +40,13 @@ const OP_COLUMNS: &str = "ops.id, ops.outbox, ops.kind, ops.priority, ops.lanes,
      ops.idempotency_key, ops.coalesce_key, ops.subject, ops.correlation_id, ops.status, ops.attempts, \
      ops.attempt_floor, ops.fee_bumps, ops.next_attempt_at, ops.lease_owner, ops.lease_token, ops.lease_until, \
      ops.receipt, ops.last_error, ops.created_at, ops.updated_at, ops.finished_at";
+
+/// What the lane guard reads of an op.
+const OCCUPANT_COLUMNS: &str =
+    "id, outbox, kind, priority, lanes, status = 'submitted' AS in_flight, receipt IS NOT NULL AS in_doubt";
+
+/// Ops that occupy their lanes (the `ops_occupying` partial index).
+const OCCUPYING: &str = "(status = 'submitted' OR (status = 'pending' AND receipt IS NOT NULL))";
 
 /// The PostgreSQL queue.
 #[derive(Debug, Clone)]
@@ -213,7 +221,10 @@ impl PgQueue {
         let now = self.now();
         let mut tx = self.pool.begin().await?;
         // $1 status, $2 now, $3 id, $4 expected status.
-        let sql = format!("UPDATE ops SET status = $1, {set} WHERE id = $3 AND status = $4 RETURNING {OP_COLUMNS}");
+        let sql = format!(
+            "UPDATE ops SET status = $1, {set} WHERE id = $3 AND status = $4{} RETURNING {OP_COLUMNS}",
+            unsent_guard(transition)
+        );
         let row = sqlx::query(&sql)
             .bind(transition.to().as_str())
             .bind(now)
@@ -239,12 +250,12 @@ impl PgQueue {
             tx.commit().await?;
             return Ok(op);
         }
-        let status: Option<String> = sqlx::query_scalar("SELECT status FROM ops WHERE id = $1")
+        let found: Option<(String, bool)> = sqlx::query_as("SELECT status, receipt IS NOT NULL FROM ops WHERE id = $1")
             .bind(id)
             .fetch_optional(&mut *tx)
             .await?;
         tx.rollback().await?;
-        Err(refusal(id, status.as_deref(), transition))
+        Err(refusal(id, found.as_ref().map(|(s, d)| (s.as_str(), *d)), transition))
     }
 }
 
@@ -361,18 +372,82 @@ impl Queue for PgQueue {
         .await
     }
 
-    async fn claim_ids(&self, ids: &[OpId], lease: &LeaseSpec) -> Result<Vec<Claimed>, QueueError> {
+    async fn claim_ids(&self, ids: &[OpId], lease: &LeaseSpec, rules: &LaneRules) -> Result<Vec<Claimed>, QueueError> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let ids = ids.to_vec();
-        self.claim_where(lease, move |q, now| {
-            q.push("SELECT id FROM ops WHERE id = ANY(")
-                .push_bind(ids)
-                .push(") AND status = 'pending' AND next_attempt_at <= ")
-                .push_bind(now);
-        })
-        .await
+        let mut tx = self.pool.begin().await?;
+        // The rows first (another claimer's are skipped, never waited for),
+        // then each of their lanes' advisory lock, tried without waiting: a
+        // lane another transaction is claiming on right now is left for the
+        // next round. Nothing here waits, so nothing can deadlock; and once
+        // a lane's lock is held, the occupants read below (a new snapshot)
+        // include every claim on it that committed before.
+        let picked = sqlx::query(&format!(
+            "SELECT {OCCUPANT_COLUMNS} FROM ops WHERE id = ANY($1) AND status = 'pending' AND next_attempt_at <= $2 \
+             FOR UPDATE SKIP LOCKED"
+        ))
+        .bind(ids)
+        .bind(self.now())
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .map(occupant_from_row)
+        .collect::<Result<Vec<_>, _>>()?;
+        let lanes: std::collections::BTreeSet<&String> = picked.iter().flat_map(|o| &o.lanes).collect();
+        let keys: Vec<i64> = lanes.iter().map(|l| lane_lock_key(l)).collect();
+        let refused: std::collections::HashSet<i64> =
+            sqlx::query_scalar("SELECT k FROM unnest($1::bigint[]) AS k WHERE NOT pg_try_advisory_xact_lock(k)")
+                .bind(&keys)
+                .fetch_all(&mut *tx)
+                .await?
+                .into_iter()
+                .collect();
+        let contended: std::collections::HashSet<String> = lanes
+            .into_iter()
+            .filter(|l| refused.contains(&lane_lock_key(l)))
+            .cloned()
+            .collect();
+        let occupants = occupants_in(&mut tx).await?;
+        let admitted = admit_claims(&picked, &occupants, rules, &contended);
+        if admitted.is_empty() {
+            tx.rollback().await?;
+            return Ok(Vec::new());
+        }
+        let now = self.now();
+        let token = new_token();
+        let rows = sqlx::query(&format!(
+            "UPDATE ops SET status = 'submitted', attempts = ops.attempts + 1, lease_owner = $1, lease_token = $2, \
+             lease_until = $3, updated_at = $4 WHERE ops.id = ANY($5) AND ops.status = 'pending' RETURNING {OP_COLUMNS}"
+        ))
+        .bind(&lease.owner)
+        .bind(token)
+        .bind(now + chrono_duration(lease.duration))
+        .bind(now)
+        .bind(&admitted)
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        let mut claimed = rows
+            .iter()
+            .map(|row| {
+                op_from_row(row).map(|op| Claimed {
+                    lease: Lease {
+                        op_id: op.id,
+                        attempt: op.attempts,
+                        token,
+                    },
+                    op,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        claimed.sort_by_key(|c| (c.op.priority, c.op.id));
+        Ok(claimed)
+    }
+
+    async fn occupants(&self) -> Result<Vec<Occupant>, QueueError> {
+        let mut conn = self.pool.acquire().await?;
+        occupants_in(&mut conn).await
     }
 
     async fn complete(&self, completions: &[Completion]) -> Result<Vec<Cas>, QueueError> {
@@ -387,11 +462,13 @@ impl Queue for PgQueue {
                 next_attempt_at,
                 fee_bump: bump,
                 halt_lanes: halt,
+                clear_receipt,
             } = FinishParams::of(&c.finish);
             let next_at = next_attempt_at;
             let finished_at = transition.to().is_terminal().then_some(now);
             let done = sqlx::query(
-                "UPDATE ops SET status = $1, receipt = COALESCE($2, receipt), last_error = COALESCE($3, last_error), \
+                "UPDATE ops SET status = $1, receipt = CASE WHEN $12 THEN NULL ELSE COALESCE($2, receipt) END, \
+                 last_error = COALESCE($3, last_error), \
                  next_attempt_at = COALESCE($4, next_attempt_at), fee_bumps = fee_bumps + $5, lease_owner = NULL, \
                  lease_token = NULL, lease_until = NULL, updated_at = $6, finished_at = $7 \
                  WHERE id = $8 AND status = $9 AND attempts = $10 AND lease_token = $11",
@@ -407,6 +484,7 @@ impl Queue for PgQueue {
             .bind(transition.from().as_str())
             .bind(c.lease.attempt)
             .bind(c.lease.token)
+            .bind(clear_receipt)
             .execute(&mut *tx)
             .await?;
             let result = cas(done.rows_affected());
@@ -777,6 +855,20 @@ impl Queue for PgQueue {
         Ok(Some(Box::new(PgSubscription { listener })))
     }
 
+    async fn set_kind_defaults(&self, defaults: &[(String, Priority)]) -> Result<(), QueueError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM kind_defaults").execute(&mut *tx).await?;
+        for (kind, priority) in defaults {
+            sqlx::query("INSERT INTO kind_defaults (kind, priority) VALUES ($1, $2)")
+                .bind(kind)
+                .bind(priority.rank())
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn put_fee_snapshot(
         &self,
         oracle: &str,
@@ -854,6 +946,29 @@ async fn insert_attempt(
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// Every op that occupies its lanes.
+async fn occupants_in(conn: &mut sqlx::PgConnection) -> Result<Vec<Occupant>, QueueError> {
+    sqlx::query(&format!("SELECT {OCCUPANT_COLUMNS} FROM ops WHERE {OCCUPYING}"))
+        .fetch_all(&mut *conn)
+        .await?
+        .iter()
+        .map(occupant_from_row)
+        .collect()
+}
+
+fn occupant_from_row(row: &PgRow) -> Result<Occupant, QueueError> {
+    let id: i64 = row.try_get("id")?;
+    Ok(Occupant {
+        id,
+        outbox: row.try_get("outbox")?,
+        kind: row.try_get("kind")?,
+        priority: parse_priority(id, i64::from(row.try_get::<i16, _>("priority")?))?,
+        lanes: row.try_get("lanes")?,
+        in_flight: row.try_get("in_flight")?,
+        in_doubt: row.try_get("in_doubt")?,
+    })
 }
 
 fn op_from_row(row: &PgRow) -> Result<Op, QueueError> {

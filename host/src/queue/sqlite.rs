@@ -21,22 +21,30 @@ use sqlx::sqlite::{
 use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
 
 use super::common::{
-    cas, check_versions, chrono_duration, expire_params, is_unique_violation, now_ms, parse_priority, parse_status,
-    refusal, validate_new_op, FinishParams,
+    admit_claims, cas, check_versions, chrono_duration, expire_params, is_unique_violation, now_ms, parse_priority,
+    parse_status, refusal, unsent_guard, validate_new_op, FinishParams,
 };
 use super::{
     new_token, Backend, CandidateOp, Cas, ClaimRequest, Claimed, Completion, Depth, Enqueued, ExpireTo, HaltedSubject,
-    LaneHalt, LeaseSpec, Limits, NewOp, OpFilter, Queue, QueueError, SlotLease, Subscription,
+    LaneHalt, LeaseSpec, Limits, NewOp, Occupant, OpFilter, Queue, QueueError, SlotLease, Subscription,
 };
 use crate::clock::Clock;
 use crate::config::{DatabaseConfig, Synchronous};
-use crate::op::{truncate_error, Attempt, AttemptClass, AttemptRecord, Lease, Op, OpId, Transition};
+use crate::lanes::LaneRules;
+use crate::op::{truncate_error, Attempt, AttemptClass, AttemptRecord, Lease, Op, OpId, Priority, Transition};
 
 static MIGRATOR: Migrator = sqlx::migrate!("../migrations/sqlite");
 
 const OP_COLUMNS: &str = "id, outbox, kind, priority, lanes, payload, idempotency_key, coalesce_key, subject, \
      correlation_id, status, attempts, attempt_floor, fee_bumps, next_attempt_at, lease_owner, lease_token, \
      lease_until, receipt, last_error, created_at, updated_at, finished_at";
+
+/// What the lane guard reads of an op.
+const OCCUPANT_COLUMNS: &str =
+    "id, outbox, kind, priority, lanes, status = 'submitted' AS in_flight, receipt IS NOT NULL AS in_doubt";
+
+/// Ops that occupy their lanes (the `ops_occupying` partial index).
+const OCCUPYING: &str = "(status = 'submitted' OR (status = 'pending' AND receipt IS NOT NULL))";
 
 /// The SQLite queue.
 #[derive(Debug, Clone)]
@@ -151,6 +159,20 @@ impl SqliteQueue {
         lease: &LeaseSpec,
         filter: impl FnOnce(&mut QueryBuilder<'_, Sqlite>, i64),
     ) -> Result<Vec<Claimed>, QueueError> {
+        let mut tx = self.write().await?;
+        let claimed = self.claim_in(&mut tx, lease, filter).await?;
+        tx.commit().await?;
+        Ok(claimed)
+    }
+
+    /// Claims the pending, due ops `filter` selects, inside `conn`'s
+    /// transaction.
+    async fn claim_in(
+        &self,
+        conn: &mut SqliteConnection,
+        lease: &LeaseSpec,
+        filter: impl FnOnce(&mut QueryBuilder<'_, Sqlite>, i64),
+    ) -> Result<Vec<Claimed>, QueueError> {
         let now = self.now();
         let token = new_token();
         let until = now + chrono_duration(lease.duration);
@@ -171,9 +193,7 @@ impl SqliteQueue {
             .push(" AND id IN (");
         filter(&mut q, ms(now));
         q.push(") RETURNING ").push(OP_COLUMNS);
-        let mut tx = self.write().await?;
-        let rows = q.build().fetch_all(&mut *tx).await?;
-        tx.commit().await?;
+        let rows = q.build().fetch_all(&mut *conn).await?;
         let mut claimed = rows
             .iter()
             .map(op_from_row)
@@ -234,7 +254,10 @@ impl SqliteQueue {
     ) -> Result<Op, QueueError> {
         let mut tx = self.write().await?;
         // Numbered parameters: ?1 status, ?2 now, ?3 id, ?4 expected status.
-        let sql = format!("UPDATE ops SET status = ?1, {set} WHERE id = ?3 AND status = ?4 RETURNING {OP_COLUMNS}");
+        let sql = format!(
+            "UPDATE ops SET status = ?1, {set} WHERE id = ?3 AND status = ?4{} RETURNING {OP_COLUMNS}",
+            unsent_guard(transition)
+        );
         let row = sqlx::query(&sql)
             .bind(transition.to().as_str())
             .bind(ms(now))
@@ -262,12 +285,13 @@ impl SqliteQueue {
                 Ok(op)
             }
             None => {
-                let status: Option<String> = sqlx::query_scalar("SELECT status FROM ops WHERE id = ?")
-                    .bind(id)
-                    .fetch_optional(&mut *tx)
-                    .await?;
+                let found: Option<(String, bool)> =
+                    sqlx::query_as("SELECT status, receipt IS NOT NULL FROM ops WHERE id = ?")
+                        .bind(id)
+                        .fetch_optional(&mut *tx)
+                        .await?;
                 tx.rollback().await?;
-                Err(refusal(id, status.as_deref(), transition))
+                Err(refusal(id, found.as_ref().map(|(s, d)| (s.as_str(), *d)), transition))
             }
         }
     }
@@ -344,7 +368,24 @@ impl Queue for SqliteQueue {
     }
 
     async fn migrate(&self) -> Result<(), QueueError> {
-        MIGRATOR.run(&self.writer).await?;
+        // A migration that rebuilds a table (SQLite cannot alter a column in
+        // place) must run with foreign-key enforcement off, which SQLite only
+        // allows outside a transaction; every key is checked afterwards.
+        let mut conn = self.writer.acquire().await?;
+        sqlx::query("PRAGMA foreign_keys = OFF").execute(&mut *conn).await?;
+        let ran = MIGRATOR.run_direct(&mut *conn).await;
+        let broken: Vec<(String,)> = sqlx::query_as("SELECT \"table\" FROM pragma_foreign_key_check")
+            .fetch_all(&mut *conn)
+            .await?;
+        sqlx::query("PRAGMA foreign_keys = ON").execute(&mut *conn).await?;
+        ran?;
+        if let Some((table,)) = broken.first() {
+            return Err(QueueError::Corrupt {
+                id: 0,
+                column: "foreign key",
+                value: format!("table {table} references rows that no longer exist after migrating"),
+            });
+        }
         Ok(())
     }
 
@@ -394,18 +435,51 @@ impl Queue for SqliteQueue {
         .await
     }
 
-    async fn claim_ids(&self, ids: &[OpId], lease: &LeaseSpec) -> Result<Vec<Claimed>, QueueError> {
+    async fn claim_ids(&self, ids: &[OpId], lease: &LeaseSpec, rules: &LaneRules) -> Result<Vec<Claimed>, QueueError> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let ids = ids.to_vec();
-        self.claim_where(lease, move |q, _| {
-            let mut sep = q.separated(", ");
-            for id in ids {
-                sep.push_bind(id);
-            }
-        })
-        .await
+        // BEGIN IMMEDIATE serializes every writer of the file, in this
+        // process and others, so the occupants read here cannot change
+        // before the claim commits.
+        let mut tx = self.write().await?;
+        let mut q = QueryBuilder::<Sqlite>::new(format!(
+            "SELECT {OCCUPANT_COLUMNS} FROM ops WHERE status = 'pending' AND next_attempt_at <= "
+        ));
+        q.push_bind(ms(self.now())).push(" AND id IN (");
+        let mut sep = q.separated(", ");
+        for id in ids {
+            sep.push_bind(*id);
+        }
+        q.push(")");
+        let picked = q
+            .build()
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(occupant_from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        let occupants = occupants_in(&mut tx).await?;
+        let admitted = admit_claims(&picked, &occupants, rules, &std::collections::HashSet::new());
+        if admitted.is_empty() {
+            tx.rollback().await?;
+            return Ok(Vec::new());
+        }
+        let claimed = self
+            .claim_in(&mut tx, lease, move |q, _| {
+                let mut sep = q.separated(", ");
+                for id in admitted {
+                    sep.push_bind(id);
+                }
+            })
+            .await?;
+        tx.commit().await?;
+        Ok(claimed)
+    }
+
+    async fn occupants(&self) -> Result<Vec<Occupant>, QueueError> {
+        let mut conn = self.reader.acquire().await?;
+        occupants_in(&mut conn).await
     }
 
     async fn complete(&self, completions: &[Completion]) -> Result<Vec<Cas>, QueueError> {
@@ -420,16 +494,19 @@ impl Queue for SqliteQueue {
                 next_attempt_at,
                 fee_bump: bump,
                 halt_lanes: halt,
+                clear_receipt,
             } = FinishParams::of(&c.finish);
             let next_at = next_attempt_at.map(ms);
             let finished_at = transition.to().is_terminal().then_some(ms(now));
             let done = sqlx::query(
-                "UPDATE ops SET status = ?, receipt = COALESCE(?, receipt), last_error = COALESCE(?, last_error), \
+                "UPDATE ops SET status = ?, receipt = CASE WHEN ? THEN NULL ELSE COALESCE(?, receipt) END, \
+                 last_error = COALESCE(?, last_error), \
                  next_attempt_at = COALESCE(?, next_attempt_at), fee_bumps = fee_bumps + ?, lease_owner = NULL, \
                  lease_token = NULL, lease_until = NULL, updated_at = ?, finished_at = ? \
                  WHERE id = ? AND status = ? AND attempts = ? AND lease_token = ?",
             )
             .bind(transition.to().as_str())
+            .bind(clear_receipt)
             .bind(receipt)
             .bind(error)
             .bind(next_at)
@@ -830,6 +907,20 @@ impl Queue for SqliteQueue {
         Ok(None)
     }
 
+    async fn set_kind_defaults(&self, defaults: &[(String, Priority)]) -> Result<(), QueueError> {
+        let mut tx = self.write().await?;
+        sqlx::query("DELETE FROM kind_defaults").execute(&mut *tx).await?;
+        for (kind, priority) in defaults {
+            sqlx::query("INSERT INTO kind_defaults (kind, priority) VALUES (?, ?)")
+                .bind(kind)
+                .bind(priority.rank())
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn put_fee_snapshot(
         &self,
         oracle: &str,
@@ -915,14 +1006,41 @@ fn opt_from_ms(id: OpId, column: &'static str, v: Option<i64>) -> Result<Option<
     v.map(|v| from_ms(id, column, v)).transpose()
 }
 
-fn op_from_row(row: &SqliteRow) -> Result<Op, QueueError> {
+/// Every op that occupies its lanes.
+async fn occupants_in(conn: &mut SqliteConnection) -> Result<Vec<Occupant>, QueueError> {
+    sqlx::query(&format!("SELECT {OCCUPANT_COLUMNS} FROM ops WHERE {OCCUPYING}"))
+        .fetch_all(&mut *conn)
+        .await?
+        .iter()
+        .map(occupant_from_row)
+        .collect()
+}
+
+fn occupant_from_row(row: &SqliteRow) -> Result<Occupant, QueueError> {
     let id: i64 = row.try_get("id")?;
+    Ok(Occupant {
+        id,
+        outbox: row.try_get("outbox")?,
+        kind: row.try_get("kind")?,
+        priority: parse_priority(id, row.try_get("priority")?)?,
+        lanes: lanes_from_row(id, row)?,
+        in_flight: row.try_get("in_flight")?,
+        in_doubt: row.try_get("in_doubt")?,
+    })
+}
+
+fn lanes_from_row(id: OpId, row: &SqliteRow) -> Result<Vec<String>, QueueError> {
     let lanes_text: String = row.try_get("lanes")?;
-    let lanes: Vec<String> = serde_json::from_str(&lanes_text).map_err(|_| QueueError::Corrupt {
+    serde_json::from_str(&lanes_text).map_err(|_| QueueError::Corrupt {
         id,
         column: "lanes",
         value: lanes_text.clone(),
-    })?;
+    })
+}
+
+fn op_from_row(row: &SqliteRow) -> Result<Op, QueueError> {
+    let id: i64 = row.try_get("id")?;
+    let lanes = lanes_from_row(id, row)?;
     let status: String = row.try_get("status")?;
     let token: Option<String> = row.try_get("lease_token")?;
     let lease_token = token

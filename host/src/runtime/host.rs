@@ -63,6 +63,10 @@ pub struct ReloadStatus {
     pub failures: u64,
     /// Why the last reload was refused (cleared by a good one).
     pub last_error: Option<String>,
+    /// Kinds whose config their plugin refused at the last load, with every
+    /// problem: they are not activated (their ops wait), or keep the
+    /// executor they had before the load.
+    pub refused_kinds: Vec<String>,
 }
 
 struct Loaded {
@@ -161,19 +165,26 @@ impl PluginHost {
             .clone()
     }
 
-    /// Loads every plugin the config names and swaps the registry, or
-    /// changes nothing and reports every problem.
+    /// Loads every plugin the config names, asks each executor plugin to
+    /// check its kinds' configs, and swaps the registry; or changes nothing
+    /// and reports every problem.
+    ///
+    /// A kind whose config its plugin refuses is not activated: its ops wait
+    /// (nothing is dead-lettered), or it keeps the executor it already had.
+    /// Those problems are returned, every one with its key path, and are
+    /// what `check-config` fails on.
     ///
     /// # Errors
     ///
     /// [`LoadError::Plugins`] with every problem found.
-    pub async fn apply(&self, config: &Config) -> Result<(), LoadError> {
+    pub async fn apply(&self, config: &Config) -> Result<Vec<Problem>, LoadError> {
         let result = self.try_apply(config).await;
         let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
         match &result {
-            Ok(()) => {
+            Ok(refused) => {
                 status.loads += 1;
                 status.last_error = None;
+                status.refused_kinds = refused.iter().map(Problem::to_string).collect();
             }
             Err(e) => {
                 status.failures += 1;
@@ -183,7 +194,7 @@ impl PluginHost {
         result
     }
 
-    async fn try_apply(&self, config: &Config) -> Result<(), LoadError> {
+    async fn try_apply(&self, config: &Config) -> Result<Vec<Problem>, LoadError> {
         let mut problems = Vec::new();
         let keys = match KeyStore::load(&config.keys) {
             Ok(keys) => Arc::new(keys),
@@ -256,16 +267,26 @@ impl PluginHost {
             }
         }
         let mut executors = Executors::new();
+        let mut refused = Vec::new();
         for (kind, kind_config) in &config.kinds {
             let Some(plugin_name) = &kind_config.plugin else {
                 continue;
             };
             match next.get(plugin_name) {
                 Some(l) if l.plugin.inspection.world == World::Executor => {
-                    executors.insert(
-                        kind.clone(),
-                        Arc::new(WasmExecutor::new(l.plugin.clone(), kind_config.config_json())) as Arc<dyn Executor>,
-                    );
+                    let config_json = kind_config.config_json();
+                    let found = kind_problems(&l.plugin, kind, &config_json).await;
+                    if found.is_empty() {
+                        executors.insert(
+                            kind.clone(),
+                            Arc::new(WasmExecutor::new(l.plugin.clone(), config_json)) as Arc<dyn Executor>,
+                        );
+                    } else {
+                        if let Some(previous) = self.registry.get(kind) {
+                            executors.insert(kind.clone(), previous);
+                        }
+                        refused.extend(found);
+                    }
                 }
                 Some(_) => problems.push(Problem {
                     path: format!("kinds.{kind}.plugin"),
@@ -296,7 +317,10 @@ impl PluginHost {
             .unwrap_or_else(PoisonError::into_inner)
             .retain(|d, _| next.values().any(|l| l.digest == *d));
         *loaded = next;
-        Ok(())
+        for problem in &refused {
+            tracing::error!(path = %problem.path, problem = %problem.message, "Kind config refused by its plugin; the kind is not activated (its ops wait) or keeps its previous config.");
+        }
+        Ok(refused)
     }
 
     /// Reloads from the config source: on success the dispatcher's tunables
@@ -304,7 +328,7 @@ impl PluginHost {
     pub async fn reload(&self, source: &FileSource, dispatcher: Option<&Dispatcher>) -> Result<(), LoadError> {
         let result = async {
             let config = config::load(source, config::process_env())?;
-            self.apply(&config).await?;
+            let _refused = self.apply(&config).await?;
             if let Some(d) = dispatcher {
                 d.reconfigure(config);
             }
@@ -376,6 +400,34 @@ impl PluginHost {
                 }
             }
         });
+    }
+}
+
+/// What a kind's plugin finds wrong with its config, as config problems
+/// under `kinds.KIND.config`; a plugin that does not validate finds nothing.
+async fn kind_problems(plugin: &Plugin, kind: &str, config_json: &str) -> Vec<Problem> {
+    let at = |path: &str| {
+        if path.is_empty() {
+            format!("kinds.{kind}.config")
+        } else if path.starts_with('[') {
+            format!("kinds.{kind}.config{path}")
+        } else {
+            format!("kinds.{kind}.config.{path}")
+        }
+    };
+    match plugin.validate_config(kind, config_json).await {
+        Ok(None) => Vec::new(),
+        Ok(Some(found)) => found
+            .into_iter()
+            .map(|p| Problem {
+                path: at(&p.path),
+                message: p.message,
+            })
+            .collect(),
+        Err(failure) => vec![Problem {
+            path: at(""),
+            message: format!("the plugin could not check it: {failure}"),
+        }],
     }
 }
 

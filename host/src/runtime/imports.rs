@@ -30,35 +30,62 @@ fn cut(text: &str, max: usize) -> &str {
 
 impl types::Host for HostState {}
 
-impl http::Host for HostState {
-    async fn send(&mut self, request: http::Request) -> wasmtime::Result<Result<http::Response, http::Error>> {
-        let services = self.services.clone();
-        let url = match reqwest::Url::parse(&request.url) {
-            Ok(url) => url,
-            Err(e) => return Ok(Err(http::Error::Protocol(format!("bad url {:?}: {e}", request.url)))),
-        };
+impl HostState {
+    /// Checks a URL against the plugin's grants (scheme, allow-list, literal
+    /// internal addresses); names are checked again after resolution by
+    /// [`GuardedResolver`]. A refusal is not recorded as a denial here: the
+    /// caller decides whether it was an attempt to reach it.
+    fn check_url(&self, raw: &str) -> Result<reqwest::Url, UrlRefusal> {
+        let url = reqwest::Url::parse(raw).map_err(|e| UrlRefusal::Malformed(format!("bad url {raw:?}: {e}")))?;
         let scheme = url.scheme().to_owned();
         let (Some(host), Some(port)) = (url.host_str().map(str::to_owned), url.port_or_known_default()) else {
-            return Ok(Err(http::Error::Protocol(format!("url {:?} has no host", request.url))));
+            return Err(UrlRefusal::Malformed(format!("url {raw:?} has no host")));
         };
         if !(scheme == "http" || scheme == "https") {
-            return Ok(Err(http::Error::Denied(
-                self.deny(format!("scheme {scheme} is not allowed")),
-            )));
+            return Err(UrlRefusal::Denied(format!("scheme {scheme} is not allowed")));
         }
-        if !services.egress.allows_destination(&scheme, &host, port) {
-            return Ok(Err(http::Error::Denied(
-                self.deny(format!("{scheme}://{host}:{port} is not in allowed_hosts")),
+        let egress = &self.services.egress;
+        if !egress.allows_destination(&scheme, &host, port) {
+            return Err(UrlRefusal::Denied(format!(
+                "{scheme}://{host}:{port} is not in allowed_hosts"
             )));
         }
         // A literal address never reaches the resolver: check it here.
         if let Ok(ip) = host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
-            if !services.egress.allows_address(ip) {
-                return Ok(Err(http::Error::Denied(
-                    self.deny(format!("{ip} is an internal address and not in allowed_internal")),
+            if !egress.allows_address(ip) {
+                return Err(UrlRefusal::Denied(format!(
+                    "{ip} is an internal address and not in allowed_internal"
                 )));
             }
         }
+        Ok(url)
+    }
+}
+
+/// Why a URL may not be reached.
+enum UrlRefusal {
+    /// It does not parse or has no host.
+    Malformed(String),
+    /// The grants forbid it.
+    Denied(String),
+}
+
+impl http::Host for HostState {
+    async fn allowed(&mut self, url: String) -> wasmtime::Result<Result<(), http::Error>> {
+        Ok(match self.check_url(&url) {
+            Ok(_) => Ok(()),
+            Err(UrlRefusal::Malformed(why)) => Err(http::Error::Protocol(why)),
+            Err(UrlRefusal::Denied(why)) => Err(http::Error::Denied(why)),
+        })
+    }
+
+    async fn send(&mut self, request: http::Request) -> wasmtime::Result<Result<http::Response, http::Error>> {
+        let services = self.services.clone();
+        let url = match self.check_url(&request.url) {
+            Ok(url) => url,
+            Err(UrlRefusal::Malformed(why)) => return Ok(Err(http::Error::Protocol(why))),
+            Err(UrlRefusal::Denied(why)) => return Ok(Err(http::Error::Denied(self.deny(why)))),
+        };
         let Ok(permit) =
             tokio::time::timeout(services.connect_timeout, services.http_permits.clone().acquire_owned()).await
         else {
@@ -278,5 +305,12 @@ impl fees::Host for HostState {
             aggressive: b.aggressive,
             capped: b.capped,
         }))
+    }
+
+    async fn spent(&mut self, base_fee: u64) -> wasmtime::Result<()> {
+        if let Some(spent) = &self.spent {
+            spent.report(base_fee);
+        }
+        Ok(())
     }
 }

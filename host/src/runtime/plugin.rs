@@ -13,6 +13,7 @@ use super::bindings::executor::laneway::plugin::types as wit;
 use super::bindings::executor::ExecutorPluginPre;
 use super::bindings::fee_policy::exports::laneway::plugin::fee_policy as wit_fee;
 use super::bindings::fee_policy::FeePolicyPluginPre;
+use super::bindings::validating::ValidatingExecutorPluginPre;
 use super::engine::EngineKind;
 use super::failure::PluginFailure;
 use super::state::{HostState, Services};
@@ -166,8 +167,22 @@ pub struct CallLimits {
 }
 
 enum Pre {
-    Executor(ExecutorPluginPre<HostState>),
+    /// An executor, and its `validation` export when it has one (1.2.0).
+    Executor(
+        ExecutorPluginPre<HostState>,
+        Option<ValidatingExecutorPluginPre<HostState>>,
+    ),
     FeePolicy(FeePolicyPluginPre<HostState>),
+}
+
+/// One problem a plugin found in a kind's config: the key path inside the
+/// kind's `config` table, and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigProblem {
+    /// Key path inside `config` (may be empty for the table itself).
+    pub path: String,
+    /// What is wrong and what was expected.
+    pub message: String,
 }
 
 /// Consecutive crashes of one plugin version, and whether it is quarantined.
@@ -246,7 +261,16 @@ impl Plugin {
                     .executor_linker
                     .instantiate_pre(component)
                     .map_err(incompatible)?;
-                Pre::Executor(ExecutorPluginPre::new(pre).map_err(incompatible)?)
+                let validates = inspection
+                    .exports
+                    .iter()
+                    .any(|e| e.starts_with(&format!("laneway:plugin/validation@{CONTRACT_MAJOR}.")));
+                let validator = if validates {
+                    Some(ValidatingExecutorPluginPre::new(pre.clone()).map_err(incompatible)?)
+                } else {
+                    None
+                };
+                Pre::Executor(ExecutorPluginPre::new(pre).map_err(incompatible)?, validator)
             }
             World::FeePolicy => {
                 let pre = runtime.policy_linker.instantiate_pre(component).map_err(incompatible)?;
@@ -319,7 +343,7 @@ impl Plugin {
 
     fn executor_pre(&self) -> Result<&ExecutorPluginPre<HostState>, PluginFailure> {
         match &self.pre {
-            Pre::Executor(pre) => Ok(pre),
+            Pre::Executor(pre, _) => Ok(pre),
             Pre::FeePolicy(_) => Err(PluginFailure::Incompatible("a fee policy cannot execute ops".into())),
         }
     }
@@ -327,7 +351,7 @@ impl Plugin {
     fn policy_pre(&self) -> Result<&FeePolicyPluginPre<HostState>, PluginFailure> {
         match &self.pre {
             Pre::FeePolicy(pre) => Ok(pre),
-            Pre::Executor(_) => Err(PluginFailure::Incompatible("an executor cannot quote fees".into())),
+            Pre::Executor(..) => Err(PluginFailure::Incompatible("an executor cannot quote fees".into())),
         }
     }
 
@@ -382,6 +406,46 @@ impl Plugin {
             bindings.laneway_plugin_executor().call_lanes(&mut *store, &input).await
         })
         .await
+    }
+
+    /// Whether the plugin checks kind configs (exports `validation`).
+    pub fn validates(&self) -> bool {
+        matches!(&self.pre, Pre::Executor(_, Some(_)))
+    }
+
+    /// `validation.validate-config`: `Ok(None)` when the plugin does not
+    /// export it (its kinds' configs are checked only when an op runs).
+    ///
+    /// # Errors
+    ///
+    /// [`PluginFailure`] when the call did not return.
+    pub async fn validate_config(&self, kind: &str, config: &str) -> Result<Option<Vec<ConfigProblem>>, PluginFailure> {
+        let Pre::Executor(_, Some(pre)) = &self.pre else {
+            return Ok(None);
+        };
+        let pre = pre.clone();
+        let (kind, config) = (kind.to_owned(), config.to_owned());
+        let mut store = self.store(None, None)?;
+        store.data_mut().probing = true;
+        let result = self
+            .bounded(&mut store, async move |store| {
+                let bindings = pre.instantiate_async(&mut *store).await?;
+                bindings
+                    .laneway_plugin_validation()
+                    .call_validate_config(&mut *store, &kind, &config)
+                    .await
+            })
+            .await?;
+        Ok(Some(match result {
+            Ok(()) => Vec::new(),
+            Err(problems) => problems
+                .into_iter()
+                .map(|p| ConfigProblem {
+                    path: p.path,
+                    message: p.message,
+                })
+                .collect(),
+        }))
     }
 
     /// `executor.describe`.

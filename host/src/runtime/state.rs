@@ -110,6 +110,8 @@ pub struct HostState {
     pub checkpoint: Option<Arc<dyn Checkpoint>>,
     /// What `fees.current` answers: the attempt's quote, if any.
     pub fee: Option<FeeBid>,
+    /// Where `fees.spent` reports what the attempt paid.
+    pub spent: Option<Arc<crate::executor::SpentFee>>,
     /// The op being executed, for logs.
     pub op_id: Option<i64>,
     /// The first thing the plugin was denied this call: a denial decides the
@@ -117,6 +119,10 @@ pub struct HostState {
     pub denied: Option<String>,
     /// Log lines written this call.
     pub log_lines: u32,
+    /// A `validate-config` call: the plugin probes its grants (a key, a URL)
+    /// to report what its config gets wrong, so a refusal is an answer, not
+    /// a denial that fails the call.
+    pub probing: bool,
 }
 
 impl HostState {
@@ -132,7 +138,8 @@ impl HostState {
         op_id: Option<i64>,
         deterministic: bool,
     ) -> Self {
-        let (checkpoint, fee) = attempt.map_or((None, None), |a| (Some(a.checkpoint), a.fee));
+        let (checkpoint, fee, spent) =
+            attempt.map_or((None, None, None), |a| (Some(a.checkpoint), a.fee, Some(a.spent)));
         let mut wasi = WasiCtx::builder();
         if deterministic {
             wasi.wall_clock(StoppedClock)
@@ -146,14 +153,19 @@ impl HostState {
             services,
             checkpoint,
             fee,
+            spent,
             op_id,
             denied: None,
             log_lines: 0,
+            probing: false,
         }
     }
 
     /// Records a denial (the first one wins) and returns its text.
     pub fn deny(&mut self, what: String) -> String {
+        if self.probing {
+            return what;
+        }
         tracing::warn!(plugin = %self.services.plugin, op = ?self.op_id, denied = %what, "Plugin was denied a host capability.");
         self.denied.get_or_insert(what).clone()
     }

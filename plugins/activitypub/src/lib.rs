@@ -124,6 +124,88 @@ fn body_prefix(body: &[u8]) -> String {
 
 struct ActivityPub;
 
+/// Keys of the kind's config: the signing identity, per-actor identities,
+/// the status classification, and `correlate_types` (read by the host's
+/// fan-out).
+const KEYS: [&str; 6] = [
+    "key",
+    "key_id",
+    "actors",
+    "permanent_statuses",
+    "retryable_statuses",
+    "correlate_types",
+];
+
+/// Checks a kind's config: a signing identity that exists, whose key is
+/// granted, loaded and RSA; well-formed status lists; no unknown keys.
+fn validate(config: &str) -> Result<(), Vec<laneway_sdk::Problem>> {
+    use laneway_sdk::check::{self, join, ConfigCheck};
+    use serde_json::Value;
+    let value = check::parse(config)?;
+    let mut check = ConfigCheck::new();
+    let Some(table) = check.table("", &value, &KEYS) else {
+        return check.finish();
+    };
+    let identity = |check: &mut ConfigCheck, path: &str, table: &serde_json::Map<String, Value>| {
+        if let Some(key) = check.string(path, table, "key", true) {
+            check::key(check, &join(path, "key"), key, Algorithm::RsaSha256);
+        }
+        if let Some(key_id) = check.string(path, table, "key_id", true) {
+            if split_url(key_id).is_none() {
+                check.problem(
+                    join(path, "key_id"),
+                    format!("{key_id:?} is not an http(s) URL (the actor's public key id)"),
+                );
+            }
+        }
+    };
+    let has_default = table.contains_key("key") || table.contains_key("key_id");
+    if has_default {
+        identity(&mut check, "", table);
+    }
+    match table.get("actors") {
+        None if !has_default => check.problem(
+            "key",
+            "no signing identity: set key and key_id, or actors.\"ACTOR\".key and key_id",
+        ),
+        None => {}
+        Some(Value::Object(actors)) => {
+            for (actor, entry) in actors {
+                let path = format!("actors.{actor:?}");
+                if let Some(entry) = check.table(&path, entry, &["key", "key_id"]) {
+                    identity(&mut check, &path, entry);
+                }
+            }
+        }
+        Some(other) => check.problem("actors", format!("expected a table of actors, got {other}")),
+    }
+    for key in ["permanent_statuses", "retryable_statuses"] {
+        match table.get(key) {
+            None => {}
+            Some(Value::Array(statuses)) => {
+                for (i, status) in statuses.iter().enumerate() {
+                    if !status.as_u64().is_some_and(|s| (100..=599).contains(&s)) {
+                        check.problem(
+                            format!("{key}[{i}]"),
+                            format!("expected an HTTP status (100 to 599), got {status}"),
+                        );
+                    }
+                }
+            }
+            Some(other) => check.problem(key, format!("expected an array of HTTP statuses, got {other}")),
+        }
+    }
+    match table.get("correlate_types") {
+        None => {}
+        Some(Value::Array(types)) if types.iter().all(Value::is_string) => {}
+        Some(other) => check.problem(
+            "correlate_types",
+            format!("expected an array of type names, got {other}"),
+        ),
+    }
+    check.finish()
+}
+
 impl Executor for ActivityPub {
     fn describe() -> laneway_sdk::Description {
         laneway_sdk::describe("activitypub", env!("CARGO_PKG_VERSION"), &["activitypub"])
@@ -134,6 +216,10 @@ impl Executor for ActivityPub {
             "an activitypub op is ordered by its inbox: give the inbox as the op's lane (laneway's fan-out does)"
                 .into(),
         )
+    }
+
+    fn validate_config(_kind: String, config: String) -> Result<(), Vec<laneway_sdk::Problem>> {
+        validate(&config)
     }
 
     fn execute(op: Op) -> Outcome {

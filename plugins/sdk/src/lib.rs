@@ -1,4 +1,4 @@
-//! The guest SDK: laneway's WIT contract (`laneway:plugin@1.1.0`) as plain
+//! The guest SDK: laneway's WIT contract (`laneway:plugin@1.2.0`) as plain
 //! Rust traits, so a plugin implements [`Executor`] or [`FeePolicy`] and
 //! calls one macro, without touching generated bindings.
 //!
@@ -14,11 +14,12 @@
 // The generated bindings use unsafe internally for the canonical ABI; the
 // plugin crates themselves forbid it.
 #[allow(unsafe_code)]
-/// Generated bindings for the `executor-plugin` world.
+/// Generated bindings for the `validating-executor-plugin` world (an
+/// executor that also checks its kinds' configs).
 pub mod executor_world {
     wit_bindgen::generate!({
-        world: "executor-plugin",
-        path: "../../wit/laneway-plugin@1.1.0",
+        world: "validating-executor-plugin",
+        path: "../../wit/laneway-plugin@1.2.0",
         default_bindings_module: "laneway_sdk::executor_world",
         pub_export_macro: true,
         export_macro_name: "export_executor_world",
@@ -30,7 +31,7 @@ pub mod executor_world {
 pub mod fee_policy_world {
     wit_bindgen::generate!({
         world: "fee-policy-plugin",
-        path: "../../wit/laneway-plugin@1.1.0",
+        path: "../../wit/laneway-plugin@1.2.0",
         default_bindings_module: "laneway_sdk::fee_policy_world",
         pub_export_macro: true,
         export_macro_name: "export_fee_policy_world",
@@ -40,6 +41,9 @@ pub mod fee_policy_world {
 pub use executor_world::laneway::plugin::types::{
     Confirmation, Description, Failure, Op, OpInput, Outcome, Priority, Reconciled, Retry,
 };
+pub mod check;
+
+pub use executor_world::exports::laneway::plugin::validation::Problem;
 pub use executor_world::laneway::plugin::{checkpoint, fees, http, log, signer};
 pub use fee_policy_world::exports::laneway::plugin::fee_policy::{
     Congestion, Decision, FeeQuote, FeeSample, QuoteRequest, Snapshot,
@@ -65,6 +69,21 @@ pub trait Executor {
     /// nothing to look up, so the op is delivered afresh.
     fn reconcile(_op: Op, _receipt: String) -> Reconciled {
         Reconciled::Redeliver
+    }
+
+    /// Checks a kind's `config` (JSON) before any op uses it, reporting
+    /// every problem with its key path; by default everything is accepted.
+    /// The host calls it at `check-config`, at start and at every reload.
+    fn validate_config(_kind: String, _config: String) -> Result<(), Vec<Problem>> {
+        Ok(())
+    }
+}
+
+/// A config problem at `path` (a key path inside the kind's `config`).
+pub fn problem(path: impl Into<String>, message: impl Into<String>) -> Problem {
+    Problem {
+        path: path.into(),
+        message: message.into(),
     }
 }
 
@@ -98,6 +117,14 @@ macro_rules! executor {
             }
             fn reconcile(op: $crate::Op, receipt: ::std::string::String) -> $crate::Reconciled {
                 <$ty as $crate::Executor>::reconcile(op, receipt)
+            }
+        }
+        impl $crate::executor_world::exports::laneway::plugin::validation::Guest for $ty {
+            fn validate_config(
+                kind: ::std::string::String,
+                config: ::std::string::String,
+            ) -> ::core::result::Result<(), ::std::vec::Vec<$crate::Problem>> {
+                <$ty as $crate::Executor>::validate_config(kind, config)
             }
         }
         $crate::executor_world::export_executor_world!($ty with_types_in $crate::executor_world);

@@ -13,6 +13,7 @@
 //! crash or timeout: landed → done; provably dead → build afresh; still
 //! possible → send the same bytes again (a duplicate is harmless) and wait.
 
+mod check;
 mod receipt;
 mod rpc;
 mod settings;
@@ -259,7 +260,7 @@ fn prepare(
         simulation.min_resource_fee,
     )
     .map_err(|e| permanent(e, Some("assemble")))?;
-    seal(settings, key, transaction, bounds, false).map(Prepared::Ready)
+    seal(settings, key, transaction, (bounds, inclusion_fee), false).map(Prepared::Ready)
 }
 
 enum Prepared {
@@ -276,7 +277,7 @@ fn seal(
     settings: &Settings,
     key: [u8; 32],
     transaction: stellar_xdr::Transaction,
-    bounds: tx::Bounds,
+    (bounds, inclusion_fee): (tx::Bounds, u64),
     restore: bool,
 ) -> Result<Receipt, Outcome> {
     let sequence = transaction.seq_num.0;
@@ -292,9 +293,13 @@ fn seal(
         rejected: false,
         restore,
         sequence,
+        inclusion_fee: Some(inclusion_fee),
     };
     match checkpoint::save(&receipt.to_json()) {
-        Ok(()) => Ok(receipt),
+        Ok(()) => {
+            fees::spent(inclusion_fee);
+            Ok(receipt)
+        }
         Err(checkpoint::Error::LeaseLost) => Err(retry(
             "lease lost before sending; not sent",
             Some("lease_lost"),
@@ -323,7 +328,7 @@ fn restore(
         tx::transaction(key, sequence, 0, bounds, tx::restore()).map_err(|e| permanent(e, Some("xdr")))?;
     tx::assemble(&mut transaction, data, &[], inclusion_fee, resource_fee)
         .map_err(|e| permanent(e, Some("assemble")))?;
-    let receipt = seal(settings, key, transaction, bounds, true)?;
+    let receipt = seal(settings, key, transaction, (bounds, inclusion_fee), true)?;
     Ok(match send_and_wait(rpc, &receipt, settings) {
         // The call itself still has to be made: go again at once.
         Fate::Landed { .. } => retry(
@@ -399,10 +404,19 @@ impl Executor for Vault {
         )
     }
 
-    /// The signer's account: one sequence number, so one transaction at a time.
+    /// The signer's account: one sequence number, so one transaction at a
+    /// time. A payload the kind's argument mapping cannot read is refused
+    /// here, at enqueue, rather than dead-lettered when it runs.
     fn lanes(input: OpInput) -> Result<Vec<String>, String> {
         let settings = Settings::parse(&input.config)?;
+        let payload: serde_json::Value =
+            serde_json::from_str(&input.payload).map_err(|e| format!("payload is not JSON: {e}"))?;
+        settings.arguments(&payload).map_err(|e| format!("payload: {e}"))?;
         Ok(vec![tx::account_id(signer_key(&settings)?).to_string()])
+    }
+
+    fn validate_config(_kind: String, config: String) -> Result<(), Vec<laneway_sdk::Problem>> {
+        check::validate(&config)
     }
 
     fn execute(op: Op) -> Outcome {
@@ -452,6 +466,10 @@ impl Executor for Vault {
         };
         if receipt.rejected {
             return Reconciled::Redeliver;
+        }
+        // Whatever settles now settles this envelope, at the fee it carries.
+        if let Some(fee) = receipt.inclusion_fee {
+            fees::spent(fee);
         }
         let mut rpc = Rpc::new(&settings.rpc_url);
         if receipt.restore {

@@ -24,6 +24,10 @@ pub struct Receipt {
     /// The transaction's sequence number.
     #[serde(default)]
     pub sequence: i64,
+    /// The inclusion fee (stroops) the envelope bids, so an attempt that
+    /// resends it records what it really pays (absent in older receipts).
+    #[serde(default)]
+    pub inclusion_fee: Option<u64>,
 }
 
 impl Receipt {
@@ -35,15 +39,15 @@ impl Receipt {
         serde_json::to_string(self).unwrap_or_default()
     }
 
-    /// Whether a chain tip proves the transaction can no longer land: the
-    /// next ledger is past its ledger bound, or the tip closed after its
-    /// time bound.
     /// Whether the server still remembers every ledger the transaction
     /// could have landed in, so that NOT_FOUND proves it did not land.
     pub fn within_retention(&self, oldest: Option<u32>) -> bool {
         oldest.is_none_or(|oldest| oldest < self.max_ledger)
     }
 
+    /// Whether a chain tip proves the transaction can no longer land: the
+    /// next ledger is past its ledger bound, or the tip closed after its
+    /// time bound.
     pub fn expired_at(&self, ledger: u32, close_time: Option<u64>) -> bool {
         ledger.saturating_add(1) >= self.max_ledger || close_time.is_some_and(|t| t > self.max_time)
     }

@@ -160,7 +160,7 @@ fn integer(value: &Value) -> Result<i128, String> {
     }
 }
 
-fn to_scval(ty: ArgType, value: &Value) -> Result<ScVal, String> {
+pub fn to_scval(ty: ArgType, value: &Value) -> Result<ScVal, String> {
     let text = || value.as_str().ok_or_else(|| format!("expected a string, got {value}"));
     Ok(match ty {
         ArgType::Address => ScVal::Address(

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context};
 use laneway::executor::Reconciled;
+use laneway::lanes::{LaneMode, LaneRule, LaneRules};
 use laneway::op::{AttemptClass, OpId, Status};
 use laneway::outcome::Outcome;
 use laneway::queue::{Enqueued, LeaseSpec, NewOp};
@@ -386,13 +387,20 @@ async fn an_expired_lease_is_reconciled_before_redelivery(db: TestDb) -> anyhow:
         .queue
         .enqueue(&[to("o", "GSIGNER-lane", 1), to("o", "GSIGNER-lane", 2)])
         .await?);
-    // A previous host claimed both, checkpointed a transaction hash for each,
-    // and died before reporting.
+    // A previous host, whose lanes admitted two at once, claimed both,
+    // checkpointed a transaction hash for each, and died before reporting.
     let spec = LeaseSpec {
         owner: "dead-host".into(),
         duration: Duration::from_millis(50),
     };
-    for claimed in db.queue.claim_ids(&op_ids, &spec).await? {
+    let two_at_once = LaneRules(HashMap::from([(
+        "activitypub".to_owned(),
+        LaneRule {
+            mode: LaneMode::Serial,
+            cap: 2,
+        },
+    )]));
+    for claimed in db.queue.claim_ids(&op_ids, &spec, &two_at_once).await? {
         db.queue
             .checkpoint(&claimed.lease, &format!("tx-{}", claimed.op.id))
             .await?;

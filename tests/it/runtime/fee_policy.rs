@@ -74,14 +74,62 @@ async fn the_oracle_takes_p70_and_p95_floors_clamps_and_grades_congestion() -> a
     let p = policy()?;
     let s = observe(&p, None, sample(100, 150, 300, 20), 0).await?;
     ensure!(s.recommended_base_fee == 150 && s.aggressive_base_fee == 300, "{s:?}");
-    ensure!(s.congestion == Congestion::Elevated, "spread 3x is elevated: {s:?}");
+    ensure!(s.congestion == Congestion::Low, "spread 3x is ordinary noise: {s:?}");
     ensure!((s.ledger_capacity_usage - 0.2).abs() < 1e-9 && s.clamped.is_empty());
+    let s = observe(&p, None, sample(100, 150, 600, 20), 0).await?;
+    ensure!(s.congestion == Congestion::Elevated, "spread 6x is elevated: {s:?}");
+    let s = observe(&p, None, sample(100, 150, 2_500, 20), 0).await?;
+    ensure!(s.congestion == Congestion::High, "spread 25x is high: {s:?}");
     let s = observe(&p, None, sample(10, 50, 90_000, 95), 0).await?;
     ensure!(
         s.recommended_base_fee == 100 && s.aggressive_base_fee == 50_000,
         "{s:?}"
     );
     ensure!(s.clamped == "max" && s.congestion == Congestion::Severe, "{s:?}");
+    Ok(())
+}
+
+/// The distributions Stellar's docs show for `getFeeStats` (stellar-docs
+/// `methods/getFeeStats.json`) are an ordinary network: graded low, so a
+/// CRITICAL withdrawal bids the recommended fee, not p95.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_distributions_grade_an_ordinary_network_low() -> anyhow::Result<()> {
+    let p = policy()?;
+    let soroban = FeeSample {
+        min: 100,
+        mode: 100,
+        p50: 100,
+        p70: 100,
+        p90: 200,
+        p95: 200,
+        p99: 200,
+        max: 200,
+        transaction_count: 371,
+        ledger_count: 50,
+        latest_ledger: 3_730_870,
+    };
+    let classic = FeeSample {
+        min: 100,
+        mode: 100,
+        p50: 100,
+        p70: 100,
+        p90: 100,
+        p95: 100,
+        p99: 133,
+        max: 133,
+        transaction_count: 28,
+        ledger_count: 10,
+        latest_ledger: 3_730_870,
+    };
+    for documented in [soroban, classic] {
+        let s = observe(&p, None, documented, 0).await?;
+        ensure!(s.congestion == Congestion::Low, "{s:?}");
+        let withdraw = submitted(quote(&p, request(Priority::Critical, 1, Some(s.clone()), 0, 1_000)).await?)?;
+        ensure!(
+            withdraw.fee == s.recommended_base_fee && !withdraw.aggressive,
+            "a withdrawal on an ordinary network bid {withdraw:?}"
+        );
+    }
     Ok(())
 }
 

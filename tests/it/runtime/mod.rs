@@ -86,10 +86,7 @@ impl Checkpoint for Recorder {
 
 /// An attempt context for direct plugin calls: checkpoints go to `recorder`, no fee bid.
 pub fn attempt(recorder: Arc<Recorder>) -> laneway::executor::Attempt {
-    laneway::executor::Attempt {
-        checkpoint: recorder,
-        fee: None,
-    }
+    laneway::executor::Attempt::new(recorder, None)
 }
 
 /// A WIT op for direct plugin calls.
@@ -165,9 +162,10 @@ fn wit_versions_are_frozen() -> anyhow::Result<()> {
     use sha2::Digest as _;
     // A released contract never changes; a change is a new version in a new
     // directory (wit/README.md). Update this list only when adding one.
-    const FROZEN: [(&str, &str); 2] = [
+    const FROZEN: [(&str, &str); 3] = [
         ("laneway-plugin@1.0.0", FROZEN_1_0_0),
         ("laneway-plugin@1.1.0", FROZEN_1_1_0),
+        ("laneway-plugin@1.2.0", FROZEN_1_2_0),
     ];
     for (dir, want) in FROZEN {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../wit").join(dir);
@@ -196,12 +194,23 @@ fn wit_versions_are_frozen() -> anyhow::Result<()> {
 
 const FROZEN_1_0_0: &str = "17998fe83fbac751a00009ed61914d77dc1266cb763358eb3037668b4946135a";
 const FROZEN_1_1_0: &str = "9fc8df28cc07d00a27bbc97c99e6321fcecb533ada9221da3727ee96310277ad";
+const FROZEN_1_2_0: &str = "e2679a43844e5253905eeeb30b238ff9c65f62ebcea8293d33e138961f8af164";
 
-/// A component built against the frozen 1.0.0 contract, committed as built,
-/// still loads and serves: old plugins keep working.
+/// Components built against the frozen 1.0.0 and 1.1.0 contracts, committed
+/// as built, still load and serve (without the 1.2.0 `validation` export,
+/// their kinds' configs are simply not checked ahead): old plugins keep working.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plugin_built_against_1_0_0_keeps_loading() -> anyhow::Result<()> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/compat/laneway-plugin@1.0.0/noop.wasm");
+async fn plugins_built_against_1_0_0_and_1_1_0_keep_loading() -> anyhow::Result<()> {
+    for version in ["1.0.0", "1.1.0"] {
+        compat_fixture_serves(version)
+            .await
+            .with_context(|| format!("the {version} fixture"))?;
+    }
+    Ok(())
+}
+
+async fn compat_fixture_serves(version: &str) -> anyhow::Result<()> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/compat/laneway-plugin@{version}/noop.wasm"));
     let bytes = std::fs::read(&path)?;
     let rt = runtime()?;
     let plugin = rt
@@ -213,8 +222,10 @@ async fn a_plugin_built_against_1_0_0_keeps_loading() -> anyhow::Result<()> {
             Arc::new(Health::default()),
             3,
         )
-        .map_err(|e| anyhow::anyhow!("the 1.0.0 fixture no longer loads: {e}"))?;
-    anyhow::ensure!(plugin.inspection.version == "1.0.0");
+        .map_err(|e| anyhow::anyhow!("no longer loads: {e}"))?;
+    anyhow::ensure!(plugin.inspection.version == version);
+    anyhow::ensure!(!plugin.validates());
+    anyhow::ensure!(plugin.validate_config("noop", "{}").await.map_err(|e| anyhow::anyhow!("{e}"))?.is_none());
     let outcome = plugin
         .execute(op(1, "{}"), attempt(Arc::new(Recorder::default())))
         .await

@@ -88,7 +88,7 @@ impl Chain {
                  [plugins.vault]\npath = {vault:?}\nallowed_hosts = [\"http://127.0.0.1:*\"]\n\
                  allowed_internal = [\"127.0.0.1\"]\nkeys = [\"vault\"]\n\
                  [plugins.fees]\npath = {fees:?}\n\
-                 [oracles.stellar]\npolicy = \"fees\"\nrpc_url = {url:?}\npoll_ms = 100\n\
+                 [oracles.stellar]\npolicy = \"fees\"\nrpc_url = {url:?}\npoll_ms = 100\nfirst_sample_wait_ms = 0\n\
                  [oracles.stellar.config]\n{policy}\n",
                 key = self.key_file.display().to_string(),
                 vault = crate::runtime::wasm("stellar-vault")?.display().to_string(),
