@@ -170,28 +170,34 @@ impl KeyStore {
     ///
     /// `(key path, message)` pairs for keys that could not be loaded.
     pub fn load(sources: &std::collections::BTreeMap<String, KeySource>) -> Result<Self, Vec<(String, String)>> {
+        match Self::load_partial(sources) {
+            (store, problems) if problems.is_empty() => Ok(store),
+            (_, problems) => Err(problems),
+        }
+    }
+
+    /// Loads every key that loads, and returns the problems of the others
+    /// (with their key paths) beside them, so that everything that depends
+    /// on the good keys can still be checked.
+    pub fn load_partial(sources: &std::collections::BTreeMap<String, KeySource>) -> (Self, Vec<(String, String)>) {
         let mut keys = HashMap::new();
         let mut problems = Vec::new();
         for (id, source) in sources {
-            let pem = match (&source.file, &source.env) {
+            let text = match (&source.file, &source.env) {
                 (Some(path), None) => {
                     std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
                 }
                 (None, Some(var)) => std::env::var(var).map_err(|_| format!("environment variable {var} is not set")),
                 _ => Err("give exactly one of `file` or `env`".to_owned()),
             };
-            match pem.and_then(|pem| Key::from_pem(source.algorithm, &pem)) {
+            match text.and_then(|text| Key::from_pem(source.algorithm, &text)) {
                 Ok(key) => {
                     keys.insert(id.clone(), key);
                 }
                 Err(message) => problems.push((format!("keys.{id}"), message)),
             }
         }
-        if problems.is_empty() {
-            Ok(Self { keys })
-        } else {
-            Err(problems)
-        }
+        (Self { keys }, problems)
     }
 
     /// A store holding exactly these keys (tests, examples).

@@ -203,3 +203,128 @@ async fn postgres_schema_is_checked_before_use() -> anyhow::Result<()> {
     )
     .await
 }
+
+/// A plain-SQL insert that leaves `priority` out gets its kind's configured
+/// default (laneway writes the defaults at migrate, start and reload); a
+/// kind laneway does not know is normal; an explicit priority is kept.
+async fn plain_sql_inserts_get_the_kind_default_priority(db: support::TestDb) -> anyhow::Result<()> {
+    use laneway::op::Priority;
+    db.queue
+        .set_kind_defaults(&[
+            ("withdraw".to_owned(), Priority::Critical),
+            ("rebalance".to_owned(), Priority::Low),
+        ])
+        .await?;
+    let insert = match &db.kind {
+        TestBackend::Sqlite(_) => {
+            "INSERT INTO ops (outbox, kind, lanes, payload) VALUES ('vault', ?, '[\"G\"]', '{}') RETURNING id"
+        }
+        TestBackend::Postgres(_) => {
+            "INSERT INTO ops (outbox, kind, lanes, payload) VALUES ('vault', $1, ARRAY['G'], '{}') RETURNING id"
+        }
+    };
+    let mut got = Vec::new();
+    for kind in ["withdraw", "rebalance", "unconfigured"] {
+        let id: i64 = match &db.kind {
+            TestBackend::Sqlite(q) => sqlx::query_scalar(insert).bind(kind).fetch_one(q.pool()).await?,
+            TestBackend::Postgres(q) => sqlx::query_scalar(insert).bind(kind).fetch_one(q.pool()).await?,
+        };
+        got.push(db.queue.get(id).await?.context("op")?.priority);
+    }
+    ensure!(
+        got == vec![Priority::Critical, Priority::Low, Priority::Normal],
+        "{got:?}"
+    );
+    let explicit =
+        "INSERT INTO ops (outbox, kind, priority, payload) VALUES ('vault', 'withdraw', 2, '{}') RETURNING id";
+    let id: i64 = match &db.kind {
+        TestBackend::Sqlite(q) => sqlx::query_scalar(explicit).fetch_one(q.pool()).await?,
+        TestBackend::Postgres(q) => sqlx::query_scalar(explicit).fetch_one(q.pool()).await?,
+    };
+    ensure!(db.queue.get(id).await?.context("op")?.priority == Priority::Low);
+    // Replacing the defaults replaces them all.
+    db.queue.set_kind_defaults(&[]).await?;
+    let id: i64 = match &db.kind {
+        TestBackend::Sqlite(q) => sqlx::query_scalar(insert).bind("withdraw").fetch_one(q.pool()).await?,
+        TestBackend::Postgres(q) => sqlx::query_scalar(insert).bind("withdraw").fetch_one(q.pool()).await?,
+    };
+    ensure!(db.queue.get(id).await?.context("op")?.priority == Priority::Normal);
+    Ok(())
+}
+
+#[tokio::test]
+async fn sqlite_plain_sql_inserts_get_the_kind_default_priority() -> anyhow::Result<()> {
+    plain_sql_inserts_get_the_kind_default_priority(support::sqlite().await?).await
+}
+
+#[tokio::test]
+async fn postgres_plain_sql_inserts_get_the_kind_default_priority() -> anyhow::Result<()> {
+    plain_sql_inserts_get_the_kind_default_priority(support::postgres().await?).await
+}
+
+/// The SQLite migration that rebuilds `ops` keeps every row, id, lane,
+/// attempt and hold of a database that was in use, and new ids continue
+/// after the old ones.
+#[tokio::test]
+async fn sqlite_rebuilding_ops_keeps_a_used_database_intact() -> anyhow::Result<()> {
+    use sqlx::migrate::Migrator;
+    let dir = tempfile::tempdir()?;
+    // The migrations before the rebuild, applied as an older laneway would.
+    let older = dir.path().join("older");
+    std::fs::create_dir(&older)?;
+    let all = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../migrations/sqlite");
+    let mut names: Vec<String> = std::fs::read_dir(&all)?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<_, _>>()?;
+    names.sort();
+    for name in names.iter().filter(|n| n.as_str() < "20261201000002") {
+        std::fs::copy(all.join(name), older.join(name))?;
+    }
+    let url = format!("sqlite://{}", dir.path().join("queue.db").display());
+    let options = url
+        .parse::<sqlx::sqlite::SqliteConnectOptions>()?
+        .create_if_missing(true);
+    let pool = sqlx::SqlitePool::connect_with(options).await?;
+    Migrator::new(older.as_path()).await?.run(&pool).await?;
+    for n in 1..=3 {
+        sqlx::query("INSERT INTO ops (outbox, kind, lanes, payload, status, attempts, receipt) VALUES ('o', 'k', '[\"L\"]', ?, 'failed', 1, 'tx')")
+            .bind(format!("{{\"n\":{n}}}"))
+            .execute(&pool)
+            .await?;
+        sqlx::query(
+            "INSERT INTO attempts (op_id, attempt, started_at, finished_at, outcome) VALUES (?, 1, 0, 0, 'permanent')",
+        )
+        .bind(n)
+        .execute(&pool)
+        .await?;
+    }
+    sqlx::query("INSERT INTO lane_halts (outbox, lane, op_id, halted_at) VALUES ('o', 'L', 3, 0)")
+        .execute(&pool)
+        .await?;
+    pool.close().await;
+
+    let mut config = laneway::config::from_toml_str(&format!("[database]\nurl = {url:?}\n"))?;
+    config.database.max_connections = 2;
+    let queue = laneway::queue::open(
+        &config.database,
+        config.limits(),
+        std::sync::Arc::new(laneway::clock::SystemClock),
+    )
+    .await?;
+    queue.migrate().await?;
+    queue.check_schema().await?;
+    for n in 1..=3 {
+        let op = queue.get(n).await?.context("op kept")?;
+        ensure!(
+            op.payload == format!("{{\"n\":{n}}}") && op.lanes == vec!["L".to_owned()] && op.status == Status::Failed,
+            "{op:?}"
+        );
+        ensure!(queue.attempts(n).await?.len() == 1);
+    }
+    ensure!(queue.lane_halts(None).await?.len() == 1);
+    let next = queue.enqueue(&[announce(4)]).await?;
+    ensure!(next == vec![Enqueued::Created(4)], "{next:?}");
+    let lanes = queue.get(4).await?.context("op")?.lanes;
+    ensure!(lanes == vec!["https://coord.example/inbox".to_owned()], "{lanes:?}");
+    Ok(())
+}

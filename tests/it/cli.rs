@@ -6,13 +6,13 @@ use std::path::{Path, PathBuf};
 use anyhow::{ensure, Context};
 use laneway::cli::{self, CliError, Io};
 
-struct Env {
+pub(crate) struct Env {
     dir: tempfile::TempDir,
     config: PathBuf,
 }
 
 impl Env {
-    fn new(extra: &str) -> anyhow::Result<Self> {
+    pub(crate) fn new(extra: &str) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let config = dir.path().join("laneway.toml");
         let db = dir.path().join("queue.db");
@@ -31,17 +31,17 @@ impl Env {
     }
 
     /// Runs `laneway --config <file> args…` with `stdin`; returns stdout or the error.
-    async fn run(&self, args: &[&str], stdin: &str) -> anyhow::Result<Result<String, CliError>> {
+    pub(crate) async fn run(&self, args: &[&str], stdin: &str) -> anyhow::Result<Result<String, CliError>> {
         run_with(&self.config, args, stdin, Vec::new()).await
     }
 
-    async fn ok(&self, args: &[&str], stdin: &str) -> anyhow::Result<String> {
+    pub(crate) async fn ok(&self, args: &[&str], stdin: &str) -> anyhow::Result<String> {
         self.run(args, stdin)
             .await?
             .map_err(|e| anyhow::anyhow!("{args:?} failed: {e}"))
     }
 
-    async fn err(&self, args: &[&str], stdin: &str) -> anyhow::Result<String> {
+    pub(crate) async fn err(&self, args: &[&str], stdin: &str) -> anyhow::Result<String> {
         match self.run(args, stdin).await? {
             Ok(out) => anyhow::bail!("{args:?} succeeded: {out}"),
             Err(e) => Ok(e.to_string()),

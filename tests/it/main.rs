@@ -6,6 +6,7 @@
 
 mod activitypub;
 mod backend_specific;
+mod checks;
 mod cli;
 mod dispatch;
 mod queue_conformance;

@@ -909,8 +909,6 @@ fn validate(config: &Config) -> Vec<Problem> {
                 &path("rpc_url"),
                 format!("expected an http(s) URL, got {:?}", oracle.rpc_url),
             );
-        } else if let Some(why) = oracle_url_unlisted(&oracle.rpc_url, &config.plugins) {
-            bad(&path("rpc_url"), why);
         }
         if oracle.poll_ms < 100 {
             bad(
@@ -954,8 +952,9 @@ fn validate(config: &Config) -> Vec<Problem> {
 /// Why an oracle's RPC URL is suspect: the host polls it itself, but the
 /// chain kinds it prices reach their RPC through a plugin's allow-list, so an
 /// oracle URL that no plugin may reach is a typo or another network's node,
-/// and its quotes would price the wrong network.
-fn oracle_url_unlisted(rpc_url: &str, plugins: &BTreeMap<String, PluginConfig>) -> Option<String> {
+/// and its quotes would price the wrong network. Checked where plugins are
+/// loaded, so it is reported together with the kinds' own problems.
+pub fn oracle_url_unlisted(rpc_url: &str, plugins: &BTreeMap<String, PluginConfig>) -> Option<String> {
     let url = reqwest::Url::parse(rpc_url).ok()?;
     let (host, port) = (url.host_str()?, url.port_or_known_default()?);
     let listed = plugins.values().any(|p| {
@@ -1124,15 +1123,19 @@ mod tests {
     }
 
     #[test]
-    fn an_oracle_url_no_plugin_may_reach_is_refused() {
-        let base = "[plugins.fees]\npath = \"f.wasm\"\n\
-                    [plugins.vault]\npath = \"v.wasm\"\nallowed_hosts = [\"https://rpc.example\"]\n\
-                    [oracles.main]\npolicy = \"fees\"\n";
-        assert!(from_toml_str(&format!("{base}rpc_url = \"https://rpc.example\"\n")).is_ok());
-        let err = from_toml_str(&format!("{base}rpc_url = \"https://rpc.other.example\"\n")).unwrap_err();
-        let paths: Vec<&str> = err.problems().iter().map(|p| p.path.as_str()).collect();
-        assert_eq!(paths, vec!["oracles.main.rpc_url"], "{err}");
-        assert!(err.to_string().contains("allowed_hosts"), "{err}");
+    fn an_oracle_url_no_plugin_may_reach_is_suspect() {
+        let config = from_toml_str(
+            "[plugins.fees]\npath = \"f.wasm\"\n\
+             [plugins.vault]\npath = \"v.wasm\"\nallowed_hosts = [\"https://rpc.example\"]\n",
+        )
+        .unwrap();
+        assert_eq!(oracle_url_unlisted("https://rpc.example", &config.plugins), None);
+        let why = oracle_url_unlisted("https://rpc.other.example", &config.plugins).unwrap();
+        assert!(why.contains("allowed_hosts"), "{why}");
+        assert!(
+            oracle_url_unlisted("http://rpc.example", &config.plugins).is_some(),
+            "scheme counts"
+        );
     }
 
     #[test]

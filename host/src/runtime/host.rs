@@ -196,13 +196,13 @@ impl PluginHost {
 
     async fn try_apply(&self, config: &Config) -> Result<Vec<Problem>, LoadError> {
         let mut problems = Vec::new();
-        let keys = match KeyStore::load(&config.keys) {
-            Ok(keys) => Arc::new(keys),
-            Err(errors) => {
-                problems.extend(errors.into_iter().map(|(path, message)| Problem { path, message }));
-                Arc::new(KeyStore::default())
-            }
-        };
+        let (keys, key_problems) = KeyStore::load_partial(&config.keys);
+        let keys = Arc::new(keys);
+        problems.extend(
+            key_problems
+                .into_iter()
+                .map(|(path, message)| Problem { path, message }),
+        );
         let mut loaded = self.loaded.lock().await;
         let mut next: HashMap<String, Loaded> = HashMap::new();
         for (name, plugin_config) in &config.plugins {
@@ -266,6 +266,14 @@ impl PluginHost {
                 }),
             }
         }
+        for (name, oracle) in &config.oracles {
+            if let Some(why) = config::oracle_url_unlisted(&oracle.rpc_url, &config.plugins) {
+                problems.push(Problem {
+                    path: format!("oracles.{name}.rpc_url"),
+                    message: why,
+                });
+            }
+        }
         let mut executors = Executors::new();
         let mut refused = Vec::new();
         for (kind, kind_config) in &config.kinds {
@@ -297,6 +305,8 @@ impl PluginHost {
             }
         }
         if !problems.is_empty() {
+            // Report the kinds' own problems too: every mistake at once.
+            problems.extend(refused);
             return Err(LoadError::Plugins(problems));
         }
         let policies: BTreeMap<String, Arc<Plugin>> = next

@@ -43,7 +43,8 @@ pub fn validate(config: &str) -> Result<(), Vec<Problem>> {
         }
     }
     if let Some(function) = check.string("", table, "function", true) {
-        if ScSymbol::try_from(function).is_err() {
+        let symbol_chars = function.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !symbol_chars || ScSymbol::try_from(function).is_err() {
             check.problem(
                 "function",
                 format!("{function:?} is not a Soroban symbol (at most 32 of a-z, A-Z, 0-9, _)"),

@@ -27,7 +27,7 @@ const KEY_ID: &str = "https://cm.example/actor#main-key";
 const ACTOR: &str = "https://cm.example/actor";
 
 /// One RSA key for the whole run (generating one is slow): its PEM file and key.
-fn actor_key() -> anyhow::Result<&'static (tempfile::TempDir, PathBuf, rsa::RsaPrivateKey)> {
+pub(crate) fn actor_key() -> anyhow::Result<&'static (tempfile::TempDir, PathBuf, rsa::RsaPrivateKey)> {
     static KEY: OnceLock<(tempfile::TempDir, PathBuf, rsa::RsaPrivateKey)> = OnceLock::new();
     if let Some(k) = KEY.get() {
         return Ok(k);

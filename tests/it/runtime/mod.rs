@@ -210,7 +210,8 @@ async fn plugins_built_against_1_0_0_and_1_1_0_keep_loading() -> anyhow::Result<
 }
 
 async fn compat_fixture_serves(version: &str) -> anyhow::Result<()> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/compat/laneway-plugin@{version}/noop.wasm"));
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/compat/laneway-plugin@{version}/noop.wasm"));
     let bytes = std::fs::read(&path)?;
     let rt = runtime()?;
     let plugin = rt
@@ -225,7 +226,11 @@ async fn compat_fixture_serves(version: &str) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("no longer loads: {e}"))?;
     anyhow::ensure!(plugin.inspection.version == version);
     anyhow::ensure!(!plugin.validates());
-    anyhow::ensure!(plugin.validate_config("noop", "{}").await.map_err(|e| anyhow::anyhow!("{e}"))?.is_none());
+    anyhow::ensure!(plugin
+        .validate_config("noop", "{}")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .is_none());
     let outcome = plugin
         .execute(op(1, "{}"), attempt(Arc::new(Recorder::default())))
         .await

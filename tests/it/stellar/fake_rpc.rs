@@ -62,6 +62,13 @@ pub enum SendFault {
     Trap,
     /// Queued, but the HTTP answer never comes (the caller dies waiting).
     AcceptThenHang,
+    /// Queued (the network has it), but the answer is HTTP 504 with
+    /// `Retry-After: 1`, and it is applied only this many ledgers later.
+    AcceptThen504 { apply_after: u32 },
+    /// Queued, the answer never comes, and it is applied only this many
+    /// ledgers later (a host killed mid-send, its transaction outliving the
+    /// op's lease).
+    AcceptThenHangFor { apply_after: u32 },
 }
 
 /// A transaction the fake accepted.
@@ -81,6 +88,8 @@ pub struct Submitted {
     hide_for: u32,
     trap: bool,
     lose: bool,
+    /// Not applied before this ledger closes (0: the next one).
+    apply_at: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -277,6 +286,11 @@ impl FakeRpc {
         let close_time = inner.close_time;
         let queued: Vec<([u8; 32], usize)> = inner.queued.drain().collect();
         for (account, index) in queued {
+            if inner.txs[index].apply_at > ledger {
+                // Still in the network's queue: it holds the account's slot.
+                inner.queued.insert(account, index);
+                continue;
+            }
             let (sequence, max_ledger, lose, trap) = {
                 let t = &inner.txs[index];
                 (t.sequence, t.max_ledger, t.lose, t.trap)
@@ -633,12 +647,28 @@ impl Inner {
             },
             trap: fault == Some(SendFault::Trap),
             lose: fault == Some(SendFault::AcceptThenLose),
+            apply_at: match fault {
+                Some(SendFault::AcceptThen504 { apply_after } | SendFault::AcceptThenHangFor { apply_after }) => {
+                    self.latest_ledger + apply_after
+                }
+                _ => 0,
+            },
         });
         self.queued.insert(source, index);
-        (
-            self.send_answer(id, "PENDING", &hash_hex, None),
-            fault == Some(SendFault::AcceptThenHang),
-        )
+        match fault {
+            Some(SendFault::AcceptThen504 { .. }) => {
+                // A gateway asking for a second: the sender backs off for
+                // certain, so a test sees what happens while it waits.
+                let mut r = StatusCode::GATEWAY_TIMEOUT.into_response();
+                r.headers_mut()
+                    .insert("retry-after", axum::http::HeaderValue::from_static("1"));
+                (r, false)
+            }
+            Some(SendFault::AcceptThenHang | SendFault::AcceptThenHangFor { .. }) => {
+                (self.send_answer(id, "PENDING", &hash_hex, None), true)
+            }
+            _ => (self.send_answer(id, "PENDING", &hash_hex, None), false),
+        }
     }
 
     fn transaction(&mut self, id: &Value, params: &Value) -> Response {

@@ -204,7 +204,273 @@ crate::on_both_backends!(
     a_halted_subject_waits_without_using_attempts_and_completes_after_unhalt,
     congestion_defers_low_prices_critical_aggressively_and_never_exceeds_the_cap,
     two_hosts_on_one_queue_never_have_two_transactions_of_a_signer_in_flight,
+    an_accepted_send_answered_504_holds_the_signer_until_it_lands,
+    two_outboxes_sharing_a_signer_on_two_hosts_never_overlap,
+    a_refused_kind_config_leaves_its_ops_waiting_until_it_is_fixed,
+    priced_ops_wait_for_the_oracles_first_sample,
 );
+
+/// An op claimed before the fee oracle's first sample waits for it (up to
+/// `first_sample_wait_ms`) instead of going out at the policy's made-up
+/// default fee, and uses no attempt meanwhile.
+async fn priced_ops_wait_for_the_oracles_first_sample(db: TestDb) -> anyhow::Result<()> {
+    let chain = Chain::start(25).await?;
+    chain.fake.set_fees(100, 700, 900, 900, 50);
+    let config = chain.config("", "[oracles.stellar]\nfirst_sample_wait_ms = 60000\n")?;
+    let host = Host::start(db.queue.clone(), config).await?;
+    let id = host.enqueue(&[vault_op("deposit", 1, 100, None)]).await?[0];
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let op = db.queue.get(id).await?.context("op")?;
+    ensure!(op.status == Status::Pending && op.attempts == 0, "{op:?}");
+    ensure!(chain.fake.submitted().is_empty());
+    host.sample_fees(db.queue.clone()).await?;
+    host.running.dispatcher.trigger("vault");
+    confirmed(db.queue.as_ref(), id).await?;
+    let fees: Vec<Option<i64>> = db.queue.attempts(id).await?.iter().map(|a| a.record.fee).collect();
+    ensure!(fees == vec![Some(700)], "bid {fees:?}, the first sample's p70 is 700");
+    host.running.stop().await
+}
+
+/// A kind whose config its plugin refuses (a typo in `contract_id`) is not
+/// activated: its ops wait without using an attempt and nothing is
+/// dead-lettered, while other kinds run; once the config is fixed and
+/// reloaded, they land.
+async fn a_refused_kind_config_leaves_its_ops_waiting_until_it_is_fixed(db: TestDb) -> anyhow::Result<()> {
+    let chain = Chain::start(25).await?;
+    let broken = chain.config("", "[kinds.deposit.config]\ncontract_id = \"CBOGUS\"\n")?;
+    let host = Host::start(db.queue.clone(), broken).await?;
+    let refused = host.plugins.status().refused_kinds;
+    ensure!(
+        refused.len() == 1 && refused[0].starts_with("kinds.deposit.config.contract_id: "),
+        "{refused:?}"
+    );
+    let mut deposit = vault_op("deposit", 1, 100, None);
+    deposit.lanes = vec![address(chain.signer)];
+    let deposit = host.enqueue(&[deposit]).await?[0];
+    let withdraw = host.enqueue(&[vault_op("withdraw", 2, 100, None)]).await?[0];
+    confirmed(db.queue.as_ref(), withdraw).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let op = db.queue.get(deposit).await?.context("op")?;
+    ensure!(op.status == Status::Pending && op.attempts == 0, "{op:?}");
+    let fixed = chain.config("", "")?;
+    ensure!(host.plugins.apply(&fixed).await?.is_empty());
+    host.running.dispatcher.reconfigure(fixed);
+    host.running.dispatcher.trigger("vault");
+    confirmed(db.queue.as_ref(), deposit).await?;
+    one_at_a_time(&chain, 2)?;
+    host.running.stop().await
+}
+
+/// What the fake saw of one signer, checked after every signer test: never
+/// two of its transactions queued at once, never a sequence out of turn,
+/// every op's transaction exactly once.
+fn one_at_a_time(chain: &Chain, landed: usize) -> anyhow::Result<()> {
+    ensure!(
+        chain.fake.concurrent_sends() == 0,
+        "a transaction of the signer was sent while another was still queued ({} times)",
+        chain.fake.concurrent_sends()
+    );
+    ensure!(chain.fake.bad_seqs() == 0, "{} bad sequences", chain.fake.bad_seqs());
+    let sent = chain.fake.submitted();
+    ensure!(
+        sent.len() == landed && chain.fake.landed().len() == landed,
+        "{} sent and {} landed, expected {landed} of each: {sent:?}",
+        sent.len(),
+        chain.fake.landed().len()
+    );
+    Ok(())
+}
+
+/// The network accepts the first deposit's transaction but the RPC answers
+/// 504, and applies it six ledgers later. The op's receipt is in doubt, so
+/// it holds the signer's lane: the next two deposits are built only after
+/// it lands, each with the next sequence, and every one lands once.
+async fn an_accepted_send_answered_504_holds_the_signer_until_it_lands(db: TestDb) -> anyhow::Result<()> {
+    let chain = Chain::start(40).await?;
+    chain
+        .fake
+        .inject(&[super::fake_rpc::SendFault::AcceptThen504 { apply_after: 6 }]);
+    let host = Host::start(db.queue.clone(), chain.config("", "")?).await?;
+    let mut ids = Vec::new();
+    for user in 1..=3u8 {
+        ids.extend(host.enqueue(&[vault_op("deposit", user, 100, None)]).await?);
+    }
+    for id in &ids {
+        confirmed(db.queue.as_ref(), *id).await?;
+    }
+    one_at_a_time(&chain, 3)?;
+    // In op order, one sequence after another; the first is the one the 504 hid.
+    let mut sequences = Vec::new();
+    for id in &ids {
+        let op = db.queue.get(*id).await?.context("op")?;
+        let sent = chain.fake.submitted();
+        let tx = sent
+            .iter()
+            .find(|t| Some(t.hash.as_str()) == op.receipt.as_deref())
+            .with_context(|| format!("op {id}'s transaction"))?;
+        sequences.push(tx.sequence);
+    }
+    ensure!(
+        sequences.windows(2).all(|w| w[1] == w[0] + 1),
+        "sequences out of op order: {sequences:?}"
+    );
+    let first = history(db.queue.as_ref(), ids[0]).await?;
+    ensure!(first.len() == 2 && first[0].0 == "retryable", "{first:?}");
+    // Both attempts paid for the one envelope: the second, which resent it
+    // (and was quoted a bumped fee it never used), records what it carries.
+    let op = db.queue.get(ids[0]).await?.context("op")?;
+    let envelope_fee = chain
+        .fake
+        .submitted()
+        .iter()
+        .find(|t| Some(t.hash.as_str()) == op.receipt.as_deref())
+        .map(|t| t.inclusion_fee)
+        .context("the first op's transaction")?;
+    let fees: Vec<Option<i64>> = db.queue.attempts(ids[0]).await?.iter().map(|a| a.record.fee).collect();
+    ensure!(
+        fees == vec![Some(envelope_fee), Some(envelope_fee)],
+        "recorded fees {fees:?}, the envelope carries {envelope_fee}"
+    );
+    host.running.stop().await
+}
+
+/// A signer's lane is the signer's account, not a position in one outbox:
+/// two outboxes whose ops sign with the same key, drained by two hosts on
+/// one queue, still send one transaction at a time.
+async fn two_outboxes_sharing_a_signer_on_two_hosts_never_overlap(db: TestDb) -> anyhow::Result<()> {
+    let chain = Chain::start(25).await?;
+    let config = chain.config("", "")?;
+    let a = Host::start(db.queue.clone(), config.clone()).await?;
+    let b = Host::start(db.queue.clone(), config).await?;
+    let mut ids = Vec::new();
+    for i in 0..20u8 {
+        let mut op = vault_op("deposit", 1 + i, 100, None);
+        op.outbox = if i % 2 == 0 { "vault-a" } else { "vault-b" }.to_owned();
+        let host = if i % 3 == 0 { &a } else { &b };
+        ids.extend(host.enqueue(&[op]).await?);
+    }
+    settle(db.queue.as_ref(), Duration::from_secs(60)).await?;
+    for id in &ids {
+        let op = db.queue.get(*id).await?.context("op")?;
+        ensure!(op.status == Status::Confirmed, "{op:?}");
+    }
+    one_at_a_time(&chain, 20)?;
+    a.running.stop().await?;
+    b.running.stop().await
+}
+
+/// Host A is killed right after sending a deposit whose transaction stays
+/// queued longer than the op's lease; a CRITICAL withdrawal of the same
+/// signer is enqueued meanwhile. Host B recovers the deposit from its
+/// expired lease and, since its receipt is in doubt, reconciles it (the
+/// same envelope, answered DUPLICATE, waited for) before the withdrawal is
+/// built: the withdrawal gets the next sequence, and nothing overlaps.
+async fn a_recovered_receipt_goes_before_a_critical_op(url: String) -> anyhow::Result<()> {
+    let chain = Chain::start(150).await?;
+    // Lease 1 s, drain slot 2 s; the transaction is applied 30 ledgers
+    // (4.5 s) after it is accepted, past both, well inside its ledger bound
+    // (60 ledgers here).
+    let config = chain.config(
+        "",
+        &format!("[database]\nurl = {url:?}\n[queue]\nlease_ms = 1000\n[kinds.deposit.config]\nledger_window = 60\n"),
+    )?;
+    chain
+        .fake
+        .inject(&[super::fake_rpc::SendFault::AcceptThenHangFor { apply_after: 30 }]);
+    let config_a = config.clone();
+    let (ids_tx, ids_rx) = std::sync::mpsc::channel();
+    let doomed = std::thread::spawn(move || -> anyhow::Result<tokio::runtime::Runtime> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?;
+        runtime.block_on(async {
+            let queue = laneway::queue::open(&config_a.database, config_a.limits(), Arc::new(SystemClock)).await?;
+            queue.migrate().await?;
+            let host = Host::start(queue, config_a).await?;
+            let id = host.enqueue(&[vault_op("deposit", 9, 1_234, None)]).await?[0];
+            ids_tx.send(id)?;
+            std::mem::forget(host);
+            anyhow::Ok(())
+        })?;
+        Ok(runtime)
+    });
+    let runtime_a = doomed.join().map_err(|_| anyhow::anyhow!("host A panicked"))??;
+    let deposit = ids_rx.recv()?;
+    eventually(Duration::from_secs(20), "host A never sent its transaction", || {
+        !chain.fake.submitted().is_empty()
+    })
+    .await?;
+    runtime_a.shutdown_background();
+
+    let queue = laneway::queue::open(&config.database, config.limits(), Arc::new(SystemClock)).await?;
+    let host_b = Host::start(queue.clone(), config).await?;
+    let withdraw = host_b.enqueue(&[vault_op("withdraw", 7, 50, None)]).await?[0];
+    confirmed(queue.as_ref(), deposit).await?;
+    confirmed(queue.as_ref(), withdraw).await?;
+    one_at_a_time(&chain, 2)?;
+    let sent = chain.fake.submitted();
+    let (first, second) = (&sent[0], &sent[1]);
+    let deposit_op = queue.get(deposit).await?.context("deposit")?;
+    ensure!(
+        deposit_op.receipt.as_deref() == Some(first.hash.as_str()) && second.sequence == first.sequence + 1,
+        "the withdrawal did not follow the recovered deposit: {sent:?}"
+    );
+    let TxState::Success { ledger } = first.state else {
+        anyhow::bail!("the deposit did not land: {first:?}");
+    };
+    ensure!(
+        second.accepted_at_ledger >= ledger,
+        "the withdrawal was sent (ledger {}) before the deposit landed (ledger {ledger})",
+        second.accepted_at_ledger
+    );
+    let attempts = queue.attempts(deposit).await?;
+    ensure!(
+        attempts.first().map(|a| a.record.class) == Some(laneway::op::AttemptClass::LeaseExpired),
+        "{attempts:?}"
+    );
+    host_b.running.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovered_receipt_goes_before_a_critical_op_sqlite() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    a_recovered_receipt_goes_before_a_critical_op(format!("sqlite://{}", dir.path().join("queue.db").display())).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovered_receipt_goes_before_a_critical_op_postgres() -> anyhow::Result<()> {
+    with_own_pg_schema(a_recovered_receipt_goes_before_a_critical_op).await
+}
+
+/// Runs `test` with a PostgreSQL URL naming a schema of its own (swept like
+/// every test schema), so each host opens its own pool on its own runtime.
+async fn with_own_pg_schema<F, Fut>(test: F) -> anyhow::Result<()>
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    use sqlx::Connection as _;
+    let schema = format!("lwtest_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = sqlx::PgConnection::connect(&crate::support::pg_url()).await?;
+    sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
+        .execute(&mut conn)
+        .await?;
+    let separator = if crate::support::pg_url().contains('?') {
+        '&'
+    } else {
+        '?'
+    };
+    let url = format!(
+        "{}{separator}options=-c%20search_path%3D{schema}",
+        crate::support::pg_url()
+    );
+    let result = test(url).await;
+    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .execute(&mut conn)
+        .await?;
+    result
+}
 
 /// Seed 003 ran one dispatcher with an in-process signer lock. Here two
 /// hosts share the queue (on PostgreSQL they could be two machines): the
@@ -539,28 +805,7 @@ async fn a_host_killed_between_send_and_ack_reconciles_by_hash_without_a_duplica
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_killed_between_send_and_ack_reconciles_by_hash_without_a_duplicate_postgres() -> anyhow::Result<()> {
-    use sqlx::Connection as _;
-    // Its own schema (swept like every test schema), named in the URL so
-    // each host opens its own pool on its own runtime.
-    let schema = format!("lwtest_{}", uuid::Uuid::new_v4().simple());
-    let mut conn = sqlx::PgConnection::connect(&crate::support::pg_url()).await?;
-    sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
-        .execute(&mut conn)
-        .await?;
-    let separator = if crate::support::pg_url().contains('?') {
-        '&'
-    } else {
-        '?'
-    };
-    let url = format!(
-        "{}{separator}options=-c%20search_path%3D{schema}",
-        crate::support::pg_url()
-    );
-    let result = killed_between_send_and_ack(url).await;
-    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(&mut conn)
-        .await?;
-    result
+    with_own_pg_schema(killed_between_send_and_ack).await
 }
 
 /// What one op's attempts recorded: (class, detail) per attempt.
