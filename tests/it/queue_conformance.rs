@@ -80,10 +80,22 @@ fn record(db: &TestDb, class: AttemptClass) -> AttemptRecord {
 }
 
 fn confirm(db: &TestDb, lease: Lease) -> Completion {
+    confirm_at(laneway::clock::Clock::now(&db.clock), lease)
+}
+
+/// A confirmation of the attempt under `lease`, at `now`.
+fn confirm_at(now: chrono::DateTime<chrono::Utc>, lease: Lease) -> Completion {
     Completion {
         lease,
         finish: Finish::Confirm { receipt: None },
-        attempt: record(db, AttemptClass::Confirmed),
+        attempt: AttemptRecord {
+            started_at: now,
+            finished_at: now,
+            class: AttemptClass::Confirmed,
+            detail: Some("202".to_owned()),
+            fee: None,
+            error: None,
+        },
     }
 }
 
@@ -333,21 +345,7 @@ async fn eight_claimers_never_share_an_op(db: TestDb) -> anyhow::Result<()> {
                     break;
                 }
                 let now = laneway::clock::Clock::now(&clock);
-                let completions: Vec<Completion> = claimed
-                    .iter()
-                    .map(|c| Completion {
-                        lease: c.lease,
-                        finish: Finish::Confirm { receipt: None },
-                        attempt: AttemptRecord {
-                            started_at: now,
-                            finished_at: now,
-                            class: AttemptClass::Confirmed,
-                            detail: None,
-                            fee: None,
-                            error: None,
-                        },
-                    })
-                    .collect();
+                let completions: Vec<Completion> = claimed.iter().map(|c| confirm_at(now, c.lease)).collect();
                 let results = q.complete(&completions).await?;
                 anyhow::ensure!(results.iter().all(|r| r.applied()), "a fresh lease was refused");
                 mine.extend(claimed.iter().map(|c| c.op.id));
@@ -1003,20 +1001,9 @@ async fn concurrent_claimers_never_share_a_lane_across_outboxes(db: TestDb) -> a
                         overlaps.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     }
                     tokio::task::yield_now().await;
-                    let now = laneway::clock::Clock::now(&clock);
-                    let done = Completion {
-                        lease: c.lease,
-                        finish: Finish::Confirm { receipt: None },
-                        attempt: AttemptRecord {
-                            started_at: now,
-                            finished_at: now,
-                            class: AttemptClass::Confirmed,
-                            detail: None,
-                            fee: None,
-                            error: None,
-                        },
-                    };
-                    queue.complete(&[done]).await?;
+                    queue
+                        .complete(&[confirm_at(laneway::clock::Clock::now(&clock), c.lease)])
+                        .await?;
                     left.retain(|id| *id != c.op.id);
                 }
                 tokio::task::yield_now().await;

@@ -158,21 +158,7 @@ impl PgQueue {
             .push(" FROM picked WHERE ops.id = picked.id AND ops.status = 'pending' RETURNING ")
             .push(OP_COLUMNS);
         let rows = q.build().fetch_all(&self.pool).await?;
-        let mut claimed = rows
-            .iter()
-            .map(|row| {
-                op_from_row(row).map(|op| Claimed {
-                    lease: Lease {
-                        op_id: op.id,
-                        attempt: op.attempts,
-                        token,
-                    },
-                    op,
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        claimed.sort_by_key(|c| (c.op.priority, c.op.id));
-        Ok(claimed)
+        claimed_from_rows(&rows, token)
     }
 
     async fn cas_each(
@@ -428,21 +414,7 @@ impl Queue for PgQueue {
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;
-        let mut claimed = rows
-            .iter()
-            .map(|row| {
-                op_from_row(row).map(|op| Claimed {
-                    lease: Lease {
-                        op_id: op.id,
-                        attempt: op.attempts,
-                        token,
-                    },
-                    op,
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        claimed.sort_by_key(|c| (c.op.priority, c.op.id));
-        Ok(claimed)
+        claimed_from_rows(&rows, token)
     }
 
     async fn occupants(&self) -> Result<Vec<Occupant>, QueueError> {
@@ -946,6 +918,26 @@ async fn insert_attempt(
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// The ops a claim returned, with the lease they were taken under, in
+/// dispatch order (RETURNING gives none).
+fn claimed_from_rows(rows: &[PgRow], token: Uuid) -> Result<Vec<Claimed>, QueueError> {
+    let mut claimed = rows
+        .iter()
+        .map(|row| {
+            op_from_row(row).map(|op| Claimed {
+                lease: Lease {
+                    op_id: op.id,
+                    attempt: op.attempts,
+                    token,
+                },
+                op,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    claimed.sort_by_key(|c| (c.op.priority, c.op.id));
+    Ok(claimed)
 }
 
 /// Every op that occupies its lanes.

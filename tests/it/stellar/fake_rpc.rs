@@ -326,7 +326,12 @@ impl FakeRpc {
 
     /// Serves on 127.0.0.1; returns the URL.
     pub async fn serve(&self) -> anyhow::Result<String> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        self.serve_on(0).await
+    }
+
+    /// Serves on loopback at `port` (0: any free one); returns the URL.
+    pub async fn serve_on(&self, port: u16) -> anyhow::Result<String> {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
         let url = format!("http://{}/", listener.local_addr()?);
         let app = axum::Router::new().fallback(handle).with_state(self.clone());
         tokio::spawn(async move {

@@ -377,26 +377,7 @@ async fn a_recovered_receipt_goes_before_a_critical_op(url: String) -> anyhow::R
     chain
         .fake
         .inject(&[super::fake_rpc::SendFault::AcceptThenHangFor { apply_after: 30 }]);
-    let config_a = config.clone();
-    let (ids_tx, ids_rx) = std::sync::mpsc::channel();
-    let doomed = std::thread::spawn(move || -> anyhow::Result<tokio::runtime::Runtime> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()?;
-        runtime.block_on(async {
-            let queue = laneway::queue::open(&config_a.database, config_a.limits(), Arc::new(SystemClock)).await?;
-            queue.migrate().await?;
-            let host = Host::start(queue, config_a).await?;
-            let id = host.enqueue(&[vault_op("deposit", 9, 1_234, None)]).await?[0];
-            ids_tx.send(id)?;
-            std::mem::forget(host);
-            anyhow::Ok(())
-        })?;
-        Ok(runtime)
-    });
-    let runtime_a = doomed.join().map_err(|_| anyhow::anyhow!("host A panicked"))??;
-    let deposit = ids_rx.recv()?;
+    let (runtime_a, deposit) = doomed_host(config.clone(), vault_op("deposit", 9, 1_234, None))?;
     eventually(Duration::from_secs(20), "host A never sent its transaction", || {
         !chain.fake.submitted().is_empty()
     })
@@ -739,6 +720,29 @@ async fn congestion_defers_low_prices_critical_aggressively_and_never_exceeds_th
     host.running.stop().await
 }
 
+/// Host A, on a runtime of its own so that a test can kill it mid-call
+/// (`shutdown_background`: no graceful shutdown, no settle, its leases just
+/// stay): it migrates, starts, enqueues `op` and keeps running.
+fn doomed_host(config: Config, op: NewOp) -> anyhow::Result<(tokio::runtime::Runtime, OpId)> {
+    std::thread::spawn(move || -> anyhow::Result<(tokio::runtime::Runtime, OpId)> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?;
+        let id = runtime.block_on(async {
+            let queue = laneway::queue::open(&config.database, config.limits(), Arc::new(SystemClock)).await?;
+            queue.migrate().await?;
+            let host = Host::start(queue, config).await?;
+            let id = host.enqueue(&[op]).await?[0];
+            std::mem::forget(host);
+            anyhow::Ok(id)
+        })?;
+        Ok((runtime, id))
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("host A panicked"))?
+}
+
 /// A host killed between `sendTransaction` and the answer (its runtime is
 /// dropped mid-call: no graceful shutdown, no settle, the lease just stays)
 /// is replaced by another; the op's lease expires, the new host reconciles
@@ -749,27 +753,7 @@ async fn killed_between_send_and_ack(url: String) -> anyhow::Result<()> {
     let config = chain.config("", &format!("[database]\nurl = {url:?}\n[queue]\nlease_ms = 1000\n"))?;
     chain.fake.inject(&[super::fake_rpc::SendFault::AcceptThenHang]);
 
-    let config_a = config.clone();
-    let (ids_tx, ids_rx) = std::sync::mpsc::channel();
-    let doomed = std::thread::spawn(move || -> anyhow::Result<tokio::runtime::Runtime> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()?;
-        runtime.block_on(async {
-            let queue = laneway::queue::open(&config_a.database, config_a.limits(), Arc::new(SystemClock)).await?;
-            queue.migrate().await?;
-            let host = Host::start(queue, config_a).await?;
-            let id = host.enqueue(&[vault_op("withdraw", 9, 1_234, None)]).await?[0];
-            ids_tx.send(id)?;
-            // Host A keeps running on this runtime until it is killed.
-            std::mem::forget(host);
-            anyhow::Ok(())
-        })?;
-        Ok(runtime)
-    });
-    let runtime_a = doomed.join().map_err(|_| anyhow::anyhow!("host A panicked"))??;
-    let id = ids_rx.recv()?;
+    let (runtime_a, id) = doomed_host(config.clone(), vault_op("withdraw", 9, 1_234, None))?;
     eventually(
         Duration::from_secs(20),
         "host A never got its transaction onto the chain",

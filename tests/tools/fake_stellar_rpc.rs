@@ -1,0 +1,105 @@
+//! The tests' fake Stellar RPC as a process of its own, for trying laneway
+//! as an operator would (the release binary, the shipped configs, kill -9):
+//! it checks every envelope's signature, sequence, fees and bounds exactly
+//! as in the tests, closes ledgers on a timer, and takes faults on stdin.
+//!
+//! ```sh
+//! cargo run -p laneway-tests --example fake_stellar_rpc -- --port 8000 --close-ms 1000 --fund GABC…
+//! ```
+//!
+//! Faults for the next `sendTransaction`s, one per stdin line:
+//! `504 N` (accepted, answered 504, applied N ledgers later), `hang N`
+//! (accepted, never answered, applied N ledgers later), `busy`, `bad-seq`,
+//! `lose`, `trap`. Every second it prints what it saw when that changed:
+//! transactions sent and landed, sends while the signer already had one
+//! queued (must stay 0), and bad sequences.
+
+#[allow(dead_code)]
+#[path = "../it/stellar/fake_rpc.rs"]
+mod fake_rpc;
+
+use std::str::FromStr as _;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use fake_rpc::{FakeRpc, SendFault};
+use tokio::io::AsyncBufReadExt as _;
+
+fn fault(line: &str) -> anyhow::Result<SendFault> {
+    let mut words = line.split_whitespace();
+    let name = words.next().unwrap_or_default();
+    let ledgers = || -> anyhow::Result<u32> {
+        Ok(line
+            .split_whitespace()
+            .nth(1)
+            .map(str::parse)
+            .transpose()
+            .context("ledgers")?
+            .unwrap_or(6))
+    };
+    Ok(match name {
+        "504" => SendFault::AcceptThen504 {
+            apply_after: ledgers()?,
+        },
+        "hang" => SendFault::AcceptThenHangFor {
+            apply_after: ledgers()?,
+        },
+        "busy" => SendFault::TryAgainLater,
+        "bad-seq" => SendFault::BadSeq,
+        "lose" => SendFault::AcceptThenLose,
+        "trap" => SendFault::Trap,
+        other => anyhow::bail!("unknown fault {other:?} (504 N, hang N, busy, bad-seq, lose, trap)"),
+    })
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let mut port = 0u16;
+    let mut close_ms = 1000u64;
+    let fake = FakeRpc::default();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().with_context(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--port" => port = value()?.parse()?,
+            "--close-ms" => close_ms = value()?.parse()?,
+            "--fund" => {
+                let account = stellar_xdr::AccountId::from_str(&value()?).context("--fund takes a G… account")?;
+                let stellar_xdr::PublicKey::PublicKeyTypeEd25519(stellar_xdr::Uint256(key)) = account.0;
+                fake.fund(key, 4_294_967_296);
+            }
+            other => anyhow::bail!("unknown argument {other} (--port, --close-ms, --fund G…)"),
+        }
+    }
+    let url = fake.serve_on(port).await?;
+    println!("fake Stellar RPC at {url} (passphrase {:?})", fake_rpc::TESTNET);
+    let _closer = fake.close_ledgers_every(Duration::from_millis(close_ms));
+    let injector = fake.clone();
+    tokio::spawn(async move {
+        let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            match fault(&line) {
+                Ok(f) => {
+                    injector.inject(&[f]);
+                    println!("next send: {f:?}");
+                }
+                Err(e) => println!("{e}"),
+            }
+        }
+    });
+    let mut last = String::new();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = format!(
+            "sent {} landed {} concurrent_sends {} bad_seqs {}",
+            fake.submitted().len(),
+            fake.landed().len(),
+            fake.concurrent_sends(),
+            fake.bad_seqs()
+        );
+        if now != last {
+            println!("ledger {}: {now}", fake.latest_ledger());
+            last = now;
+        }
+    }
+}
