@@ -892,7 +892,9 @@ async fn a_lane_occupied_in_another_outbox_refuses_the_claim(db: TestDb) -> anyh
     let first = q.claim_ids(&[a], &lease_spec("h1"), &rules).await?;
     ensure!(first.len() == 1);
     ensure!(claimed_ids(q, &[b, c], &rules).await? == vec![c], "b shares a's lane");
-    let occupants = q.occupants().await?;
+    let occupants = q.occupants(&["GSIGNER".to_owned()]).await?;
+    let other: Vec<i64> = q.occupants(&["OTHER".to_owned()]).await?.iter().map(|o| o.id).collect();
+    ensure!(other == vec![c], "only the ops of the lanes asked for: {other:?}");
     ensure!(
         occupants.iter().any(|o| o.id == a && o.in_flight && !o.in_doubt),
         "{occupants:?}"
@@ -947,7 +949,7 @@ async fn a_receipt_in_doubt_holds_its_lanes_until_settled(db: TestDb) -> anyhow:
         "{op:?}"
     );
     ensure!(
-        q.occupants()
+        q.occupants(&["GSIGNER".to_owned()])
             .await?
             .iter()
             .any(|o| o.id == holder && !o.in_flight && o.in_doubt),
@@ -965,7 +967,7 @@ async fn a_receipt_in_doubt_holds_its_lanes_until_settled(db: TestDb) -> anyhow:
     ensure!(q.complete(&[retry(c[0].lease, true)]).await? == vec![Cas::Applied]);
     let op = q.get(holder).await?.context("op")?;
     ensure!(op.receipt.is_none(), "a settled receipt is cleared: {op:?}");
-    ensure!(q.occupants().await?.is_empty());
+    ensure!(q.occupants(&["GSIGNER".to_owned()]).await?.is_empty());
     ensure!(claimed_ids(q, &[next, elsewhere], &rules).await? == vec![next, elsewhere]);
     // A receipt kept at a dead letter is evidence, and holds nothing.
     Ok(())
@@ -996,7 +998,12 @@ async fn concurrent_claimers_never_share_a_lane_across_outboxes(db: TestDb) -> a
             while !left.is_empty() && std::time::Instant::now() < deadline {
                 let claimed = queue.claim_ids(&left, &lease_spec("h"), &LaneRules::default()).await?;
                 for c in claimed {
-                    let busy = queue.occupants().await?.iter().filter(|o| o.in_flight).count();
+                    let busy = queue
+                        .occupants(&["GSHARED".to_owned()])
+                        .await?
+                        .iter()
+                        .filter(|o| o.in_flight)
+                        .count();
                     if busy != 1 {
                         overlaps.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     }

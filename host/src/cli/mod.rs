@@ -650,7 +650,7 @@ async fn run_cmd(config: Config, source: FileSource) -> Result<(), CliError> {
     // Every configured plugin must load before anything is dispatched; a
     // kind without a plugin has its ops wait (and says so in the log).
     let plugins = Arc::new(PluginHost::new(&config)?);
-    plugins.apply(&config).await?;
+    crate::runtime::host::log_refused(&plugins.apply(&config).await?);
     let debounce = std::time::Duration::from_millis(config.runtime.reload_debounce_ms);
     let oracles = config.oracles.clone();
     let dispatcher = Dispatcher::new(queue.clone(), plugins.registry(), config, Arc::new(SystemClock));

@@ -207,10 +207,17 @@ impl Pass {
         // beyond the window): they never start here, but nothing of their
         // lanes may run beside them where the mode forbids it.
         let seen: HashSet<OpId> = candidates.iter().map(|c| c.op.id).collect();
+        let lanes: Vec<String> = candidates
+            .iter()
+            .flat_map(|c| c.op.lanes.iter())
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .cloned()
+            .collect();
         let elsewhere: Vec<Candidate> = self
             .inner
             .queue
-            .occupants()
+            .occupants(&lanes)
             .await?
             .into_iter()
             .filter(|o| !seen.contains(&o.id))

@@ -428,9 +428,9 @@ pub trait Queue: Send + Sync + std::fmt::Debug {
     /// The ones that are not claimable are left out of the result.
     async fn claim_ids(&self, ids: &[OpId], lease: &LeaseSpec, rules: &LaneRules) -> Result<Vec<Claimed>, QueueError>;
 
-    /// Every op, in any outbox, that occupies its lanes: in flight, or
+    /// Every op, in any outbox, that occupies one of `lanes`: in flight, or
     /// pending with a receipt in doubt.
-    async fn occupants(&self) -> Result<Vec<Occupant>, QueueError>;
+    async fn occupants(&self, lanes: &[String]) -> Result<Vec<Occupant>, QueueError>;
 
     /// Finishes attempts in one transaction, recording each attempt row.
     /// Each item is applied only if its lease is still current.

@@ -394,7 +394,8 @@ impl Queue for PgQueue {
             .filter(|l| refused.contains(&lane_lock_key(l)))
             .cloned()
             .collect();
-        let occupants = occupants_in(&mut tx).await?;
+        let all_lanes: Vec<String> = picked.iter().flat_map(|o| o.lanes.iter().cloned()).collect();
+        let occupants = occupants_in(&mut tx, &all_lanes).await?;
         let admitted = admit_claims(&picked, &occupants, rules, &contended);
         if admitted.is_empty() {
             tx.rollback().await?;
@@ -417,9 +418,9 @@ impl Queue for PgQueue {
         claimed_from_rows(&rows, token)
     }
 
-    async fn occupants(&self) -> Result<Vec<Occupant>, QueueError> {
+    async fn occupants(&self, lanes: &[String]) -> Result<Vec<Occupant>, QueueError> {
         let mut conn = self.pool.acquire().await?;
-        occupants_in(&mut conn).await
+        occupants_in(&mut conn, lanes).await
     }
 
     async fn complete(&self, completions: &[Completion]) -> Result<Vec<Cas>, QueueError> {
@@ -940,14 +941,21 @@ fn claimed_from_rows(rows: &[PgRow], token: Uuid) -> Result<Vec<Claimed>, QueueE
     Ok(claimed)
 }
 
-/// Every op that occupies its lanes.
-async fn occupants_in(conn: &mut sqlx::PgConnection) -> Result<Vec<Occupant>, QueueError> {
-    sqlx::query(&format!("SELECT {OCCUPANT_COLUMNS} FROM ops WHERE {OCCUPYING}"))
-        .fetch_all(&mut *conn)
-        .await?
-        .iter()
-        .map(occupant_from_row)
-        .collect()
+/// Every op that occupies one of `lanes` (the occupying ops are few: the
+/// `ops_occupying` index; the array overlap keeps only the ones that matter).
+async fn occupants_in(conn: &mut sqlx::PgConnection, lanes: &[String]) -> Result<Vec<Occupant>, QueueError> {
+    if lanes.is_empty() {
+        return Ok(Vec::new());
+    }
+    sqlx::query(&format!(
+        "SELECT {OCCUPANT_COLUMNS} FROM ops WHERE {OCCUPYING} AND lanes && $1::text[]"
+    ))
+    .bind(lanes)
+    .fetch_all(&mut *conn)
+    .await?
+    .iter()
+    .map(occupant_from_row)
+    .collect()
 }
 
 fn occupant_from_row(row: &PgRow) -> Result<Occupant, QueueError> {

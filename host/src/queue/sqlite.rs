@@ -459,7 +459,8 @@ impl Queue for SqliteQueue {
             .iter()
             .map(occupant_from_row)
             .collect::<Result<Vec<_>, _>>()?;
-        let occupants = occupants_in(&mut tx).await?;
+        let lanes: Vec<String> = picked.iter().flat_map(|o| o.lanes.iter().cloned()).collect();
+        let occupants = occupants_in(&mut tx, &lanes).await?;
         let admitted = admit_claims(&picked, &occupants, rules, &std::collections::HashSet::new());
         if admitted.is_empty() {
             tx.rollback().await?;
@@ -477,9 +478,9 @@ impl Queue for SqliteQueue {
         Ok(claimed)
     }
 
-    async fn occupants(&self) -> Result<Vec<Occupant>, QueueError> {
+    async fn occupants(&self, lanes: &[String]) -> Result<Vec<Occupant>, QueueError> {
         let mut conn = self.reader.acquire().await?;
-        occupants_in(&mut conn).await
+        occupants_in(&mut conn, lanes).await
     }
 
     async fn complete(&self, completions: &[Completion]) -> Result<Vec<Cas>, QueueError> {
@@ -1006,14 +1007,24 @@ fn opt_from_ms(id: OpId, column: &'static str, v: Option<i64>) -> Result<Option<
     v.map(|v| from_ms(id, column, v)).transpose()
 }
 
-/// Every op that occupies its lanes.
-async fn occupants_in(conn: &mut SqliteConnection) -> Result<Vec<Occupant>, QueueError> {
-    sqlx::query(&format!("SELECT {OCCUPANT_COLUMNS} FROM ops WHERE {OCCUPYING}"))
-        .fetch_all(&mut *conn)
-        .await?
-        .iter()
-        .map(occupant_from_row)
-        .collect()
+/// Every op that occupies one of `lanes`. The occupying ops are few (the
+/// `ops_occupying` index); SQLite matches their lanes in C, so only the ones
+/// that matter are decoded.
+async fn occupants_in(conn: &mut SqliteConnection, lanes: &[String]) -> Result<Vec<Occupant>, QueueError> {
+    if lanes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let wanted = serde_json::to_string(lanes).map_err(|e| QueueError::InvalidOp(e.to_string()))?;
+    sqlx::query(&format!(
+        "SELECT {OCCUPANT_COLUMNS} FROM ops WHERE {OCCUPYING} AND EXISTS \
+         (SELECT 1 FROM json_each(ops.lanes) AS l WHERE l.value IN (SELECT value FROM json_each(?)))"
+    ))
+    .bind(wanted)
+    .fetch_all(&mut *conn)
+    .await?
+    .iter()
+    .map(occupant_from_row)
+    .collect()
 }
 
 fn occupant_from_row(row: &SqliteRow) -> Result<Occupant, QueueError> {

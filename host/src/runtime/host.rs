@@ -327,9 +327,6 @@ impl PluginHost {
             .unwrap_or_else(PoisonError::into_inner)
             .retain(|d, _| next.values().any(|l| l.digest == *d));
         *loaded = next;
-        for problem in &refused {
-            tracing::error!(path = %problem.path, problem = %problem.message, "Kind config refused by its plugin; the kind is not activated (its ops wait) or keeps its previous config.");
-        }
         Ok(refused)
     }
 
@@ -338,7 +335,7 @@ impl PluginHost {
     pub async fn reload(&self, source: &FileSource, dispatcher: Option<&Dispatcher>) -> Result<(), LoadError> {
         let result = async {
             let config = config::load(source, config::process_env())?;
-            let _refused = self.apply(&config).await?;
+            log_refused(&self.apply(&config).await?);
             if let Some(d) = dispatcher {
                 d.reconfigure(config);
             }
@@ -410,6 +407,14 @@ impl PluginHost {
                 }
             }
         });
+    }
+}
+
+/// Logs the kinds a load left inactive (or on their previous config), one
+/// line per problem with its key path, for `run` and reloads.
+pub fn log_refused(refused: &[Problem]) {
+    for problem in refused {
+        tracing::error!(path = %problem.path, problem = %problem.message, "Kind config refused by its plugin; the kind is not activated (its ops wait) or keeps its previous config.");
     }
 }
 
