@@ -309,5 +309,20 @@ async fn a_payload_missing_a_mapped_field_is_refused_at_enqueue() -> anyhow::Res
     ensure!(ok.contains("enqueued op"), "{ok}");
     let listed = env.ok(&["ops", "list", "--json"], "").await?;
     ensure!(listed.contains(ACCOUNT), "the signer's account is the lane: {listed}");
+    // A kind whose config is refused says so, instead of a puzzling
+    // "lanes required".
+    let broken = Env::new(&edit(
+        &base(&files)?,
+        &format!("contract_id = \"{CONTRACT}\""),
+        "contract_id = \"CBOGUS\"",
+    )?)?;
+    broken.ok(&["migrate"], "").await?;
+    let refused = broken
+        .err(&args, &format!(r#"{{"user":"{ACCOUNT}","amount":"5"}}"#))
+        .await?;
+    ensure!(
+        refused.contains("not active") && refused.contains("kinds.deposit.config.contract_id"),
+        "{refused}"
+    );
     Ok(())
 }

@@ -12,6 +12,9 @@ pub(crate) struct Env {
 }
 
 impl Env {
+    /// A config on a fresh SQLite file. The connect timeout is generous: the
+    /// whole suite runs in parallel on two cores, and an unreachable server
+    /// is refused at once anyway.
     pub(crate) fn new(extra: &str) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let config = dir.path().join("laneway.toml");
@@ -19,7 +22,7 @@ impl Env {
         std::fs::write(
             &config,
             format!(
-                "[database]\nurl = \"sqlite://{}\"\nconnect_timeout_ms = 500\n{extra}",
+                "[database]\nurl = \"sqlite://{}\"\nconnect_timeout_ms = 10000\n{extra}",
                 db.display()
             ),
         )?;

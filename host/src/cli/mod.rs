@@ -508,7 +508,21 @@ async fn enqueue_cmd(config: &Config, args: EnqueueArgs, io: Io<'_>) -> Result<(
     if lanes.is_empty() && config.kinds.get(&args.kind).is_some_and(|k| k.plugin.is_some()) {
         // No lanes given: the kind's plugin says which (e.g. the inbox).
         let host = PluginHost::new(config)?;
-        host.apply(config).await?;
+        let prefix = format!("kinds.{}.", args.kind);
+        let refused: Vec<String> = host
+            .apply(config)
+            .await?
+            .iter()
+            .filter(|p| p.path.starts_with(&prefix))
+            .map(config::Problem::to_string)
+            .collect();
+        if !refused.is_empty() {
+            return Err(CliError::Input(format!(
+                "kind {} is not active: its plugin refuses its config ({}); run `laneway check-config`",
+                args.kind,
+                refused.join("; ")
+            )));
+        }
         lanes = host
             .registry()
             .lanes_for(&args.kind, &args.outbox, &payload)
