@@ -221,19 +221,7 @@ impl Pass {
             .await?
             .into_iter()
             .filter(|o| !seen.contains(&o.id))
-            .map(|o| Candidate {
-                id: o.id,
-                priority: o.priority,
-                seq: o.id,
-                lanes: rules.lanes(&o.kind, &o.lanes, &mut Caps::default()),
-                kind: o.kind,
-                state: if o.in_flight {
-                    OpState::InFlight
-                } else {
-                    OpState::Waiting
-                },
-                in_doubt: o.in_doubt,
-            })
+            .map(|o| o.candidate(&rules, &mut Caps::default()))
             .collect();
         // A lane held by a dead letter (poison = halt) is blocked as if an op
         // waited at its head.

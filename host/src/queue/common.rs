@@ -183,32 +183,19 @@ pub fn admit_claims(
     contended: &HashSet<String>,
 ) -> Vec<OpId> {
     let mut caps = Caps::default();
-    let candidate = |o: &Occupant, state: OpState, caps: &mut Caps| Candidate {
-        id: o.id,
-        priority: o.priority,
-        seq: o.id,
-        kind: o.kind.clone(),
-        lanes: rules.lanes(&o.kind, &o.lanes, caps),
-        state,
-        in_doubt: o.in_doubt,
-    };
     let ready: Vec<Candidate> = picked
         .iter()
         .filter(|o| !o.lanes.iter().any(|l| contended.contains(l)))
-        .map(|o| candidate(o, OpState::Ready, &mut caps))
+        .map(|o| Candidate {
+            state: OpState::Ready,
+            ..o.candidate(rules, &mut caps)
+        })
         .collect();
     let mine: HashSet<OpId> = picked.iter().map(|o| o.id).collect();
     let others: Vec<Candidate> = occupants
         .iter()
         .filter(|o| !mine.contains(&o.id))
-        .map(|o| {
-            let state = if o.in_flight {
-                OpState::InFlight
-            } else {
-                OpState::Waiting
-            };
-            candidate(o, state, &mut Caps::default())
-        })
+        .map(|o| o.candidate(rules, &mut Caps::default()))
         .collect();
     lanes::schedule(&ready, &others, &caps)
 }

@@ -282,6 +282,27 @@ pub struct Occupant {
     pub in_doubt: bool,
 }
 
+impl Occupant {
+    /// The op as the lane scheduler sees it: in flight, or waiting while it
+    /// holds its lanes; its lanes take its kind's mode, and serial caps are
+    /// recorded in `caps`.
+    pub fn candidate(&self, rules: &LaneRules, caps: &mut crate::lanes::Caps) -> crate::lanes::Candidate {
+        crate::lanes::Candidate {
+            id: self.id,
+            priority: self.priority,
+            seq: self.id,
+            kind: self.kind.clone(),
+            lanes: rules.lanes(&self.kind, &self.lanes, caps),
+            state: if self.in_flight {
+                crate::lanes::OpState::InFlight
+            } else {
+                crate::lanes::OpState::Waiting
+            },
+            in_doubt: self.in_doubt,
+        }
+    }
+}
+
 /// A held drain slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotLease {

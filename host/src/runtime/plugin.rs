@@ -18,6 +18,7 @@ use super::engine::EngineKind;
 use super::failure::PluginFailure;
 use super::state::{HostState, Services};
 use super::Runtime;
+use crate::config::Problem;
 use crate::executor::Attempt;
 
 /// The major version of `laneway:plugin` this host implements.
@@ -173,16 +174,6 @@ enum Pre {
         Option<ValidatingExecutorPluginPre<HostState>>,
     ),
     FeePolicy(FeePolicyPluginPre<HostState>),
-}
-
-/// One problem a plugin found in a kind's config: the key path inside the
-/// kind's `config` table, and what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigProblem {
-    /// Key path inside `config` (may be empty for the table itself).
-    pub path: String,
-    /// What is wrong and what was expected.
-    pub message: String,
 }
 
 /// Consecutive crashes of one plugin version, and whether it is quarantined.
@@ -414,12 +405,13 @@ impl Plugin {
     }
 
     /// `validation.validate-config`: `Ok(None)` when the plugin does not
-    /// export it (its kinds' configs are checked only when an op runs).
+    /// export it (its kinds' configs are checked only when an op runs). Each
+    /// problem's path is relative to the kind's `config` table.
     ///
     /// # Errors
     ///
     /// [`PluginFailure`] when the call did not return.
-    pub async fn validate_config(&self, kind: &str, config: &str) -> Result<Option<Vec<ConfigProblem>>, PluginFailure> {
+    pub async fn validate_config(&self, kind: &str, config: &str) -> Result<Option<Vec<Problem>>, PluginFailure> {
         let Pre::Executor(_, Some(pre)) = &self.pre else {
             return Ok(None);
         };
@@ -440,7 +432,7 @@ impl Plugin {
             Ok(()) => Vec::new(),
             Err(problems) => problems
                 .into_iter()
-                .map(|p| ConfigProblem {
+                .map(|p| Problem {
                     path: p.path,
                     message: p.message,
                 })
