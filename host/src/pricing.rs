@@ -12,8 +12,8 @@ use chrono::{DateTime, Utc};
 
 use crate::config::Config;
 use crate::fees::{FeeDecision, FeeSnapshot, QuoteInput};
-use crate::op::{Op, Priority};
-use crate::queue::{Queue, QueueError};
+use crate::op::Priority;
+use crate::queue::{BookRow, Queue, QueueError};
 
 /// Why an op could not be priced. The op is not attempted then: sending a
 /// money movement at a made-up fee is worse than waiting for the policy.
@@ -174,10 +174,10 @@ impl Pricer {
         &self,
         config: &Config,
         views: &mut OracleViews,
-        op: &Op,
+        op: &BookRow,
         now: DateTime<Utc>,
     ) -> Result<Option<FeeDecision>, PricingError> {
-        let attempts = u32::try_from(op.budget_attempts()).unwrap_or(0).saturating_add(1);
+        let attempts = u32::try_from(op.budget_attempts).unwrap_or(0).saturating_add(1);
         let fee_bumps = u32::try_from(op.fee_bumps).unwrap_or(0);
         let priced = Priced {
             kind: &op.kind,

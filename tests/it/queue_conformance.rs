@@ -43,6 +43,8 @@ crate::on_both_backends!(
     serial_caps_count_across_outboxes,
     a_receipt_in_doubt_holds_its_lanes_until_settled,
     concurrent_claimers_never_share_a_lane_across_outboxes,
+    scan_reads_the_book_in_dispatch_order_or_the_ops_since_an_id,
+    settle_and_claim_settles_first_in_one_transaction,
 );
 
 fn op(outbox: &str, lanes: &[&str]) -> NewOp {
@@ -1025,5 +1027,84 @@ async fn concurrent_claimers_never_share_a_lane_across_outboxes(db: TestDb) -> a
     ensure!(unfinished == 0, "{unfinished} ops never claimed");
     let overlaps = overlaps.load(std::sync::atomic::Ordering::SeqCst);
     ensure!(overlaps == 0, "{overlaps} claims saw another op of the lane in flight");
+    Ok(())
+}
+
+/// A drain's book: the first ops in dispatch order (no payload), or the ops
+/// enqueued after an id, by id, whatever their tier.
+async fn scan_reads_the_book_in_dispatch_order_or_the_ops_since_an_id(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let mut crit = op("o", &["A"]);
+    crit.priority = Priority::Critical;
+    crit.subject = Some("frozen".to_owned());
+    let mut low = op("o", &["D"]);
+    low.priority = Priority::Low;
+    let ids: Vec<i64> = q
+        .enqueue(&[
+            op("o", &["A"]),
+            op("o", &["B"]),
+            crit,
+            op("other", &["A"]),
+            low,
+            op("o", &["C"]),
+        ])
+        .await?
+        .into_iter()
+        .map(Enqueued::id)
+        .collect();
+    q.halt_subject("frozen", None).await?;
+    q.cancel(ids[5]).await?;
+    q.claim_ids(&[ids[1]], &lease_spec("h"), &LaneRules::default()).await?;
+    let all = q.scan("o", None, 100).await?;
+    let got: Vec<(i64, bool)> = all.iter().map(|r| (r.id, r.in_flight)).collect();
+    ensure!(
+        got == vec![(ids[2], false), (ids[0], false), (ids[1], true), (ids[4], false)],
+        "dispatch order, non-terminal, this outbox only: {got:?}"
+    );
+    let crit_row = &all[0];
+    ensure!(crit_row.subject_halted && crit_row.lanes == vec!["A".to_owned()] && crit_row.budget_attempts == 0);
+    ensure!(all[2].budget_attempts == 1, "a claim counts an attempt");
+    ensure!(q.scan("o", None, 2).await?.len() == 2, "the limit holds");
+    let since: Vec<i64> = q.scan("o", Some(ids[0]), 100).await?.iter().map(|r| r.id).collect();
+    ensure!(
+        since == vec![ids[1], ids[2], ids[4]],
+        "ops after an id come by id whatever their tier: {since:?}"
+    );
+    ensure!(q.scan("o", Some(ids[5]), 100).await?.is_empty());
+    Ok(())
+}
+
+/// One transaction settles a batch and then claims: the claim sees the
+/// lanes the settles freed, a stale settle changes nothing, and every
+/// settle is still a compare-and-set on its lease.
+async fn settle_and_claim_settles_first_in_one_transaction(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let rules = LaneRules::default();
+    let first = enqueue_one(q, op("o", &["L"])).await?;
+    let second = enqueue_one(q, op("o", &["L"])).await?;
+    let other = enqueue_one(q, op("o", &["M"])).await?;
+    let claimed = q.claim_ids(&[first], &lease_spec("h"), &rules).await?;
+    let lease = claimed.first().context("first claimed")?.lease;
+    ensure!(claimed_ids(q, &[second], &rules).await?.is_empty(), "L is occupied");
+    let mut stale = lease;
+    stale.token = uuid::Uuid::new_v4();
+    let (settled, got) = q
+        .settle_and_claim(
+            &[confirm(&db, stale), confirm(&db, lease)],
+            &[second, other],
+            &lease_spec("h"),
+            &rules,
+        )
+        .await?;
+    ensure!(settled == vec![Cas::Stale, Cas::Applied], "{settled:?}");
+    let got: Vec<i64> = got.iter().map(|c| c.op.id).collect();
+    ensure!(got == vec![second, other], "the settle freed L for the claim: {got:?}");
+    ensure!(q.get(first).await?.context("first")?.status == Status::Confirmed);
+    ensure!(
+        q.attempts(first).await?.len() == 1,
+        "one attempt row, for the settle that applied"
+    );
+    let (settled, got) = q.settle_and_claim(&[], &[], &lease_spec("h"), &rules).await?;
+    ensure!(settled.is_empty() && got.is_empty());
     Ok(())
 }

@@ -31,6 +31,13 @@ pub struct TestDb {
     _dir: Option<tempfile::TempDir>,
 }
 
+impl TestDb {
+    /// The SQLite database file (`None` on PostgreSQL).
+    pub fn sqlite_path(&self) -> Option<std::path::PathBuf> {
+        self._dir.as_ref().map(|d| d.path().join("laneway.db"))
+    }
+}
+
 /// The concrete backend, for the tests that need its own API.
 pub enum TestBackend {
     Sqlite(SqliteQueue),

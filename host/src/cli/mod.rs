@@ -504,10 +504,13 @@ async fn enqueue_cmd(config: &Config, args: EnqueueArgs, io: Io<'_>) -> Result<(
     let not_before = args
         .delay_ms
         .map(|ms| Utc::now() + chrono::Duration::milliseconds(i64::try_from(ms).unwrap_or(i64::MAX)));
-    let mut lanes = args.lanes;
-    if lanes.is_empty() && config.kinds.get(&args.kind).is_some_and(|k| k.plugin.is_some()) {
-        // No lanes given: the kind's plugin says which (e.g. the inbox).
-        let host = PluginHost::new(config)?;
+    // Plugins are loaded only when the op needs one (its lanes come from the
+    // kind's executor, or its kind is priced), and then once for both.
+    let kind_config = config.kinds.get(&args.kind);
+    let needs_lanes = args.lanes.is_empty() && kind_config.is_some_and(|k| k.plugin.is_some());
+    let priced = kind_config.is_some_and(|k| k.fee_oracle.is_some());
+    let host = if needs_lanes || priced {
+        let host = Arc::new(PluginHost::new(config)?);
         let prefix = format!("kinds.{}.", args.kind);
         let refused: Vec<String> = host
             .apply(config)
@@ -523,6 +526,13 @@ async fn enqueue_cmd(config: &Config, args: EnqueueArgs, io: Io<'_>) -> Result<(
                 refused.join("; ")
             )));
         }
+        Some(host)
+    } else {
+        None
+    };
+    let mut lanes = args.lanes;
+    if let (true, Some(host)) = (needs_lanes, &host) {
+        // No lanes given: the kind's plugin says which (e.g. the inbox).
         lanes = host
             .registry()
             .lanes_for(&args.kind, &args.outbox, &payload)
@@ -550,10 +560,8 @@ async fn enqueue_cmd(config: &Config, args: EnqueueArgs, io: Io<'_>) -> Result<(
         .await?
         .pop()
         .ok_or_else(|| CliError::Input("the queue returned no result".to_owned()))?;
-    let estimate = match (&result, config.kinds.get(&op.kind).and_then(|k| k.fee_oracle.as_ref())) {
-        (Enqueued::Created(_), Some(_)) => {
-            let host = Arc::new(PluginHost::new(config)?);
-            host.apply(config).await?;
+    let estimate = match (&result, host) {
+        (Enqueued::Created(_), Some(host)) if priced => {
             let pricer = crate::pricing::Pricer::new(host, queue.clone());
             pricer
                 .estimate(config, &op.kind, op.priority, Utc::now())

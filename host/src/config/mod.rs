@@ -59,6 +59,11 @@ pub struct RuntimeConfig {
     pub reload_debounce_ms: u64,
     /// Wasm stack per call, for every plugin (an engine-wide setting).
     pub max_wasm_stack_kib: u32,
+    /// Keep compiled plugins on disk, so a process that loads a plugin
+    /// another one compiled (the CLI, a restart) does not compile it again.
+    pub compile_cache: bool,
+    /// Where; empty means the engine's per-user cache directory.
+    pub compile_cache_dir: String,
 }
 
 /// `[oracles.NAME]`: a fee oracle polling Stellar RPC.
@@ -197,6 +202,10 @@ pub struct SqliteConfig {
     pub synchronous: Synchronous,
     /// Write-lock wait per connection.
     pub busy_timeout_ms: u64,
+    /// How often a running host looks for commits by other processes, whose
+    /// enqueues then wake it (SQLite has no `NOTIFY`); 0 leaves them to the
+    /// poll.
+    pub watch_ms: u64,
 }
 
 /// SQLite `synchronous` levels laneway allows.
@@ -796,6 +805,12 @@ fn validate(config: &Config) -> Vec<Problem> {
         if value == 0 {
             bad(path, "expected at least 1".to_owned());
         }
+    }
+    if config.database.sqlite.watch_ms > 10_000 {
+        bad(
+            "database.sqlite.watch_ms",
+            format!("expected 0 (off) to 10000, got {}", config.database.sqlite.watch_ms),
+        );
     }
     if d.slot_ttl_ms < 1000 {
         bad(

@@ -20,16 +20,17 @@ use tokio::task::{Id as TaskId, JoinError, JoinSet};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
+use super::book::Book;
 use super::{DispatchError, Inner};
 use crate::breaker::{self, Admission};
 use crate::config::{Config, KindConfig};
 use crate::executor::{Attempt, Executor, LeaseCheckpoint, Reconciled};
 use crate::fees::{FeeBid, FeeDecision};
 use crate::lanes::{self, Candidate, Caps, Lane, LaneMode, LaneRules, OpState};
-use crate::op::{AttemptRecord, Lease, Op, OpId, Status};
+use crate::op::{AttemptRecord, Lease, OpId};
 use crate::outcome::{Fault, Outcome};
 use crate::pricing::OracleViews;
-use crate::queue::{CandidateOp, Claimed, Completion, Finish, LeaseSpec, SlotLease};
+use crate::queue::{BookRow, Cas, Claimed, Completion, Finish, LeaseSpec, SlotLease};
 use crate::retry::{self, Decision, RetryPolicy};
 
 /// Drains `outbox` until it has nothing more to start and nobody asked it
@@ -58,6 +59,10 @@ pub(super) async fn drain(inner: Arc<Inner>, outbox: String) {
     }
 }
 
+/// The longest a pass with nothing in flight stays open for an op whose
+/// backoff ends soon; a longer wait ends the pass and sets a timer.
+const HOLD_PASS_FOR: Duration = Duration::from_secs(1);
+
 /// What an execution task hands back.
 struct Finished {
     claimed: Claimed,
@@ -83,24 +88,34 @@ struct Flight {
 struct Pass {
     inner: Arc<Inner>,
     slot: SlotLease,
+    /// What the pass knows of its outbox's ops between rounds.
+    book: Book,
+    /// When the book is next read in full.
+    refresh_at: Instant,
     /// Attempts per op in this pass.
     in_pass: HashMap<OpId, u32>,
     /// Ops that reached the per-pass cap.
     stalled: HashSet<OpId>,
     running: JoinSet<Finished>,
     flights: HashMap<TaskId, Flight>,
+    /// Attempts that ended and wait for the next round's settle.
+    finished: Vec<Finished>,
     slot_lost: bool,
 }
 
 impl Pass {
     fn new(inner: Arc<Inner>, slot: SlotLease) -> Self {
+        let window = usize::try_from(inner.config.load().dispatch.window).unwrap_or(usize::MAX);
         Self {
             inner,
             slot,
+            book: Book::new(window),
+            refresh_at: Instant::now(),
             in_pass: HashMap::new(),
             stalled: HashSet::new(),
             running: JoinSet::new(),
             flights: HashMap::new(),
+            finished: Vec::new(),
             slot_lost: false,
         }
     }
@@ -111,6 +126,7 @@ impl Pass {
         let renew_every = lease_for / 3;
         let poll = Duration::from_millis(config.dispatch.poll_ms);
         let grace = Duration::from_millis(config.dispatch.shutdown_grace_ms);
+        let bell = self.inner.slots.bell(&self.slot.outbox);
         let mut next_renew = Instant::now() + renew_every;
         let mut grace_deadline: Option<Instant> = None;
         loop {
@@ -118,26 +134,31 @@ impl Pass {
                 grace_deadline = Some(Instant::now() + grace);
             }
             let stopping = grace_deadline.is_some() || self.slot_lost;
-            let wake_at = if stopping {
-                None
-            } else {
-                self.schedule(lease_for).await?
-            };
-            if self.running.is_empty() {
+            if !stopping {
+                self.read(poll).await?;
+            }
+            let wake_at = self.round(lease_for, stopping).await?;
+            if self.running.is_empty() && self.finished.is_empty() {
                 // Nothing in flight. Wait here for an op whose backoff ends
-                // soon rather than leave it to the next poll; otherwise end
-                // the pass.
+                // soon, or for new ops, rather than leave them to the next
+                // pass; otherwise end the pass (a timer wakes the outbox
+                // when its next op is due).
                 match wake_at {
-                    Some(at) if at <= Instant::now() + poll => {
+                    Some(at) if !stopping && at <= Instant::now() + poll.min(HOLD_PASS_FOR) => {
                         tokio::select! {
                             () = tokio::time::sleep_until(at) => continue,
+                            () = bell.notified() => continue,
                             () = self.inner.cancel.cancelled() => break,
                         }
+                    }
+                    Some(at) if !stopping => {
+                        self.inner.wake_at(&self.slot.outbox, at);
+                        break;
                     }
                     _ => break,
                 }
             }
-            let deadline = [Some(next_renew), wake_at, grace_deadline]
+            let deadline = [Some(next_renew), wake_at, grace_deadline, Some(self.refresh_at)]
                 .into_iter()
                 .flatten()
                 .min()
@@ -145,12 +166,16 @@ impl Pass {
             tokio::select! {
                 biased;
                 Some(joined) = self.running.join_next_with_id() => {
-                    let mut batch = vec![self.settle_join(joined)];
-                    while let Some(joined) = self.running.try_join_next_with_id() {
-                        batch.push(self.settle_join(joined));
+                    if let Some(f) = self.settle_join(joined) {
+                        self.finished.push(f);
                     }
-                    self.finish(batch.into_iter().flatten().collect()).await?;
+                    while let Some(joined) = self.running.try_join_next_with_id() {
+                        if let Some(f) = self.settle_join(joined) {
+                            self.finished.push(f);
+                        }
+                    }
                 }
+                () = bell.notified(), if !stopping => {}
                 () = tokio::time::sleep_until(deadline) => {}
                 () = self.inner.cancel.cancelled(), if grace_deadline.is_none() => {}
             }
@@ -164,19 +189,121 @@ impl Pass {
                 break;
             }
         }
+        // Whatever finished while the pass wound down is settled before the
+        // slot is released.
+        if !self.finished.is_empty() {
+            self.round(lease_for, true).await?;
+        }
         Ok(())
     }
 
-    /// Reads the candidates, starts what may start; returns when the
-    /// earliest waiting op becomes due.
-    async fn schedule(&mut self, lease_for: Duration) -> Result<Option<Instant>, DispatchError> {
-        let config = self.inner.config.load_full();
+    /// Brings the book up to date: in full when it is due (every `poll_ms`,
+    /// which bounds how long a change the pass cannot see goes unnoticed) or
+    /// when it overflowed and emptied; otherwise only the ops enqueued since
+    /// the last trigger.
+    async fn read(&mut self, poll: Duration) -> Result<(), DispatchError> {
         let outbox = self.slot.outbox.clone();
-        let candidates = self.inner.queue.candidates(&outbox, config.dispatch.window).await?;
-        let halts = self.inner.queue.lane_halts(Some(&outbox)).await?;
+        let window = self.inner.config.load().dispatch.window;
+        if Instant::now() >= self.refresh_at || self.book.needs_refill() {
+            // A trigger pending now is answered by this read.
+            self.inner.slots.take_again(&outbox);
+            let rows = self.inner.queue.scan(&outbox, None, window).await?;
+            let halts = self.inner.queue.lane_halts(Some(&outbox)).await?;
+            let lanes: Vec<String> = rows
+                .iter()
+                .flat_map(|r| r.lanes.iter())
+                .collect::<HashSet<_>>()
+                .into_iter()
+                .cloned()
+                .collect();
+            let seen: HashSet<OpId> = rows.iter().map(|r| r.id).collect();
+            let elsewhere = self
+                .inner
+                .queue
+                .occupants(&lanes)
+                .await?
+                .into_iter()
+                .filter(|o| !seen.contains(&o.id))
+                .collect();
+            let config = self.inner.config.load_full();
+            self.log_unrunnable_kinds(&rows, &config);
+            self.book
+                .reset(rows, halts.into_iter().map(|h| h.lane).collect(), elsewhere);
+            self.refresh_at = Instant::now() + poll;
+        } else if self.inner.slots.take_again(&outbox) {
+            let rows = self
+                .inner
+                .queue
+                .scan(&outbox, Some(self.book.high_water()), window)
+                .await?;
+            let config = self.inner.config.load_full();
+            self.log_unrunnable_kinds(&rows, &config);
+            self.book.add(rows);
+        }
+        Ok(())
+    }
+
+    /// One round: schedule from the book, then settle what finished and
+    /// claim what may start in one transaction, and start it. Returns when
+    /// the earliest waiting op becomes due.
+    ///
+    /// Ops that finished are still in flight for this round's schedule: the
+    /// lanes they hold are free only once their settle has committed, so a
+    /// crash between the two can never let a later op of a lane overtake one
+    /// whose outcome was not recorded.
+    async fn round(&mut self, lease_for: Duration, stopping: bool) -> Result<Option<Instant>, DispatchError> {
+        let config = self.inner.config.load_full();
         let now = self.inner.clock.now();
+        let rules = config.lane_rules();
+        let (start, due_next) = if stopping {
+            (Vec::new(), None)
+        } else {
+            self.schedule(&config, &rules, now)
+        };
+        let finished = std::mem::take(&mut self.finished);
+        let (completions, notes) = self.decide(finished, &config, now);
+        let (chosen, permits, trials, bids) = self.choose(start, now).await?;
+        if completions.is_empty() && chosen.is_empty() {
+            return Ok(due_next.map(|at| Instant::now() + (at - now).to_std().unwrap_or_default()));
+        }
+        let spec = LeaseSpec {
+            owner: self.inner.owner.clone(),
+            duration: lease_for,
+        };
+        let (settled, claimed) = self
+            .inner
+            .queue
+            .settle_and_claim(&completions, &chosen, &spec, &rules)
+            .await?;
+        self.record_settles(&completions, notes, settled);
+        let claimed_ids: HashSet<OpId> = claimed.iter().map(|c| c.op.id).collect();
+        for id in &chosen {
+            if claimed_ids.contains(id) {
+                self.book.claimed(*id);
+            } else {
+                // Held by a lane elsewhere, or changed under the book.
+                self.book.park(*id);
+            }
+        }
+        // A trial op that could not be claimed must not leave its breaker
+        // waiting for a result that never comes.
+        {
+            let mut breakers = self.inner.breakers();
+            for (id, dest) in trials.iter().filter(|(id, _)| !claimed_ids.contains(id)) {
+                debug!(op = id, "Breaker trial op was not claimable.");
+                breakers.record(dest, None, now);
+            }
+        }
+        self.spawn(claimed, permits, &bids, &config);
+        Ok(due_next.map(|at| Instant::now() + (at - now).to_std().unwrap_or_default()))
+    }
+
+    /// Which ops of the book may start now, and when the earliest waiting
+    /// one becomes due.
+    fn schedule(&self, config: &Config, rules: &LaneRules, now: DateTime<Utc>) -> (Vec<OpId>, Option<DateTime<Utc>>) {
         let mut due_next: Option<DateTime<Utc>> = None;
-        let mut input: Vec<Candidate> = Vec::with_capacity(candidates.len() + halts.len());
+        let halted = self.book.halted_lanes();
+        let mut input: Vec<Candidate> = Vec::with_capacity(self.book.len() + halted.len());
         let mut caps = Caps {
             global: Some(config.dispatch.outbox_max_in_flight),
             starts: Some(self.inner.permits.available_permits()),
@@ -187,91 +314,80 @@ impl Pass {
                 caps.per_kind.insert(name.clone(), cap);
             }
         }
-        let rules = config.lane_rules();
         {
             let breakers = self.inner.breakers();
-            for c in &candidates {
-                let state = self.state_of(c, config.kinds.contains_key(&c.op.kind), now, &breakers, &mut due_next);
+            for entry in self.book.entries() {
+                let row = &entry.row;
+                let state = if entry.parked {
+                    OpState::Waiting
+                } else {
+                    self.state_of(row, config.kinds.contains_key(&row.kind), now, &breakers, &mut due_next)
+                };
                 input.push(Candidate {
-                    id: c.op.id,
-                    priority: c.op.priority,
-                    seq: c.op.id,
-                    kind: c.op.kind.clone(),
-                    lanes: rules.lanes(&c.op.kind, &c.op.lanes, &mut caps),
+                    id: row.id,
+                    priority: row.priority,
+                    seq: row.id,
+                    kind: row.kind.clone(),
+                    lanes: rules.lanes(&row.kind, &row.lanes, &mut caps),
                     state,
-                    in_doubt: c.op.receipt.is_some(),
+                    in_doubt: row.in_doubt,
                 });
             }
         }
         // Ops that occupy lanes elsewhere (other outboxes, or this one's
-        // beyond the window): they never start here, but nothing of their
+        // beyond the book): they never start here, but nothing of their
         // lanes may run beside them where the mode forbids it.
-        let seen: HashSet<OpId> = candidates.iter().map(|c| c.op.id).collect();
-        let lanes: Vec<String> = candidates
-            .iter()
-            .flat_map(|c| c.op.lanes.iter())
-            .collect::<HashSet<_>>()
-            .into_iter()
-            .cloned()
-            .collect();
         let elsewhere: Vec<Candidate> = self
-            .inner
-            .queue
-            .occupants(&lanes)
-            .await?
-            .into_iter()
-            .filter(|o| !seen.contains(&o.id))
-            .map(|o| o.candidate(&rules, &mut Caps::default()))
+            .book
+            .elsewhere()
+            .iter()
+            .filter(|o| self.book.get(o.id).is_none())
+            .map(|o| o.candidate(rules, &mut Caps::default()))
             .collect();
         // A lane held by a dead letter (poison = halt) is blocked as if an op
         // waited at its head.
-        for (i, halt) in halts.iter().enumerate() {
+        for (i, lane) in halted.iter().enumerate() {
             input.push(Candidate {
                 id: -1 - i as OpId,
                 priority: crate::op::Priority::Critical,
                 seq: i64::MIN,
                 kind: String::new(),
                 lanes: vec![Lane {
-                    name: halt.lane.clone(),
+                    name: lane.clone(),
                     mode: LaneMode::Strict,
                 }],
                 state: OpState::Waiting,
                 in_doubt: false,
             });
         }
-        self.log_unrunnable_kinds(&candidates, &config);
-
         let start = lanes::schedule(&input, &elsewhere, &caps);
-        debug!(outbox = %outbox, candidates = candidates.len(), start = ?start, "Scheduled.");
-        if !start.is_empty() {
-            self.start(start, &candidates, (lease_for, &rules), now).await?;
-        }
-        Ok(due_next.map(|at| Instant::now() + (at - now).to_std().unwrap_or_default()))
+        debug!(outbox = %self.slot.outbox, candidates = self.book.len(), start = ?start, "Scheduled.");
+        (start, due_next)
     }
 
     fn state_of(
         &self,
-        c: &CandidateOp,
+        row: &BookRow,
         kind_known: bool,
         now: DateTime<Utc>,
         breakers: &breaker::Breakers,
         due_next: &mut Option<DateTime<Utc>>,
     ) -> OpState {
-        if c.op.status == Status::Submitted {
+        if row.in_flight {
             return OpState::InFlight;
         }
-        let runnable = self.inner.executors.get(&c.op.kind).is_some_and(|e| e.available());
-        if !kind_known || !runnable || c.subject_halted {
+        let runnable = self.inner.executors.get(&row.kind).is_some_and(|e| e.available());
+        if !kind_known || !runnable || row.subject_halted {
             return OpState::Waiting;
         }
-        if self.stalled.contains(&c.op.id) {
+        if self.stalled.contains(&row.id) {
             return OpState::Waiting;
         }
-        if c.op.next_attempt_at > now {
-            *due_next = Some(due_next.map_or(c.op.next_attempt_at, |d| d.min(c.op.next_attempt_at)));
+        if row.next_attempt_at > now {
+            *due_next = Some(due_next.map_or(row.next_attempt_at, |d| d.min(row.next_attempt_at)));
             return OpState::Waiting;
         }
-        if let Some(dest) = destination(&c.op) {
+        if let Some(dest) = destination(&row.lanes) {
             if breakers.peek(dest, now) == Admission::Hold {
                 return OpState::Waiting;
             }
@@ -279,9 +395,9 @@ impl Pass {
         OpState::Ready
     }
 
-    fn log_unrunnable_kinds(&self, candidates: &[CandidateOp], config: &Config) {
-        for c in candidates {
-            let kind = &c.op.kind;
+    fn log_unrunnable_kinds(&self, rows: &[BookRow], config: &Config) {
+        for row in rows {
+            let kind = &row.kind;
             let why = if !config.kinds.contains_key(kind) {
                 "is not configured"
             } else if self.inner.executors.get(kind).is_none() {
@@ -292,30 +408,25 @@ impl Pass {
             // Only an unrunnable kind is marked, so one that loses its
             // executor later is still reported.
             if !self.inner.warned_kind(kind) {
-                warn!(kind = %kind, outbox = %c.op.outbox, "Kind {why}; its ops wait and block their strict lanes.");
+                warn!(kind = %kind, outbox = %self.slot.outbox, "Kind {why}; its ops wait and block their strict lanes.");
             }
         }
     }
 
-    async fn start(
-        &mut self,
-        start: Vec<OpId>,
-        candidates: &[CandidateOp],
-        (lease_for, rules): (Duration, &LaneRules),
-        now: DateTime<Utc>,
-    ) -> Result<(), DispatchError> {
-        let by_id: HashMap<OpId, &Op> = candidates.iter().map(|c| (c.op.id, &c.op)).collect();
+    /// Takes host-wide permits and breaker admissions for the ops the
+    /// scheduler started, and prices them: what goes to the claim.
+    async fn choose(&mut self, start: Vec<OpId>, now: DateTime<Utc>) -> Result<Chosen, DispatchError> {
         let mut chosen = Vec::with_capacity(start.len());
         let mut permits: Vec<OwnedSemaphorePermit> = Vec::with_capacity(start.len());
         let mut trials: Vec<(OpId, String)> = Vec::new();
         {
             let mut breakers = self.inner.breakers();
             for id in start {
-                let Some(op) = by_id.get(&id) else { continue };
+                let Some(entry) = self.book.get(id) else { continue };
                 let Ok(permit) = self.inner.permits.clone().try_acquire_owned() else {
                     break;
                 };
-                if let Some(dest) = destination(op) {
+                if let Some(dest) = destination(&entry.row.lanes) {
                     match breakers.admit(dest, now) {
                         Admission::Hold => continue,
                         Admission::Trial => trials.push((id, dest.to_owned())),
@@ -326,33 +437,25 @@ impl Pass {
                 permits.push(permit);
             }
         }
-        let bids = self.price(&mut chosen, &by_id, now).await?;
-        if chosen.is_empty() {
-            return Ok(());
-        }
-        let spec = LeaseSpec {
-            owner: self.inner.owner.clone(),
-            duration: lease_for,
-        };
-        let claimed = self.inner.queue.claim_ids(&chosen, &spec, rules).await?;
-        // A trial op that could not be claimed must not leave its breaker
-        // waiting for a result that never comes.
-        let claimed_ids: HashSet<OpId> = claimed.iter().map(|c| c.op.id).collect();
-        {
-            let mut breakers = self.inner.breakers();
-            for (id, dest) in trials.iter().filter(|(id, _)| !claimed_ids.contains(id)) {
-                debug!(op = id, "Breaker trial op was not claimable.");
-                breakers.record(dest, None, now);
-            }
-        }
-        let config = self.inner.config.load_full();
+        let bids = self.price(&mut chosen, now).await?;
+        Ok((chosen, permits, trials, bids))
+    }
+
+    /// Starts an execution task for each claimed op.
+    fn spawn(
+        &mut self,
+        claimed: Vec<Claimed>,
+        permits: Vec<OwnedSemaphorePermit>,
+        bids: &HashMap<OpId, FeeBid>,
+        config: &Config,
+    ) {
         let mut permits = permits.into_iter();
         for claimed in claimed {
             let Some(permit) = permits.next() else { break };
             let kind = config.kinds.get(&claimed.op.kind);
             let timeout = Duration::from_millis(kind.map_or(60_000, |k| k.timeout_ms));
             let executor = self.inner.executors.get(&claimed.op.kind);
-            let destination = destination(&claimed.op).map(str::to_owned);
+            let destination = destination(&claimed.op.lanes).map(str::to_owned);
             let started_at = self.inner.clock.now();
             let fee = bids.get(&claimed.op.id).copied();
             let max_attempts = kind.map_or(RetryPolicy::default().max_attempts, |k| k.max_attempts);
@@ -372,7 +475,6 @@ impl Pass {
             let handle = self.running.spawn(task);
             self.flights.insert(handle.id(), flight);
         }
-        Ok(())
     }
 
     /// Prices the chosen ops whose kind has a fee oracle: keeps the bids of
@@ -382,7 +484,6 @@ impl Pass {
     async fn price(
         &mut self,
         chosen: &mut Vec<OpId>,
-        by_id: &HashMap<OpId, &Op>,
         now: DateTime<Utc>,
     ) -> Result<HashMap<OpId, FeeBid>, DispatchError> {
         let mut bids = HashMap::new();
@@ -393,8 +494,10 @@ impl Pass {
         let mut views = OracleViews::default();
         let mut keep = Vec::with_capacity(chosen.len());
         for id in chosen.drain(..) {
-            let Some(op) = by_id.get(&id) else { continue };
-            match pricer.price(&config, &mut views, op, now).await {
+            let Some(op) = self.book.get(id).map(|e| e.row.clone()) else {
+                continue;
+            };
+            match pricer.price(&config, &mut views, &op, now).await {
                 Ok(None) => keep.push(id),
                 Ok(Some(FeeDecision::Submit { bid, .. })) => {
                     if bid.capped {
@@ -408,6 +511,7 @@ impl Pass {
                 Ok(Some(FeeDecision::Defer(wait))) => {
                     let until = now + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX);
                     if self.inner.queue.defer(id, until).await?.applied() {
+                        self.book.deferred(id, until);
                         info!(op = id, kind = %op.kind, priority = %op.priority, until = %until, "Deferred by the fee policy (congestion).");
                     }
                 }
@@ -446,14 +550,11 @@ impl Pass {
         }
     }
 
-    /// Settles finished attempts in one batch.
-    async fn finish(&mut self, batch: Vec<Finished>) -> Result<(), DispatchError> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        let config = self.inner.config.load_full();
+    /// Decides what becomes of each finished attempt (the retry policy over
+    /// its classified outcome): the settles to write and what to log once
+    /// they are written.
+    fn decide(&mut self, batch: Vec<Finished>, config: &Config, now: DateTime<Utc>) -> (Vec<Completion>, Vec<Note>) {
         let in_pass_cap = config.dispatch.in_pass_attempts;
-        let now = self.inner.clock.now();
         let mut completions = Vec::with_capacity(batch.len());
         let mut notes = Vec::with_capacity(batch.len());
         for f in batch {
@@ -503,9 +604,14 @@ impl Pass {
             });
             notes.push((f.claimed, decision));
         }
-        let results = self.inner.queue.complete(&completions).await?;
-        for ((claimed, decision), result) in notes.into_iter().zip(results) {
+        (completions, notes)
+    }
+
+    /// Applies written settles to the book and logs them.
+    fn record_settles(&mut self, completions: &[Completion], notes: Vec<Note>, results: Vec<Cas>) {
+        for ((completion, (claimed, decision)), result) in completions.iter().zip(notes).zip(results) {
             let op = &claimed.op;
+            self.book.settled(op.id, &completion.finish, result.applied());
             if !result.applied() {
                 warn!(
                     op = op.id,
@@ -531,7 +637,6 @@ impl Pass {
                 ),
             }
         }
-        Ok(())
     }
 
     async fn renew(&mut self, lease_for: Duration, slot_ttl: Duration) {
@@ -568,14 +673,27 @@ impl Pass {
         if !batch.is_empty() {
             warn!(ops = batch.len(), outbox = %self.slot.outbox, "Interrupting in-flight ops at shutdown.");
         }
-        self.finish(batch).await
+        self.finished.extend(batch);
+        Ok(())
     }
 }
 
 /// The breaker destination of an op: its first URL lane's authority.
-fn destination(op: &Op) -> Option<&str> {
-    op.lanes.iter().find_map(|lane| breaker::destination(lane))
+fn destination(lanes: &[String]) -> Option<&str> {
+    lanes.iter().find_map(|lane| breaker::destination(lane))
 }
+
+/// A settle's claim and decision, logged once it is written.
+type Note = (Claimed, Decision);
+
+/// What goes to a claim: the ops, their host-wide permits, the breaker
+/// trials among them, and their fee bids.
+type Chosen = (
+    Vec<OpId>,
+    Vec<OwnedSemaphorePermit>,
+    Vec<(OpId, String)>,
+    HashMap<OpId, FeeBid>,
+);
 
 /// Runs one attempt: reconcile first if an earlier attempt checkpointed a
 /// receipt, then execute; bounded by the kind's deadline; panics caught.

@@ -5,10 +5,11 @@
 //! or [`Dispatcher::trigger`] (at once), PostgreSQL `NOTIFY` from producers
 //! anywhere, and a safety-net poll that also recovers expired leases.
 
+mod book;
 mod drain;
 pub mod slots;
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -50,6 +51,8 @@ pub(crate) struct Inner {
     pub unrunnable: Mutex<HashSet<String>>,
     /// Prices attempts of kinds with a fee oracle, once fee policies are set.
     pub pricer: ArcSwapOption<Pricer>,
+    /// The earliest wake-up timer set per outbox.
+    pub timers: Mutex<HashMap<String, tokio::time::Instant>>,
 }
 
 impl Inner {
@@ -62,6 +65,48 @@ impl Inner {
     pub fn breakers(&self) -> std::sync::MutexGuard<'_, Breakers> {
         // The breaker map stays consistent even if a holder panicked.
         self.breakers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Wakes the outbox's drain. Never waits: a drain already running looks
+    /// once more before it finishes.
+    pub fn trigger(self: &Arc<Self>, outbox: &str) {
+        if self.cancel.is_cancelled() {
+            return;
+        }
+        if self.slots.trigger(outbox) == Trigger::Start {
+            self.tasks.spawn(drain::drain(self.clone(), outbox.to_owned()));
+        }
+    }
+
+    /// Triggers the outbox at `at` (an op's backoff ends then), unless an
+    /// earlier wake-up is already set: due ops start on time, not at the
+    /// next poll.
+    pub fn wake_at(self: &Arc<Self>, outbox: &str, at: tokio::time::Instant) {
+        {
+            let mut timers = self.timers.lock().unwrap_or_else(PoisonError::into_inner);
+            if timers
+                .get(outbox)
+                .is_some_and(|set| *set <= at && *set > tokio::time::Instant::now())
+            {
+                return;
+            }
+            timers.insert(outbox.to_owned(), at);
+        }
+        let inner = self.clone();
+        let outbox = outbox.to_owned();
+        self.tasks.spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep_until(at) => {}
+                () = inner.cancel.cancelled() => return,
+            }
+            {
+                let mut timers = inner.timers.lock().unwrap_or_else(PoisonError::into_inner);
+                if timers.get(&outbox) == Some(&at) {
+                    timers.remove(&outbox);
+                }
+            }
+            inner.trigger(&outbox);
+        });
     }
 }
 
@@ -107,6 +152,7 @@ impl Dispatcher {
                 tasks: TaskTracker::new(),
                 unrunnable: Mutex::new(HashSet::new()),
                 pricer: ArcSwapOption::empty(),
+                timers: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -173,14 +219,7 @@ impl Dispatcher {
     /// Wakes the outbox's drain. Never waits: a drain already running looks
     /// once more before it finishes.
     pub fn trigger(&self, outbox: &str) {
-        if self.inner.cancel.is_cancelled() {
-            return;
-        }
-        if self.inner.slots.trigger(outbox) == Trigger::Start {
-            let inner = self.inner.clone();
-            let outbox = outbox.to_owned();
-            self.inner.tasks.spawn(drain::drain(inner, outbox));
-        }
+        self.inner.trigger(outbox);
     }
 
     /// Enqueues ops and wakes their outboxes. An op without lanes gets the

@@ -262,6 +262,33 @@ pub struct CandidateOp {
     pub subject_halted: bool,
 }
 
+/// A non-terminal op as the scheduler needs it, without its payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BookRow {
+    /// The op.
+    pub id: OpId,
+    /// Its kind.
+    pub kind: String,
+    /// Its tier.
+    pub priority: Priority,
+    /// Its lanes.
+    pub lanes: Vec<String>,
+    /// Claimed and executing (otherwise pending).
+    pub in_flight: bool,
+    /// It carries a receipt whose fate is unknown.
+    pub in_doubt: bool,
+    /// Earliest next claim.
+    pub next_attempt_at: DateTime<Utc>,
+    /// Attempts counted against its budget (see [`Op::budget_attempts`]).
+    pub budget_attempts: i32,
+    /// Fee bumps so far.
+    pub fee_bumps: i32,
+    /// When it was enqueued.
+    pub created_at: DateTime<Utc>,
+    /// Its subject is halted: it must not be attempted.
+    pub subject_halted: bool,
+}
+
 /// An op that occupies its lanes, in any outbox: in flight, or holding a
 /// receipt in doubt (the receipt rule of [`crate::lanes`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -448,6 +475,22 @@ pub trait Queue: Send + Sync + std::fmt::Debug {
     /// outboxes or hosts can never both start ops that exclude each other).
     /// The ones that are not claimable are left out of the result.
     async fn claim_ids(&self, ids: &[OpId], lease: &LeaseSpec, rules: &LaneRules) -> Result<Vec<Claimed>, QueueError>;
+
+    /// Settles `completions` (as [`Queue::complete`]) and then claims `ids`
+    /// (as [`Queue::claim_ids`]) in one transaction: one commit per round
+    /// of a drain, and the claim sees the lanes the settles freed.
+    async fn settle_and_claim(
+        &self,
+        completions: &[Completion],
+        ids: &[OpId],
+        lease: &LeaseSpec,
+        rules: &LaneRules,
+    ) -> Result<(Vec<Cas>, Vec<Claimed>), QueueError>;
+
+    /// An outbox's non-terminal ops as a drain's book keeps them (no
+    /// payload): with `after` unset, the first `limit` in dispatch order;
+    /// with `after`, those with a greater id (enqueued since), by id.
+    async fn scan(&self, outbox: &str, after: Option<OpId>, limit: u32) -> Result<Vec<BookRow>, QueueError>;
 
     /// Every op, in any outbox, that occupies one of `lanes`: in flight, or
     /// pending with a receipt in doubt.

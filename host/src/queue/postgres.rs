@@ -23,8 +23,8 @@ use super::common::{
     parse_priority, parse_status, refusal, unsent_guard, validate_new_op, FinishParams,
 };
 use super::{
-    new_token, Backend, CandidateOp, Cas, ClaimRequest, Claimed, Completion, Depth, Enqueued, ExpireTo, HaltedSubject,
-    LaneHalt, LeaseSpec, Limits, NewOp, Occupant, OpFilter, Queue, QueueError, SlotLease, Subscription,
+    new_token, Backend, BookRow, CandidateOp, Cas, ClaimRequest, Claimed, Completion, Depth, Enqueued, ExpireTo,
+    HaltedSubject, LaneHalt, LeaseSpec, Limits, NewOp, Occupant, OpFilter, Queue, QueueError, SlotLease, Subscription,
 };
 use crate::clock::Clock;
 use crate::config::DatabaseConfig;
@@ -44,6 +44,13 @@ const OP_COLUMNS: &str = "ops.id, ops.outbox, ops.kind, ops.priority, ops.lanes,
 /// What the lane guard reads of an op.
 const OCCUPANT_COLUMNS: &str =
     "id, outbox, kind, priority, lanes, status = 'submitted' AS in_flight, receipt IS NOT NULL AS in_doubt";
+
+/// What a drain's book reads of an op.
+const BOOK_COLUMNS: &str =
+    "id, kind, priority, lanes, status = 'submitted' AS in_flight, receipt IS NOT NULL AS in_doubt, \
+     next_attempt_at, attempts - attempt_floor AS budget_attempts, fee_bumps, created_at, \
+     (subject IS NOT NULL AND EXISTS (SELECT 1 FROM halted_subjects h WHERE h.subject = ops.subject)) \
+     AS subject_halted";
 
 /// Ops that occupy their lanes (the `ops_occupying` partial index).
 const OCCUPYING: &str = "(status = 'submitted' OR (status = 'pending' AND receipt IS NOT NULL))";
@@ -158,6 +165,71 @@ impl PgQueue {
             .push(" FROM picked WHERE ops.id = picked.id AND ops.status = 'pending' RETURNING ")
             .push(OP_COLUMNS);
         let rows = q.build().fetch_all(&self.pool).await?;
+        claimed_from_rows(&rows, token)
+    }
+
+    /// Claims those of `ids` that are still pending and due and whose lanes
+    /// admit them (the lane rule against every occupant), inside `tx`.
+    async fn claim_ids_in(
+        &self,
+        tx: &mut PgConnection,
+        ids: &[OpId],
+        lease: &LeaseSpec,
+        rules: &LaneRules,
+    ) -> Result<Vec<Claimed>, QueueError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        // The rows first (another claimer's are skipped, never waited for),
+        // then each of their lanes' advisory lock, tried without waiting: a
+        // lane another transaction is claiming on right now is left for the
+        // next round. Nothing here waits, so nothing can deadlock; and once
+        // a lane's lock is held, the occupants read below (a new snapshot)
+        // include every claim on it that committed before.
+        let picked = sqlx::query(&format!(
+            "SELECT {OCCUPANT_COLUMNS} FROM ops WHERE id = ANY($1) AND status = 'pending' AND next_attempt_at <= $2 \
+             FOR UPDATE SKIP LOCKED"
+        ))
+        .bind(ids)
+        .bind(self.now())
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .map(occupant_from_row)
+        .collect::<Result<Vec<_>, _>>()?;
+        let lanes: std::collections::BTreeSet<&String> = picked.iter().flat_map(|o| &o.lanes).collect();
+        let keys: Vec<i64> = lanes.iter().map(|l| lane_lock_key(l)).collect();
+        let refused: std::collections::HashSet<i64> =
+            sqlx::query_scalar("SELECT k FROM unnest($1::bigint[]) AS k WHERE NOT pg_try_advisory_xact_lock(k)")
+                .bind(&keys)
+                .fetch_all(&mut *tx)
+                .await?
+                .into_iter()
+                .collect();
+        let contended: std::collections::HashSet<String> = lanes
+            .into_iter()
+            .filter(|l| refused.contains(&lane_lock_key(l)))
+            .cloned()
+            .collect();
+        let all_lanes: Vec<String> = picked.iter().flat_map(|o| o.lanes.iter().cloned()).collect();
+        let occupants = occupants_in(&mut *tx, &all_lanes).await?;
+        let admitted = admit_claims(&picked, &occupants, rules, &contended);
+        if admitted.is_empty() {
+            return Ok(Vec::new());
+        }
+        let now = self.now();
+        let token = new_token();
+        let rows = sqlx::query(&format!(
+            "UPDATE ops SET status = 'submitted', attempts = ops.attempts + 1, lease_owner = $1, lease_token = $2, \
+             lease_until = $3, updated_at = $4 WHERE ops.id = ANY($5) AND ops.status = 'pending' RETURNING {OP_COLUMNS}"
+        ))
+        .bind(&lease.owner)
+        .bind(token)
+        .bind(now + chrono_duration(lease.duration))
+        .bind(now)
+        .bind(&admitted)
+        .fetch_all(&mut *tx)
+        .await?;
         claimed_from_rows(&rows, token)
     }
 
@@ -359,63 +431,26 @@ impl Queue for PgQueue {
     }
 
     async fn claim_ids(&self, ids: &[OpId], lease: &LeaseSpec, rules: &LaneRules) -> Result<Vec<Claimed>, QueueError> {
-        if ids.is_empty() {
-            return Ok(Vec::new());
+        Ok(self.settle_and_claim(&[], ids, lease, rules).await?.1)
+    }
+
+    async fn settle_and_claim(
+        &self,
+        completions: &[Completion],
+        ids: &[OpId],
+        lease: &LeaseSpec,
+        rules: &LaneRules,
+    ) -> Result<(Vec<Cas>, Vec<Claimed>), QueueError> {
+        if completions.is_empty() && ids.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
         }
+        // One transaction settles a batch and claims the next: the settles
+        // free their lanes before the claim's occupant read sees them.
         let mut tx = self.pool.begin().await?;
-        // The rows first (another claimer's are skipped, never waited for),
-        // then each of their lanes' advisory lock, tried without waiting: a
-        // lane another transaction is claiming on right now is left for the
-        // next round. Nothing here waits, so nothing can deadlock; and once
-        // a lane's lock is held, the occupants read below (a new snapshot)
-        // include every claim on it that committed before.
-        let picked = sqlx::query(&format!(
-            "SELECT {OCCUPANT_COLUMNS} FROM ops WHERE id = ANY($1) AND status = 'pending' AND next_attempt_at <= $2 \
-             FOR UPDATE SKIP LOCKED"
-        ))
-        .bind(ids)
-        .bind(self.now())
-        .fetch_all(&mut *tx)
-        .await?
-        .iter()
-        .map(occupant_from_row)
-        .collect::<Result<Vec<_>, _>>()?;
-        let lanes: std::collections::BTreeSet<&String> = picked.iter().flat_map(|o| &o.lanes).collect();
-        let keys: Vec<i64> = lanes.iter().map(|l| lane_lock_key(l)).collect();
-        let refused: std::collections::HashSet<i64> =
-            sqlx::query_scalar("SELECT k FROM unnest($1::bigint[]) AS k WHERE NOT pg_try_advisory_xact_lock(k)")
-                .bind(&keys)
-                .fetch_all(&mut *tx)
-                .await?
-                .into_iter()
-                .collect();
-        let contended: std::collections::HashSet<String> = lanes
-            .into_iter()
-            .filter(|l| refused.contains(&lane_lock_key(l)))
-            .cloned()
-            .collect();
-        let all_lanes: Vec<String> = picked.iter().flat_map(|o| o.lanes.iter().cloned()).collect();
-        let occupants = occupants_in(&mut tx, &all_lanes).await?;
-        let admitted = admit_claims(&picked, &occupants, rules, &contended);
-        if admitted.is_empty() {
-            tx.rollback().await?;
-            return Ok(Vec::new());
-        }
-        let now = self.now();
-        let token = new_token();
-        let rows = sqlx::query(&format!(
-            "UPDATE ops SET status = 'submitted', attempts = ops.attempts + 1, lease_owner = $1, lease_token = $2, \
-             lease_until = $3, updated_at = $4 WHERE ops.id = ANY($5) AND ops.status = 'pending' RETURNING {OP_COLUMNS}"
-        ))
-        .bind(&lease.owner)
-        .bind(token)
-        .bind(now + chrono_duration(lease.duration))
-        .bind(now)
-        .bind(&admitted)
-        .fetch_all(&mut *tx)
-        .await?;
+        let settled = complete_in(&mut tx, completions, self.now()).await?;
+        let claimed = self.claim_ids_in(&mut tx, ids, lease, rules).await?;
         tx.commit().await?;
-        claimed_from_rows(&rows, token)
+        Ok((settled, claimed))
     }
 
     async fn occupants(&self, lanes: &[String]) -> Result<Vec<Occupant>, QueueError> {
@@ -424,53 +459,10 @@ impl Queue for PgQueue {
     }
 
     async fn complete(&self, completions: &[Completion]) -> Result<Vec<Cas>, QueueError> {
-        let now = self.now();
         let mut tx = self.pool.begin().await?;
-        let mut out = Vec::with_capacity(completions.len());
-        for c in completions {
-            let FinishParams {
-                transition,
-                receipt,
-                error,
-                next_attempt_at,
-                fee_bump: bump,
-                halt_lanes: halt,
-                clear_receipt,
-            } = FinishParams::of(&c.finish);
-            let next_at = next_attempt_at;
-            let finished_at = transition.to().is_terminal().then_some(now);
-            let done = sqlx::query(
-                "UPDATE ops SET status = $1, receipt = CASE WHEN $12 THEN NULL ELSE COALESCE($2, receipt) END, \
-                 last_error = COALESCE($3, last_error), \
-                 next_attempt_at = COALESCE($4, next_attempt_at), fee_bumps = fee_bumps + $5, lease_owner = NULL, \
-                 lease_token = NULL, lease_until = NULL, updated_at = $6, finished_at = $7 \
-                 WHERE id = $8 AND status = $9 AND attempts = $10 AND lease_token = $11",
-            )
-            .bind(transition.to().as_str())
-            .bind(receipt)
-            .bind(error)
-            .bind(next_at)
-            .bind(bump)
-            .bind(now)
-            .bind(finished_at)
-            .bind(c.lease.op_id)
-            .bind(transition.from().as_str())
-            .bind(c.lease.attempt)
-            .bind(c.lease.token)
-            .bind(clear_receipt)
-            .execute(&mut *tx)
-            .await?;
-            let result = cas(done.rows_affected());
-            if result.applied() {
-                insert_attempt(&mut tx, c.lease.op_id, c.lease.attempt, &c.attempt).await?;
-                if halt {
-                    halt_lanes(&mut tx, c.lease.op_id, now).await?;
-                }
-            }
-            out.push(result);
-        }
+        let settled = complete_in(&mut tx, completions, self.now()).await?;
         tx.commit().await?;
-        Ok(out)
+        Ok(settled)
     }
 
     async fn checkpoint(&self, lease: &Lease, receipt: &str) -> Result<Cas, QueueError> {
@@ -692,6 +684,49 @@ impl Queue for PgQueue {
             .collect()
     }
 
+    async fn scan(&self, outbox: &str, after: Option<OpId>, limit: u32) -> Result<Vec<BookRow>, QueueError> {
+        let active = "outbox = $1 AND status IN ('pending', 'submitted')";
+        let sql = if after.is_some() {
+            // One index range per tier, from `after` on: a delta read never
+            // walks the backlog.
+            let tier = |p: i16| {
+                format!("(SELECT {BOOK_COLUMNS} FROM ops WHERE {active} AND priority = {p} AND id > $2 ORDER BY id LIMIT $3)")
+            };
+            format!(
+                "SELECT * FROM ({} UNION ALL {} UNION ALL {}) AS t ORDER BY id LIMIT $3",
+                tier(0),
+                tier(1),
+                tier(2)
+            )
+        } else {
+            format!("SELECT {BOOK_COLUMNS} FROM ops WHERE {active} AND $2::bigint IS NOT NULL ORDER BY priority, id LIMIT $3")
+        };
+        sqlx::query(&sql)
+            .bind(outbox)
+            .bind(after.unwrap_or(0))
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|row| {
+                let id: i64 = row.try_get("id")?;
+                Ok(BookRow {
+                    id,
+                    kind: row.try_get("kind")?,
+                    priority: parse_priority(id, i64::from(row.try_get::<i16, _>("priority")?))?,
+                    lanes: row.try_get("lanes")?,
+                    in_flight: row.try_get("in_flight")?,
+                    in_doubt: row.try_get("in_doubt")?,
+                    next_attempt_at: row.try_get("next_attempt_at")?,
+                    budget_attempts: row.try_get("budget_attempts")?,
+                    fee_bumps: row.try_get("fee_bumps")?,
+                    created_at: row.try_get("created_at")?,
+                    subject_halted: row.try_get("subject_halted")?,
+                })
+            })
+            .collect()
+    }
+
     async fn due_outboxes(&self, limit: u32) -> Result<Vec<String>, QueueError> {
         Ok(sqlx::query_scalar(
             "SELECT DISTINCT outbox FROM ops WHERE status = 'pending' AND next_attempt_at <= $1 LIMIT $2",
@@ -883,6 +918,130 @@ impl Subscription for PgSubscription {
         // notifications sent meanwhile are lost, which the safety-net poll covers.
         Ok(self.listener.recv().await?.payload().to_owned())
     }
+}
+
+/// A batch of settles as one array per column, for `unnest`.
+#[derive(Default)]
+struct SettleColumns {
+    id: Vec<i64>,
+    attempt: Vec<i32>,
+    token: Vec<Uuid>,
+    from_status: Vec<&'static str>,
+    to_status: Vec<&'static str>,
+    clear_receipt: Vec<bool>,
+    receipt: Vec<Option<String>>,
+    error: Vec<Option<String>>,
+    next_at: Vec<Option<DateTime<Utc>>>,
+    bump: Vec<i32>,
+    finished_at: Vec<Option<DateTime<Utc>>>,
+    halt: Vec<bool>,
+    started: Vec<DateTime<Utc>>,
+    ended: Vec<DateTime<Utc>>,
+    outcome: Vec<&'static str>,
+    detail: Vec<Option<String>>,
+    fee: Vec<Option<i64>>,
+    attempt_error: Vec<Option<String>>,
+}
+
+impl SettleColumns {
+    fn of(completions: &[Completion], now: DateTime<Utc>) -> Self {
+        let mut b = Self::default();
+        for c in completions {
+            let p = FinishParams::of(&c.finish);
+            b.id.push(c.lease.op_id);
+            b.attempt.push(c.lease.attempt);
+            b.token.push(c.lease.token);
+            b.from_status.push(p.transition.from().as_str());
+            b.to_status.push(p.transition.to().as_str());
+            b.clear_receipt.push(p.clear_receipt);
+            b.receipt.push(p.receipt);
+            b.error.push(p.error);
+            b.next_at.push(p.next_attempt_at);
+            b.bump.push(p.fee_bump);
+            b.finished_at.push(p.transition.to().is_terminal().then_some(now));
+            b.halt.push(p.halt_lanes);
+            b.started.push(c.attempt.started_at);
+            b.ended.push(c.attempt.finished_at);
+            b.outcome.push(c.attempt.class.as_str());
+            b.detail.push(c.attempt.detail.clone());
+            b.fee.push(c.attempt.fee);
+            b.attempt_error.push(c.attempt.error.as_deref().map(truncate_error));
+        }
+        b
+    }
+}
+
+/// Settles finished attempts inside `tx` in one statement.
+async fn complete_in(
+    tx: &mut PgConnection,
+    completions: &[Completion],
+    now: DateTime<Utc>,
+) -> Result<Vec<Cas>, QueueError> {
+    if completions.is_empty() {
+        return Ok(Vec::new());
+    }
+    let batch = SettleColumns::of(completions, now);
+    // One statement settles the whole batch, each row still a
+    // compare-and-set on status, attempt and lease token; the attempt
+    // rows are written only for the settles that applied.
+    let applied: Vec<(i64, Uuid)> = sqlx::query_as(
+        "WITH input AS ( \
+             SELECT * FROM unnest($1::bigint[], $2::int[], $3::uuid[], $4::text[], $5::text[], $6::bool[], \
+                 $7::text[], $8::text[], $9::timestamptz[], $10::int[], $11::timestamptz[]) \
+             AS t(id, attempt, token, from_status, to_status, clear_receipt, receipt, error, next_at, bump, \
+                 finished_at)), \
+         done AS ( \
+             UPDATE ops SET status = i.to_status, \
+                 receipt = CASE WHEN i.clear_receipt THEN NULL ELSE COALESCE(i.receipt, ops.receipt) END, \
+                 last_error = COALESCE(i.error, ops.last_error), \
+                 next_attempt_at = COALESCE(i.next_at, ops.next_attempt_at), fee_bumps = ops.fee_bumps + i.bump, \
+                 lease_owner = NULL, lease_token = NULL, lease_until = NULL, updated_at = $12, \
+                 finished_at = i.finished_at \
+             FROM input i \
+             WHERE ops.id = i.id AND ops.status = i.from_status AND ops.attempts = i.attempt \
+                 AND ops.lease_token = i.token \
+             RETURNING i.id, i.token), \
+         recorded AS ( \
+             INSERT INTO attempts (op_id, attempt, started_at, finished_at, outcome, detail, fee, error) \
+             SELECT a.op_id, a.attempt, a.started_at, a.finished_at, a.outcome, a.detail, a.fee, a.error \
+             FROM unnest($1::bigint[], $2::int[], $3::uuid[], $13::timestamptz[], $14::timestamptz[], \
+                 $15::text[], $16::text[], $17::bigint[], $18::text[]) \
+                 AS a(op_id, attempt, token, started_at, finished_at, outcome, detail, fee, error) \
+             JOIN done d ON d.id = a.op_id AND d.token = a.token) \
+         SELECT id, token FROM done",
+    )
+    .bind(&batch.id)
+    .bind(&batch.attempt)
+    .bind(&batch.token)
+    .bind(&batch.from_status)
+    .bind(&batch.to_status)
+    .bind(&batch.clear_receipt)
+    .bind(&batch.receipt)
+    .bind(&batch.error)
+    .bind(&batch.next_at)
+    .bind(&batch.bump)
+    .bind(&batch.finished_at)
+    .bind(now)
+    .bind(&batch.started)
+    .bind(&batch.ended)
+    .bind(&batch.outcome)
+    .bind(&batch.detail)
+    .bind(&batch.fee)
+    .bind(&batch.attempt_error)
+    .fetch_all(&mut *tx)
+    .await?;
+    // A settle is known by its op and lease token: a batch may hold a stale
+    // settle of an op beside its current one.
+    let applied: std::collections::HashSet<(i64, Uuid)> = applied.into_iter().collect();
+    let mut out = Vec::with_capacity(batch.id.len());
+    for ((id, token), halt) in batch.id.iter().zip(&batch.token).zip(&batch.halt) {
+        let done = applied.contains(&(*id, *token));
+        if done && *halt {
+            halt_lanes(&mut *tx, *id, now).await?;
+        }
+        out.push(if done { Cas::Applied } else { Cas::Stale });
+    }
+    Ok(out)
 }
 
 async fn halt_lanes(conn: &mut PgConnection, op_id: OpId, now: DateTime<Utc>) -> Result<(), QueueError> {

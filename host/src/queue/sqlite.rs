@@ -5,6 +5,8 @@
 //! `SQLITE_BUSY` when another connection commits in between, whatever the
 //! busy timeout); a separate read-only pool serves listings. WAL journal,
 //! `synchronous=FULL` by default, `busy_timeout` set on every connection.
+//! Enqueues by other processes wake a running host through a watcher of
+//! `PRAGMA data_version` (see [`SqliteSubscription`]).
 //! Timestamps are stored as Unix milliseconds.
 
 use std::str::FromStr;
@@ -18,15 +20,16 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
+use sqlx::{ConnectOptions as _, QueryBuilder, Row, Sqlite, Transaction};
 
 use super::common::{
     admit_claims, cas, check_versions, chrono_duration, expire_params, is_unique_violation, now_ms, parse_priority,
     parse_status, refusal, unsent_guard, validate_new_op, FinishParams,
 };
 use super::{
-    new_token, Backend, CandidateOp, Cas, ClaimRequest, Claimed, Completion, Depth, Enqueued, ExpireTo, HaltedSubject,
-    LaneHalt, LeaseSpec, Limits, NewOp, Occupant, OpFilter, Queue, QueueError, SlotLease, Subscription,
+    new_token, Backend, BookRow, CandidateOp, Cas, ClaimRequest, Claimed, Completion, Depth, Enqueued, ExpireTo,
+    Finish, HaltedSubject, LaneHalt, LeaseSpec, Limits, NewOp, Occupant, OpFilter, Queue, QueueError, SlotLease,
+    Subscription,
 };
 use crate::clock::Clock;
 use crate::config::{DatabaseConfig, Synchronous};
@@ -43,6 +46,13 @@ const OP_COLUMNS: &str = "id, outbox, kind, priority, lanes, payload, idempotenc
 const OCCUPANT_COLUMNS: &str =
     "id, outbox, kind, priority, lanes, status = 'submitted' AS in_flight, receipt IS NOT NULL AS in_doubt";
 
+/// What a drain's book reads of an op.
+const BOOK_COLUMNS: &str =
+    "id, kind, priority, lanes, status = 'submitted' AS in_flight, receipt IS NOT NULL AS in_doubt, \
+     next_attempt_at, attempts - attempt_floor AS budget_attempts, fee_bumps, created_at, \
+     (subject IS NOT NULL AND EXISTS (SELECT 1 FROM halted_subjects h WHERE h.subject = ops.subject)) \
+     AS subject_halted";
+
 /// Ops that occupy their lanes (the `ops_occupying` partial index).
 const OCCUPYING: &str = "(status = 'submitted' OR (status = 'pending' AND receipt IS NOT NULL))";
 
@@ -53,6 +63,86 @@ pub struct SqliteQueue {
     reader: SqlitePool,
     limits: Limits,
     clock: Arc<dyn Clock>,
+    /// How the wake-up watcher connects, and how often it looks.
+    watch_options: Arc<SqliteConnectOptions>,
+    watch: Duration,
+    /// The group committer's inbox (`None` in the committer's own copy).
+    group: Option<Arc<tokio::sync::mpsc::UnboundedSender<Round>>>,
+}
+
+/// One drain round waiting for the group committer: what to settle and
+/// claim, and where to send the result.
+struct Round {
+    completions: Vec<Completion>,
+    ids: Vec<OpId>,
+    lease: LeaseSpec,
+    rules: LaneRules,
+    reply: tokio::sync::oneshot::Sender<RoundResult>,
+}
+
+/// What a round's settles and claim came to.
+type RoundResult = Result<(Vec<Cas>, Vec<Claimed>), QueueError>;
+
+/// Most rounds one group commit takes.
+const GROUP_MAX: usize = 64;
+
+/// The group committer: SQLite has one writer, so the rounds of every drain
+/// that arrive while a transaction runs are applied together in the next
+/// one (each inside a savepoint of its own, so one round's failure is that
+/// round's alone), and one commit serves them all.
+async fn group_commit(queue: SqliteQueue, mut inbox: tokio::sync::mpsc::UnboundedReceiver<Round>) {
+    let mut rounds: Vec<Round> = Vec::with_capacity(GROUP_MAX);
+    while inbox.recv_many(&mut rounds, GROUP_MAX).await > 0 {
+        let results = queue.apply_rounds(&rounds).await;
+        for (round, result) in rounds.drain(..).zip(results) {
+            // A drain that gave up waiting has nothing left to tell.
+            let _ = round.reply.send(result);
+        }
+    }
+}
+
+/// Wake-ups from commits by other processes: the watcher looks at
+/// `PRAGMA data_version` every `every` and, when it moved, at the outboxes'
+/// insert counters (`outbox_wakeups`, bumped by a trigger on `ops`).
+struct SqliteSubscription {
+    conn: SqliteConnection,
+    version: i64,
+    seqs: std::collections::HashMap<String, i64>,
+    ready: std::collections::VecDeque<String>,
+    every: Duration,
+}
+
+#[async_trait]
+impl Subscription for SqliteSubscription {
+    async fn next(&mut self) -> Result<String, QueueError> {
+        loop {
+            if let Some(outbox) = self.ready.pop_front() {
+                return Ok(outbox);
+            }
+            tokio::time::sleep(self.every).await;
+            let version = data_version(&mut self.conn).await?;
+            if version == self.version {
+                continue;
+            }
+            self.version = version;
+            for (outbox, seq) in wakeup_counters(&mut self.conn).await? {
+                if self.seqs.get(&outbox) != Some(&seq) {
+                    self.seqs.insert(outbox.clone(), seq);
+                    self.ready.push_back(outbox);
+                }
+            }
+        }
+    }
+}
+
+async fn data_version(conn: &mut SqliteConnection) -> Result<i64, QueueError> {
+    Ok(sqlx::query_scalar("PRAGMA data_version").fetch_one(conn).await?)
+}
+
+async fn wakeup_counters(conn: &mut SqliteConnection) -> Result<Vec<(String, i64)>, QueueError> {
+    Ok(sqlx::query_as("SELECT outbox, seq FROM outbox_wakeups")
+        .fetch_all(conn)
+        .await?)
 }
 
 impl SqliteQueue {
@@ -94,18 +184,26 @@ impl SqliteQueue {
             .connect_with(writer_options)
             .await
             .map_err(unreachable)?;
+        let watch_options = Arc::new(base.clone().read_only(true));
         let reader = SqlitePoolOptions::new()
             .max_connections(config.max_connections)
             .acquire_timeout(acquire)
             .connect_with(base.read_only(true))
             .await
             .map_err(unreachable)?;
-        Ok(Self {
+        let mut queue = Self {
             writer,
             reader,
             limits,
             clock,
-        })
+            watch_options,
+            watch: Duration::from_millis(config.sqlite.watch_ms),
+            group: None,
+        };
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(group_commit(queue.clone(), rx));
+        queue.group = Some(Arc::new(tx));
+        Ok(queue)
     }
 
     /// The writer pool (one connection), for callers that keep their own
@@ -211,6 +309,206 @@ impl SqliteQueue {
         // RETURNING gives no order; callers get dispatch order.
         claimed.sort_by_key(|c| (c.op.priority, c.op.id));
         Ok(claimed)
+    }
+
+    /// Settles finished attempts inside `tx`, each a compare-and-set on its
+    /// lease: one statement for the batch's updates and one for its attempt
+    /// rows, whatever its size (the batch travels as one JSON parameter, so
+    /// the cost per settle is SQLite's, not a statement's round trip).
+    async fn complete_in(&self, tx: &mut SqliteConnection, completions: &[Completion]) -> Result<Vec<Cas>, QueueError> {
+        if completions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let now = self.now();
+        let ids: std::collections::HashSet<OpId> = completions.iter().map(|c| c.lease.op_id).collect();
+        if ids.len() < completions.len() {
+            // One op twice (a stale settle beside the current one): settle
+            // one at a time, so each is matched to its own lease.
+            let mut out = Vec::with_capacity(completions.len());
+            for c in completions {
+                out.extend(self.settle_batch(tx, std::slice::from_ref(c), now).await?);
+            }
+            return Ok(out);
+        }
+        self.settle_batch(tx, completions, now).await
+    }
+
+    /// Settles completions of distinct ops in two statements.
+    async fn settle_batch(
+        &self,
+        tx: &mut SqliteConnection,
+        completions: &[Completion],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Cas>, QueueError> {
+        let rows: Vec<serde_json::Value> = completions
+            .iter()
+            .map(|c| {
+                let p = FinishParams::of(&c.finish);
+                serde_json::json!({
+                    "id": c.lease.op_id,
+                    "attempt": c.lease.attempt,
+                    "token": c.lease.token.to_string(),
+                    "from": p.transition.from().as_str(),
+                    "to": p.transition.to().as_str(),
+                    "clear": i32::from(p.clear_receipt),
+                    "receipt": p.receipt,
+                    "error": p.error,
+                    "next_at": p.next_attempt_at.map(ms),
+                    "bump": p.fee_bump,
+                    "finished_at": p.transition.to().is_terminal().then_some(ms(now)),
+                })
+            })
+            .collect();
+        let input = serde_json::Value::Array(rows).to_string();
+        let applied: std::collections::HashSet<OpId> = sqlx::query_scalar(
+            "UPDATE ops SET status = i.to_status, \
+                 receipt = CASE WHEN i.clear THEN NULL ELSE COALESCE(i.receipt, ops.receipt) END, \
+                 last_error = COALESCE(i.error, ops.last_error), \
+                 next_attempt_at = COALESCE(i.next_at, ops.next_attempt_at), fee_bumps = ops.fee_bumps + i.bump, \
+                 lease_owner = NULL, lease_token = NULL, lease_until = NULL, updated_at = ?2, \
+                 finished_at = i.finished_at \
+             FROM (SELECT value ->> '$.id' AS id, value ->> '$.attempt' AS attempt, value ->> '$.token' AS token, \
+                     value ->> '$.from' AS from_status, value ->> '$.to' AS to_status, value ->> '$.clear' AS clear, \
+                     value ->> '$.receipt' AS receipt, value ->> '$.error' AS error, \
+                     value ->> '$.next_at' AS next_at, value ->> '$.bump' AS bump, \
+                     value ->> '$.finished_at' AS finished_at \
+                   FROM json_each(?1)) AS i \
+             WHERE ops.id = i.id AND ops.status = i.from_status AND ops.attempts = i.attempt \
+                 AND ops.lease_token = i.token \
+             RETURNING ops.id",
+        )
+        .bind(&input)
+        .bind(ms(now))
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .collect();
+        let attempts: Vec<serde_json::Value> = completions
+            .iter()
+            .filter(|c| applied.contains(&c.lease.op_id))
+            .map(|c| {
+                let r = &c.attempt;
+                serde_json::json!({
+                    "op_id": c.lease.op_id,
+                    "attempt": c.lease.attempt,
+                    "started_at": ms(r.started_at),
+                    "finished_at": ms(r.finished_at),
+                    "outcome": r.class.as_str(),
+                    "detail": r.detail,
+                    "fee": r.fee,
+                    "error": r.error.as_deref().map(truncate_error),
+                })
+            })
+            .collect();
+        if !attempts.is_empty() {
+            sqlx::query(
+                "INSERT INTO attempts (op_id, attempt, started_at, finished_at, outcome, detail, fee, error) \
+                 SELECT value ->> '$.op_id', value ->> '$.attempt', value ->> '$.started_at', \
+                     value ->> '$.finished_at', value ->> '$.outcome', value ->> '$.detail', value ->> '$.fee', \
+                     value ->> '$.error' \
+                 FROM json_each(?)",
+            )
+            .bind(serde_json::Value::Array(attempts).to_string())
+            .execute(&mut *tx)
+            .await?;
+        }
+        let mut out = Vec::with_capacity(completions.len());
+        for c in completions {
+            let done = applied.contains(&c.lease.op_id);
+            if done && matches!(c.finish, Finish::Fail { halt_lanes: true, .. }) {
+                halt_lanes(&mut *tx, c.lease.op_id, now).await?;
+            }
+            out.push(if done { Cas::Applied } else { Cas::Stale });
+        }
+        Ok(out)
+    }
+
+    /// Claims those of `ids` that are still pending and due and whose lanes
+    /// admit them (the lane rule against every occupant), inside `tx`.
+    async fn claim_ids_in(
+        &self,
+        tx: &mut SqliteConnection,
+        ids: &[OpId],
+        lease: &LeaseSpec,
+        rules: &LaneRules,
+    ) -> Result<Vec<Claimed>, QueueError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut q = QueryBuilder::<Sqlite>::new(format!(
+            "SELECT {OCCUPANT_COLUMNS} FROM ops WHERE status = 'pending' AND next_attempt_at <= "
+        ));
+        q.push_bind(ms(self.now())).push(" AND id IN (");
+        let mut sep = q.separated(", ");
+        for id in ids {
+            sep.push_bind(*id);
+        }
+        q.push(")");
+        let picked = q
+            .build()
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(occupant_from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        let lanes: Vec<String> = picked.iter().flat_map(|o| o.lanes.iter().cloned()).collect();
+        let occupants = occupants_in(&mut *tx, &lanes).await?;
+        let admitted = admit_claims(&picked, &occupants, rules, &std::collections::HashSet::new());
+        if admitted.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.claim_in(tx, lease, move |q, _| {
+            let mut sep = q.separated(", ");
+            for id in admitted {
+                sep.push_bind(id);
+            }
+        })
+        .await
+    }
+
+    /// Applies rounds in one transaction, each settling and then claiming
+    /// inside a savepoint of its own. BEGIN IMMEDIATE serializes every
+    /// writer of the file, in this process and others, so the occupants a
+    /// claim reads cannot change before it commits; a round sees the claims
+    /// of the rounds before it.
+    async fn apply_rounds(&self, rounds: &[Round]) -> Vec<RoundResult> {
+        let failed = |e: &QueueError| QueueError::Database(sqlx::Error::Protocol(format!("group commit: {e}")));
+        let mut tx = match self.write().await {
+            Ok(tx) => tx,
+            Err(e) => return rounds.iter().map(|_| Err(failed(&e))).collect(),
+        };
+        let mut results = Vec::with_capacity(rounds.len());
+        for round in rounds {
+            results.push(self.apply_round(&mut tx, round).await);
+        }
+        if let Err(e) = tx.commit().await {
+            let e = QueueError::from(e);
+            return rounds.iter().map(|_| Err(failed(&e))).collect();
+        }
+        results
+    }
+
+    async fn apply_round(&self, tx: &mut SqliteConnection, round: &Round) -> RoundResult {
+        sqlx::query("SAVEPOINT round").execute(&mut *tx).await?;
+        let applied = async {
+            let settled = self.complete_in(&mut *tx, &round.completions).await?;
+            let claimed = self
+                .claim_ids_in(&mut *tx, &round.ids, &round.lease, &round.rules)
+                .await?;
+            Ok::<_, QueueError>((settled, claimed))
+        }
+        .await;
+        match applied {
+            Ok(done) => {
+                sqlx::query("RELEASE round").execute(&mut *tx).await?;
+                Ok(done)
+            }
+            Err(e) => {
+                sqlx::query("ROLLBACK TO round").execute(&mut *tx).await?;
+                sqlx::query("RELEASE round").execute(&mut *tx).await?;
+                Err(e)
+            }
+        }
     }
 
     /// Applies a compare-and-set update to each lease in one transaction.
@@ -436,46 +734,36 @@ impl Queue for SqliteQueue {
     }
 
     async fn claim_ids(&self, ids: &[OpId], lease: &LeaseSpec, rules: &LaneRules) -> Result<Vec<Claimed>, QueueError> {
-        if ids.is_empty() {
-            return Ok(Vec::new());
+        Ok(self.settle_and_claim(&[], ids, lease, rules).await?.1)
+    }
+
+    async fn settle_and_claim(
+        &self,
+        completions: &[Completion],
+        ids: &[OpId],
+        lease: &LeaseSpec,
+        rules: &LaneRules,
+    ) -> Result<(Vec<Cas>, Vec<Claimed>), QueueError> {
+        if completions.is_empty() && ids.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
         }
-        // BEGIN IMMEDIATE serializes every writer of the file, in this
-        // process and others, so the occupants read here cannot change
-        // before the claim commits.
-        let mut tx = self.write().await?;
-        let mut q = QueryBuilder::<Sqlite>::new(format!(
-            "SELECT {OCCUPANT_COLUMNS} FROM ops WHERE status = 'pending' AND next_attempt_at <= "
-        ));
-        q.push_bind(ms(self.now())).push(" AND id IN (");
-        let mut sep = q.separated(", ");
-        for id in ids {
-            sep.push_bind(*id);
-        }
-        q.push(")");
-        let picked = q
-            .build()
-            .fetch_all(&mut *tx)
-            .await?
-            .iter()
-            .map(occupant_from_row)
-            .collect::<Result<Vec<_>, _>>()?;
-        let lanes: Vec<String> = picked.iter().flat_map(|o| o.lanes.iter().cloned()).collect();
-        let occupants = occupants_in(&mut tx, &lanes).await?;
-        let admitted = admit_claims(&picked, &occupants, rules, &std::collections::HashSet::new());
-        if admitted.is_empty() {
-            tx.rollback().await?;
-            return Ok(Vec::new());
-        }
-        let claimed = self
-            .claim_in(&mut tx, lease, move |q, _| {
-                let mut sep = q.separated(", ");
-                for id in admitted {
-                    sep.push_bind(id);
-                }
-            })
-            .await?;
-        tx.commit().await?;
-        Ok(claimed)
+        let Some(group) = &self.group else {
+            return Err(QueueError::Database(sqlx::Error::PoolClosed));
+        };
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let round = Round {
+            completions: completions.to_vec(),
+            ids: ids.to_vec(),
+            lease: lease.clone(),
+            rules: rules.clone(),
+            reply,
+        };
+        group
+            .send(round)
+            .map_err(|_| QueueError::Database(sqlx::Error::PoolClosed))?;
+        answer
+            .await
+            .map_err(|_| QueueError::Database(sqlx::Error::PoolClosed))?
     }
 
     async fn occupants(&self, lanes: &[String]) -> Result<Vec<Occupant>, QueueError> {
@@ -484,53 +772,10 @@ impl Queue for SqliteQueue {
     }
 
     async fn complete(&self, completions: &[Completion]) -> Result<Vec<Cas>, QueueError> {
-        let now = self.now();
         let mut tx = self.write().await?;
-        let mut out = Vec::with_capacity(completions.len());
-        for c in completions {
-            let FinishParams {
-                transition,
-                receipt,
-                error,
-                next_attempt_at,
-                fee_bump: bump,
-                halt_lanes: halt,
-                clear_receipt,
-            } = FinishParams::of(&c.finish);
-            let next_at = next_attempt_at.map(ms);
-            let finished_at = transition.to().is_terminal().then_some(ms(now));
-            let done = sqlx::query(
-                "UPDATE ops SET status = ?, receipt = CASE WHEN ? THEN NULL ELSE COALESCE(?, receipt) END, \
-                 last_error = COALESCE(?, last_error), \
-                 next_attempt_at = COALESCE(?, next_attempt_at), fee_bumps = fee_bumps + ?, lease_owner = NULL, \
-                 lease_token = NULL, lease_until = NULL, updated_at = ?, finished_at = ? \
-                 WHERE id = ? AND status = ? AND attempts = ? AND lease_token = ?",
-            )
-            .bind(transition.to().as_str())
-            .bind(clear_receipt)
-            .bind(receipt)
-            .bind(error)
-            .bind(next_at)
-            .bind(bump)
-            .bind(ms(now))
-            .bind(finished_at)
-            .bind(c.lease.op_id)
-            .bind(transition.from().as_str())
-            .bind(c.lease.attempt)
-            .bind(c.lease.token.to_string())
-            .execute(&mut *tx)
-            .await?;
-            let result = cas(done.rows_affected());
-            if result.applied() {
-                insert_attempt(&mut tx, c.lease.op_id, c.lease.attempt, &c.attempt).await?;
-                if halt {
-                    halt_lanes(&mut tx, c.lease.op_id, now).await?;
-                }
-            }
-            out.push(result);
-        }
+        let settled = self.complete_in(&mut tx, completions).await?;
         tx.commit().await?;
-        Ok(out)
+        Ok(settled)
     }
 
     async fn checkpoint(&self, lease: &Lease, receipt: &str) -> Result<Cas, QueueError> {
@@ -756,6 +1001,42 @@ impl Queue for SqliteQueue {
             .collect()
     }
 
+    async fn scan(&self, outbox: &str, after: Option<OpId>, limit: u32) -> Result<Vec<BookRow>, QueueError> {
+        // `priority IN (…)` lets the (outbox, priority, id) index seek each
+        // tier at `after`, so a delta read never walks the backlog.
+        let order = if after.is_some() {
+            "AND priority IN (0, 1, 2) AND id > ?2 ORDER BY id"
+        } else {
+            "ORDER BY priority, id"
+        };
+        sqlx::query(&format!(
+            "SELECT {BOOK_COLUMNS} FROM ops WHERE outbox = ?1 AND status IN ('pending', 'submitted') {order} LIMIT ?3"
+        ))
+        .bind(outbox)
+        .bind(after.unwrap_or(0))
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?
+        .iter()
+        .map(|row| {
+            let id: i64 = row.try_get("id")?;
+            Ok(BookRow {
+                id,
+                kind: row.try_get("kind")?,
+                priority: parse_priority(id, row.try_get("priority")?)?,
+                lanes: lanes_from_row(id, row)?,
+                in_flight: row.try_get("in_flight")?,
+                in_doubt: row.try_get("in_doubt")?,
+                next_attempt_at: from_ms(id, "next_attempt_at", row.try_get("next_attempt_at")?)?,
+                budget_attempts: row.try_get("budget_attempts")?,
+                fee_bumps: row.try_get("fee_bumps")?,
+                created_at: from_ms(id, "created_at", row.try_get("created_at")?)?,
+                subject_halted: row.try_get("subject_halted")?,
+            })
+        })
+        .collect()
+    }
+
     async fn due_outboxes(&self, limit: u32) -> Result<Vec<String>, QueueError> {
         Ok(sqlx::query_scalar(
             "SELECT DISTINCT outbox FROM ops WHERE status = 'pending' AND next_attempt_at <= ? LIMIT ?",
@@ -903,9 +1184,21 @@ impl Queue for SqliteQueue {
     }
 
     async fn subscribe(&self) -> Result<Option<Box<dyn Subscription>>, QueueError> {
-        // SQLite has no cross-process notifications; the safety-net poll
-        // covers producers in other processes.
-        Ok(None)
+        if self.watch.is_zero() {
+            return Ok(None);
+        }
+        // A connection of its own: PRAGMA data_version changes when another
+        // connection commits, so a pooled one could miss the change.
+        let mut conn = self.watch_options.connect().await?;
+        let version = data_version(&mut conn).await?;
+        let seqs = wakeup_counters(&mut conn).await?.into_iter().collect();
+        Ok(Some(Box::new(SqliteSubscription {
+            conn,
+            version,
+            seqs,
+            ready: std::collections::VecDeque::new(),
+            every: self.watch,
+        })))
     }
 
     async fn set_kind_defaults(&self, defaults: &[(String, Priority)]) -> Result<(), QueueError> {
@@ -963,29 +1256,6 @@ async fn halt_lanes(conn: &mut SqliteConnection, op_id: OpId, now: DateTime<Utc>
     )
     .bind(ms(now))
     .bind(op_id)
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
-async fn insert_attempt(
-    conn: &mut SqliteConnection,
-    op_id: OpId,
-    attempt: i32,
-    record: &AttemptRecord,
-) -> Result<(), QueueError> {
-    sqlx::query(
-        "INSERT INTO attempts (op_id, attempt, started_at, finished_at, outcome, detail, fee, error) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(op_id)
-    .bind(attempt)
-    .bind(ms(record.started_at))
-    .bind(ms(record.finished_at))
-    .bind(record.class.as_str())
-    .bind(&record.detail)
-    .bind(record.fee)
-    .bind(record.error.as_deref().map(truncate_error))
     .execute(conn)
     .await?;
     Ok(())

@@ -49,6 +49,25 @@ fn base_config(fuel: bool, max_stack: usize) -> Config {
     config
 }
 
+/// The on-disk cache of compiled plugins, if configured and usable; a cache
+/// that cannot be set up costs compile time only, so it is logged, not fatal.
+fn compile_cache(runtime: &RuntimeConfig) -> Option<wasmtime::Cache> {
+    if !runtime.compile_cache {
+        return None;
+    }
+    let mut config = wasmtime::CacheConfig::new();
+    if !runtime.compile_cache_dir.is_empty() {
+        config.with_directory(&runtime.compile_cache_dir);
+    }
+    match wasmtime::Cache::new(config) {
+        Ok(cache) => Some(cache),
+        Err(e) => {
+            tracing::warn!(error = %e, "Compiled-plugin cache unavailable; plugins are compiled at every load.");
+            None
+        }
+    }
+}
+
 fn pooling(runtime: &RuntimeConfig) -> PoolingAllocationConfig {
     let mut pool = PoolingAllocationConfig::new();
     let n = runtime.max_instances;
@@ -73,8 +92,10 @@ impl Engines {
     /// wasmtime's error when neither strategy works.
     pub fn new(runtime: &RuntimeConfig) -> wasmtime::Result<Self> {
         let stack = usize::try_from(runtime.max_wasm_stack_kib).unwrap_or(1024) * 1024;
+        let cache = compile_cache(runtime);
         let build = |fuel: bool, pool: bool| {
             let mut config = base_config(fuel, stack);
+            config.cache(cache.clone());
             if pool {
                 config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(runtime)));
             }

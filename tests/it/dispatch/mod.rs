@@ -36,6 +36,7 @@ crate::on_both_backends!(
     shutdown_returns_interrupted_ops_to_the_queue,
     a_critical_op_goes_first_among_lane_heads,
     an_enqueue_through_the_dispatcher_wakes_its_drain_at_once,
+    an_op_whose_backoff_ends_after_the_pass_starts_on_a_timer_not_the_poll,
 );
 
 fn ids(results: Vec<Enqueued>) -> Vec<OpId> {
@@ -513,6 +514,55 @@ async fn an_enqueue_through_the_dispatcher_wakes_its_drain_at_once(db: TestDb) -
     running.stop().await?;
     ensure!(exec.delivered().len() == 1);
     ensure!(took < Duration::from_secs(2), "took {took:?}");
+    Ok(())
+}
+
+/// A retry due later than a pass stays open ends the pass; a timer, not the
+/// poll (an hour away here), starts it at its time.
+async fn an_op_whose_backoff_ends_after_the_pass_starts_on_a_timer_not_the_poll(db: TestDb) -> anyhow::Result<()> {
+    let exec = Scripted::new(0);
+    let config = "[dispatch]\npoll_ms = 3600000\n";
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let id = ids(db.queue.enqueue(&[to("o", "https://a.example/i", 1)]).await?)[0];
+    exec.script(id, [Step::RetryAfter(Duration::from_millis(1500)), Step::Ok]);
+    running.dispatcher.trigger("o");
+    settle(db.queue.as_ref(), Duration::from_secs(8))
+        .await
+        .context("the retry was left to the poll")?;
+    running.stop().await?;
+    let attempts = db.queue.attempts(id).await?;
+    ensure!(attempts.len() == 2, "{attempts:?}");
+    ensure!(
+        attempts[1].record.started_at - attempts[0].record.finished_at >= chrono::Duration::milliseconds(1400),
+        "the Retry-After was honoured: {attempts:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_a_plain_sql_insert_by_another_connection_wakes_the_dispatcher() -> anyhow::Result<()> {
+    let db = crate::support::sqlite_live().await?;
+    let path = db.sqlite_path().context("sqlite")?;
+    let exec = Scripted::new(0);
+    let running = Running::start(
+        db.queue.clone(),
+        exec.registry(&["activitypub"]),
+        fast_config("[dispatch]\npoll_ms = 3600000\n")?,
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Another program's connection, as a producer in another process has.
+    let producer = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display())).await?;
+    sqlx::query(
+        "INSERT INTO ops (outbox, kind, lanes, payload) VALUES ('sql-producer', 'activitypub', '[\"https://x.example/i\"]', '{}')",
+    )
+    .execute(&producer)
+    .await?;
+    settle(db.queue.as_ref(), Duration::from_secs(3))
+        .await
+        .context("the data_version watcher did not wake the dispatcher")?;
+    running.stop().await?;
+    ensure!(exec.delivered().len() == 1);
     Ok(())
 }
 

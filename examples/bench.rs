@@ -1,0 +1,677 @@
+//! laneway's benchmark, in one invocation, with figures printed side by side
+//! from the same run (these machines are noisy; ratios from one run hold).
+//!
+//! ```sh
+//! cargo build --release -p laneway && cargo run --release --example bench -- [--quick]
+//! ```
+//!
+//! Sections (pick with `--only a,b`; all by default; `--systems
+//! full,normal,pg,graphile` narrows the throughput section):
+//! - `throughput`: drain ops/s through a no-op executor: laneway on SQLite
+//!   (`synchronous` full and normal) and PostgreSQL, and graphile-worker
+//!   0.17.3 on the same PostgreSQL (installed by this command with npm into
+//!   `target/bench/graphile-worker`; skipped with a note when `npm` is
+//!   missing), alternating rounds; min and median, and the ratio.
+//! - `latency`: enqueue → executor start, p50/p99: in-process producers,
+//!   plain-SQL producers on another connection, and the `laneway enqueue`
+//!   CLI (another process; its wall time too).
+//! - `backlog`: PostgreSQL rows read per settled op with 10k and with 1M ops
+//!   waiting (`--backlog N` changes the big one).
+//! - `lanes`: 10,000 strict lanes with 5 ops each.
+//!
+//! PostgreSQL is `TEST_PG_URL` (default `postgres://postgres@127.0.0.1:5432/test`);
+//! every run uses a fresh schema and drops it. Peak RSS is printed at the end.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use async_trait::async_trait;
+use laneway::clock::SystemClock;
+use laneway::config::{Config, Synchronous};
+use laneway::dispatch::Dispatcher;
+use laneway::executor::{Attempt, Executor, Executors, Registry};
+use laneway::op::{Op, OpId, Status};
+use laneway::outcome::Outcome;
+use laneway::queue::postgres::PgQueue;
+use laneway::queue::sqlite::SqliteQueue;
+use laneway::queue::{NewOp, Queue};
+use tokio::sync::mpsc;
+
+/// Confirms at once, and reports when each op started.
+struct NoOp {
+    started: mpsc::UnboundedSender<(OpId, Instant)>,
+}
+
+#[async_trait]
+impl Executor for NoOp {
+    async fn execute(&self, op: &Op, _attempt: Attempt) -> Outcome {
+        let _ = self.started.send((op.id, Instant::now()));
+        Outcome::confirmed()
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum Store {
+    SqliteFull,
+    SqliteNormal,
+    Postgres,
+}
+
+impl Store {
+    fn name(self) -> &'static str {
+        match self {
+            Store::SqliteFull => "laneway sqlite (synchronous=full)",
+            Store::SqliteNormal => "laneway sqlite (synchronous=normal)",
+            Store::Postgres => "laneway postgres",
+        }
+    }
+}
+
+/// A queue in a scratch place (a temp dir or a fresh schema), dropped after.
+struct Scratch {
+    queue: Arc<dyn Queue>,
+    config: Config,
+    _dir: tempfile::TempDir,
+    schema: Option<(sqlx::PgPool, String)>,
+    /// A connection string a plain-SQL producer would use.
+    url: String,
+    options: Option<sqlx::postgres::PgConnectOptions>,
+}
+
+impl Scratch {
+    async fn new(store: Store, extra: &str) -> anyhow::Result<Self> {
+        let mut config = laneway::config::from_toml_str(&format!(
+            "[dispatch]\nmax_in_flight = 256\noutbox_max_in_flight = 128\n\
+             [kinds.bench]\nlanes = \"optional\"\n{extra}"
+        ))?;
+        let dir = tempfile::tempdir()?;
+        match store {
+            Store::Postgres => {
+                let url = pg_url();
+                let name = format!("lwbench_{}_{}", std::process::id(), rand_suffix());
+                let admin = sqlx::PgPool::connect(&url).await?;
+                sqlx::query(&format!("CREATE SCHEMA {name}")).execute(&admin).await?;
+                config.database.url = url.clone();
+                let options =
+                    sqlx::postgres::PgConnectOptions::from_str(&url)?.options([("search_path", name.as_str())]);
+                let queue: Arc<dyn Queue> = Arc::new(
+                    PgQueue::open_with(
+                        options.clone(),
+                        &config.database,
+                        config.limits(),
+                        Arc::new(SystemClock),
+                    )
+                    .await?,
+                );
+                queue.migrate().await?;
+                Ok(Self {
+                    queue,
+                    config,
+                    _dir: dir,
+                    schema: Some((admin, name)),
+                    url,
+                    options: Some(options),
+                })
+            }
+            Store::SqliteFull | Store::SqliteNormal => {
+                config.database.url = format!("sqlite://{}", dir.path().join("bench.db").display());
+                config.database.sqlite.synchronous = if store == Store::SqliteFull {
+                    Synchronous::Full
+                } else {
+                    Synchronous::Normal
+                };
+                let queue: Arc<dyn Queue> =
+                    Arc::new(SqliteQueue::open(&config.database, config.limits(), Arc::new(SystemClock)).await?);
+                queue.migrate().await?;
+                let url = config.database.url.clone();
+                Ok(Self {
+                    queue,
+                    config,
+                    _dir: dir,
+                    schema: None,
+                    url,
+                    options: None,
+                })
+            }
+        }
+    }
+
+    fn dispatcher(&self) -> (Dispatcher, mpsc::UnboundedReceiver<(OpId, Instant)>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut executors = Executors::new();
+        executors.insert("bench".into(), Arc::new(NoOp { started: tx }) as Arc<dyn Executor>);
+        let dispatcher = Dispatcher::new(
+            self.queue.clone(),
+            Arc::new(Registry::new(executors)),
+            self.config.clone(),
+            Arc::new(SystemClock),
+        );
+        (dispatcher, rx)
+    }
+
+    async fn open_ops(&self) -> anyhow::Result<i64> {
+        Ok(self
+            .queue
+            .depth()
+            .await?
+            .iter()
+            .filter(|d| matches!(d.status, Status::Pending | Status::Submitted))
+            .map(|d| d.count)
+            .sum())
+    }
+
+    async fn drop(self) -> anyhow::Result<()> {
+        if let Some((admin, name)) = self.schema {
+            sqlx::query(&format!("DROP SCHEMA {name} CASCADE"))
+                .execute(&admin)
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+fn pg_url() -> String {
+    std::env::var("TEST_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+fn rand_suffix() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..8].to_owned()
+}
+
+fn ops(n: usize, outboxes: usize, lanes: usize) -> Vec<NewOp> {
+    (0..n)
+        .map(|i| {
+            let mut op = NewOp::new(format!("outbox-{}", i % outboxes), "bench", "{}");
+            op.lanes = vec![format!("lane-{}", i % lanes)];
+            op
+        })
+        .collect()
+}
+
+async fn enqueue_all(queue: &dyn Queue, all: &[NewOp]) -> anyhow::Result<()> {
+    for chunk in all.chunks(1000) {
+        queue.enqueue(chunk).await?;
+    }
+    Ok(())
+}
+
+/// Drains what is queued; ops/s from the dispatcher's start to the last commit.
+async fn drain(scratch: &Scratch) -> anyhow::Result<f64> {
+    let total = scratch.open_ops().await?;
+    let (dispatcher, mut started) = scratch.dispatcher();
+    let runner = dispatcher.clone();
+    let handle = tokio::spawn(async move { runner.run().await });
+    let start = Instant::now();
+    // Counting starts costs the queue nothing; only the last settles are
+    // waited for by asking the database.
+    for _ in 0..total {
+        started.recv().await.context("executor gone")?;
+    }
+    while scratch.open_ops().await? > 0 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    dispatcher.shutdown();
+    handle.await??;
+    Ok(total as f64 / seconds)
+}
+
+async fn laneway_round(store: Store, n: usize) -> anyhow::Result<f64> {
+    let scratch = Scratch::new(store, "").await?;
+    enqueue_all(scratch.queue.as_ref(), &ops(n, 8, n)).await?;
+    let rate = drain(&scratch).await?;
+    scratch.drop().await?;
+    Ok(rate)
+}
+
+/// Installs graphile-worker into a scratch folder once; `None` when npm or
+/// node is missing (the section says so instead of failing).
+fn graphile_dir() -> anyhow::Result<Option<PathBuf>> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = root.join("target/bench/graphile-worker");
+    let script = dir.join("graphile_bench.mjs");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::copy(root.join("tests/tools/graphile_bench.mjs"), &script)?;
+    if !dir.join("node_modules/graphile-worker/package.json").exists() {
+        eprintln!("bench: installing graphile-worker@0.17.3 into {}", dir.display());
+        let status = std::process::Command::new("npm")
+            .args([
+                "install",
+                "--silent",
+                "--no-audit",
+                "--no-fund",
+                "graphile-worker@0.17.3",
+            ])
+            .current_dir(&dir)
+            .status();
+        match status {
+            Ok(s) if s.success() => {}
+            Ok(s) => bail!("npm install graphile-worker failed: {s}"),
+            Err(e) => {
+                eprintln!("bench: npm not available ({e}); graphile-worker is left out");
+                return Ok(None);
+            }
+        }
+    }
+    Ok(Some(dir))
+}
+
+async fn graphile_round(dir: &Path, n: usize) -> anyhow::Result<f64> {
+    let url = pg_url();
+    let schema = format!("gwbench_{}_{}", std::process::id(), rand_suffix());
+    let mut command = std::process::Command::new("node");
+    command
+        .arg(dir.join("graphile_bench.mjs"))
+        .args([url.as_str(), schema.as_str(), &n.to_string(), "16"]);
+    let out = tokio::task::spawn_blocking(move || command.output())
+        .await?
+        .context("running node")?;
+    let admin = sqlx::PgPool::connect(&url).await?;
+    sqlx::query(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        .execute(&admin)
+        .await?;
+    if !out.status.success() {
+        bail!("graphile-worker bench failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let line = String::from_utf8_lossy(&out.stdout);
+    let json: serde_json::Value = serde_json::from_str(line.trim().lines().last().unwrap_or_default())
+        .with_context(|| format!("graphile-worker bench printed {line:?}"))?;
+    json["drain_per_s"].as_f64().context("no drain_per_s")
+}
+
+fn summary(rates: &[f64]) -> (f64, f64) {
+    let mut sorted = rates.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    (sorted[0], sorted[sorted.len() / 2])
+}
+
+async fn throughput(n: usize, rounds: usize, systems: &[String]) -> anyhow::Result<()> {
+    println!("\n## Drain throughput: {n} ops, no-op executor, 8 outboxes, {rounds} alternating rounds");
+    let wants = |s: &str| systems.is_empty() || systems.iter().any(|x| x == s);
+    let graphile = if wants("graphile") { graphile_dir()? } else { None };
+    let stores: Vec<Store> = [
+        ("full", Store::SqliteFull),
+        ("normal", Store::SqliteNormal),
+        ("pg", Store::Postgres),
+    ]
+    .into_iter()
+    .filter(|(name, _)| wants(name))
+    .map(|(_, store)| store)
+    .collect();
+    let mut results: HashMap<&'static str, Vec<f64>> = HashMap::new();
+    for round in 0..rounds {
+        for &store in &stores {
+            let rate = laneway_round(store, n).await?;
+            eprintln!("  round {round}: {}: {rate:.0} ops/s", store.name());
+            results.entry(store.name()).or_default().push(rate);
+        }
+        if let Some(dir) = &graphile {
+            let rate = graphile_round(dir, n).await?;
+            eprintln!("  round {round}: graphile-worker 0.17.3: {rate:.0} ops/s");
+            results
+                .entry("graphile-worker 0.17.3 (16 workers)")
+                .or_default()
+                .push(rate);
+        }
+    }
+    println!("| system | min ops/s | median ops/s |");
+    println!("|---|---|---|");
+    let mut names: Vec<_> = results.keys().copied().collect();
+    names.sort_unstable();
+    for name in &names {
+        let (min, median) = summary(&results[name]);
+        println!("| {name} | {min:.0} | {median:.0} |");
+    }
+    if let Some(gw) = results.get("graphile-worker 0.17.3 (16 workers)") {
+        let (_, gw_median) = summary(gw);
+        for store in &stores {
+            let (_, median) = summary(&results[store.name()]);
+            println!(
+                "ratio {} / graphile-worker (medians): {:.2}x",
+                store.name(),
+                median / gw_median
+            );
+        }
+    }
+    Ok(())
+}
+
+fn percentile(samples: &mut [Duration], p: f64) -> Duration {
+    samples.sort_unstable();
+    let i = ((samples.len() as f64 - 1.0) * p).round() as usize;
+    samples[i.min(samples.len() - 1)]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// How a latency sample's op gets into the queue.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Producer {
+    /// `Dispatcher::enqueue` in the host's own process.
+    InProcess,
+    /// A plain SQL insert on a connection of its own (as another program).
+    PlainSql,
+    /// The `laneway enqueue` command.
+    Cli,
+}
+
+async fn latency_samples(store: Store, producer: Producer, samples: usize) -> anyhow::Result<()> {
+    let scratch = Scratch::new(store, "").await?;
+    let (dispatcher, mut started) = scratch.dispatcher();
+    let runner = dispatcher.clone();
+    let handle = tokio::spawn(async move { runner.run().await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let config_file = scratch._dir.path().join("bench.toml");
+    std::fs::write(
+        &config_file,
+        format!(
+            "[database]\nurl = {:?}\n[kinds.bench]\nlanes = \"optional\"\n",
+            scratch.config.database.url
+        ),
+    )?;
+    let laneway_bin = std::env::current_exe()?
+        .parent()
+        .and_then(Path::parent)
+        .map(|p| p.join("laneway"))
+        .context("no target dir")?;
+    let sqlite_producer = match (store, producer) {
+        (Store::SqliteFull | Store::SqliteNormal, Producer::PlainSql) => {
+            Some(sqlx::SqlitePool::connect(&scratch.url).await?)
+        }
+        _ => None,
+    };
+    let pg_producer = match (&scratch.options, producer) {
+        (Some(options), Producer::PlainSql) => Some(sqlx::PgPool::connect_with(options.clone()).await?),
+        _ => None,
+    };
+    let mut latencies = Vec::with_capacity(samples);
+    let mut walls = Vec::new();
+    for i in 0..samples {
+        let t0 = Instant::now();
+        match producer {
+            Producer::InProcess => {
+                let mut op = NewOp::new("latency", "bench", "{}");
+                op.lanes = vec![format!("l{i}")];
+                dispatcher.enqueue(&[op]).await?;
+            }
+            Producer::PlainSql => {
+                let lanes_sqlite = format!("[\"l{i}\"]");
+                if let Some(pool) = &sqlite_producer {
+                    sqlx::query("INSERT INTO ops (outbox, kind, lanes, payload) VALUES ('latency', 'bench', ?, '{}')")
+                        .bind(lanes_sqlite)
+                        .execute(pool)
+                        .await?;
+                } else if let Some(pool) = &pg_producer {
+                    sqlx::query(
+                        "INSERT INTO ops (outbox, kind, lanes, payload) VALUES ('latency', 'bench', ARRAY[$1], '{}')",
+                    )
+                    .bind(format!("l{i}"))
+                    .execute(pool)
+                    .await?;
+                }
+            }
+            Producer::Cli => {
+                let mut command = std::process::Command::new(&laneway_bin);
+                command.arg("--config").arg(&config_file).args([
+                    "enqueue",
+                    "--kind",
+                    "bench",
+                    "--outbox",
+                    "latency",
+                    "--lane",
+                    &format!("l{i}"),
+                    "--payload",
+                    "{}",
+                ]);
+                let out = tokio::task::spawn_blocking(move || command.output())
+                    .await?
+                    .with_context(|| {
+                        format!(
+                            "running {} (build it with cargo build --release -p laneway)",
+                            laneway_bin.display()
+                        )
+                    })?;
+                if !out.status.success() {
+                    bail!("laneway enqueue failed: {}", String::from_utf8_lossy(&out.stderr));
+                }
+                walls.push(t0.elapsed());
+            }
+        }
+        let (_, at) = tokio::time::timeout(Duration::from_secs(10), started.recv())
+            .await
+            .context("the op did not start within 10 s")?
+            .context("executor gone")?;
+        latencies.push(at.saturating_duration_since(t0));
+        // Let the settle commit before the next sample, as separate arrivals.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    dispatcher.shutdown();
+    handle.await??;
+    scratch.drop().await?;
+    let name = match producer {
+        Producer::InProcess => "in-process",
+        Producer::PlainSql => "plain SQL, another connection",
+        Producer::Cli => "`laneway enqueue`, another process",
+    };
+    let p50 = percentile(&mut latencies, 0.5);
+    let p99 = percentile(&mut latencies, 0.99);
+    print!("| {} | {name} | {} | {} |", store.name(), ms(p50), ms(p99));
+    if walls.is_empty() {
+        println!(" |");
+    } else {
+        println!(" CLI wall p50 {} |", ms(percentile(&mut walls, 0.5)));
+    }
+    Ok(())
+}
+
+async fn latency(samples: usize) -> anyhow::Result<()> {
+    println!("\n## Enqueue → start latency ({samples} sequential ops each)");
+    println!("| store | producer | p50 | p99 | |");
+    println!("|---|---|---|---|---|");
+    for (store, producer) in [
+        (Store::SqliteFull, Producer::InProcess),
+        (Store::Postgres, Producer::InProcess),
+        (Store::SqliteFull, Producer::PlainSql),
+        (Store::Postgres, Producer::PlainSql),
+        (Store::SqliteFull, Producer::Cli),
+    ] {
+        let n = if producer == Producer::Cli {
+            samples.min(50)
+        } else {
+            samples
+        };
+        latency_samples(store, producer, n).await?;
+    }
+    Ok(())
+}
+
+/// Rows PostgreSQL read from `ops` (heap fetches through indexes plus
+/// sequential reads) and buffer hits, from its statistics views.
+async fn pg_reads(pool: &sqlx::PgPool, schema: &str) -> anyhow::Result<(i64, i64)> {
+    // Statistics are flushed by each backend at most once a second.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (rows,): (i64,) = sqlx::query_as(
+        "SELECT (COALESCE(seq_tup_read, 0) + COALESCE(idx_tup_fetch, 0))::bigint FROM pg_stat_user_tables \
+         WHERE schemaname = $1 AND relname = 'ops'",
+    )
+    .bind(schema)
+    .fetch_one(pool)
+    .await?;
+    let (buffers,): (i64,) = sqlx::query_as(
+        "SELECT (COALESCE(heap_blks_hit, 0) + COALESCE(heap_blks_read, 0) + COALESCE(idx_blks_hit, 0) \
+         + COALESCE(idx_blks_read, 0))::bigint FROM pg_statio_user_tables WHERE schemaname = $1 AND relname = 'ops'",
+    )
+    .bind(schema)
+    .fetch_one(pool)
+    .await?;
+    Ok((rows, buffers))
+}
+
+async fn backlog_cost(backlog: usize, settle: usize) -> anyhow::Result<(f64, f64, f64)> {
+    let scratch = Scratch::new(Store::Postgres, "").await?;
+    let (admin, schema) = scratch.schema.clone().context("postgres")?;
+    let pool = sqlx::PgPool::connect_with(scratch.options.clone().context("postgres")?).await?;
+    // The backlog, inserted by SQL in bulk: one outbox, one lane per op.
+    for start in (0..backlog).step_by(100_000) {
+        let end = (start + 100_000).min(backlog);
+        sqlx::query(
+            "INSERT INTO ops (outbox, kind, lanes, payload) \
+             SELECT 'backlog', 'bench', ARRAY['lane-' || g], '{}' FROM generate_series($1::bigint, $2::bigint) AS g",
+        )
+        .bind(start as i64)
+        .bind(end as i64 - 1)
+        .execute(&pool)
+        .await?;
+    }
+    sqlx::query("ANALYZE ops").execute(&pool).await?;
+    let (dispatcher, mut started) = scratch.dispatcher();
+    let before = pg_reads(&admin, &schema).await?;
+    let runner = dispatcher.clone();
+    let handle = tokio::spawn(async move { runner.run().await });
+    let start = Instant::now();
+    for _ in 0..settle {
+        started.recv().await.context("executor gone")?;
+    }
+    dispatcher.shutdown();
+    handle.await??;
+    let seconds = start.elapsed().as_secs_f64();
+    let (_, _, confirmed) = counts(&pool).await?;
+    let after = pg_reads(&admin, &schema).await?;
+    drop(pool);
+    scratch.drop().await?;
+    let per_op = |a: i64, b: i64| (a - b) as f64 / confirmed.max(1) as f64;
+    Ok((
+        per_op(after.0, before.0),
+        per_op(after.1, before.1),
+        confirmed as f64 / seconds,
+    ))
+}
+
+async fn counts(pool: &sqlx::PgPool) -> anyhow::Result<(i64, i64, i64)> {
+    Ok(sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'submitted'), \
+         count(*) FILTER (WHERE status = 'confirmed') FROM ops",
+    )
+    .fetch_one(pool)
+    .await?)
+}
+
+async fn backlog(big: usize) -> anyhow::Result<()> {
+    println!("\n## PostgreSQL cost per settled op against a backlog (20,000 ops settled)");
+    println!("| ops waiting | rows read per op | buffers per op | ops/s |");
+    println!("|---|---|---|---|");
+    for waiting in [10_000, big] {
+        let (rows, buffers, rate) = backlog_cost(waiting + 20_000, 20_000).await?;
+        println!("| {waiting} | {rows:.1} | {buffers:.1} | {rate:.0} |");
+    }
+    Ok(())
+}
+
+async fn many_lanes() -> anyhow::Result<()> {
+    println!("\n## 10,000 strict lanes, 5 ops each (one outbox)");
+    println!("| store | ops/s |");
+    println!("|---|---|");
+    for store in [Store::SqliteFull, Store::Postgres] {
+        let scratch = Scratch::new(store, "").await?;
+        enqueue_all(scratch.queue.as_ref(), &ops(50_000, 1, 10_000)).await?;
+        let rate = drain(&scratch).await?;
+        scratch.drop().await?;
+        println!("| {} | {rate:.0} |", store.name());
+    }
+    Ok(())
+}
+
+fn peak_rss() -> String {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .map(|l| l["VmHWM:".len()..].trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let mut quick = false;
+    let mut only: Option<Vec<String>> = None;
+    let mut n = 20_000;
+    let mut rounds = 3;
+    let mut big = 1_000_000;
+    let mut systems: Vec<String> = Vec::new();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--only" => {
+                only = Some(
+                    args.next()
+                        .context("--only needs a list")?
+                        .split(',')
+                        .map(str::to_owned)
+                        .collect(),
+                )
+            }
+            "--ops" => n = args.next().context("--ops needs N")?.parse()?,
+            "--rounds" => rounds = args.next().context("--rounds needs N")?.parse()?,
+            "--backlog" => big = args.next().context("--backlog needs N")?.parse()?,
+            "--systems" => {
+                systems = args
+                    .next()
+                    .context("--systems needs a list of full,normal,pg,graphile")?
+                    .split(',')
+                    .map(str::to_owned)
+                    .collect();
+            }
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    if quick {
+        n = n.min(5_000);
+        rounds = rounds.min(1);
+        big = big.min(100_000);
+    }
+    let wants = |s: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == s));
+    let fsync = fsync_cost()?;
+    println!(
+        "# laneway bench ({} cores; fsync of a 4 KiB write here: {fsync})",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    if wants("throughput") {
+        throughput(n, rounds, &systems).await?;
+    }
+    if wants("latency") {
+        latency(if quick { 50 } else { 200 }).await?;
+    }
+    if wants("backlog") {
+        backlog(big).await?;
+    }
+    if wants("lanes") {
+        many_lanes().await?;
+    }
+    println!("\npeak RSS of this process: {}", peak_rss());
+    Ok(())
+}
+
+/// The median time to write 4 KiB and fsync it, here: what bounds a
+/// durable commit on SQLite `synchronous=full`.
+fn fsync_cost() -> anyhow::Result<String> {
+    use std::io::Write as _;
+    let dir = tempfile::tempdir()?;
+    let mut file = std::fs::File::create(dir.path().join("f"))?;
+    let mut times = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        file.write_all(&[0u8; 4096])?;
+        file.sync_data()?;
+        times.push(t.elapsed());
+    }
+    Ok(ms(percentile(&mut times, 0.5)))
+}
