@@ -368,6 +368,8 @@ async fn latency_samples(store: Store, producer: Producer, samples: usize) -> an
     let handle = tokio::spawn(async move { runner.run().await });
     tokio::time::sleep(Duration::from_millis(200)).await;
     let config_file = scratch._dir.path().join("bench.toml");
+    let payload_file = scratch._dir.path().join("payload.json");
+    std::fs::write(&payload_file, "{}")?;
     std::fs::write(
         &config_file,
         format!(
@@ -427,8 +429,8 @@ async fn latency_samples(store: Store, producer: Producer, samples: usize) -> an
                     "--lane",
                     &format!("l{i}"),
                     "--payload",
-                    "{}",
                 ]);
+                command.arg(&payload_file);
                 let out = tokio::task::spawn_blocking(move || command.output())
                     .await?
                     .with_context(|| {
