@@ -474,7 +474,9 @@ pub trait Queue: Send + Sync + std::fmt::Debug {
     /// against every op that occupies a lane, so two drains of different
     /// outboxes or hosts can never both start ops that exclude each other).
     /// The ones that are not claimable are left out of the result.
-    async fn claim_ids(&self, ids: &[OpId], lease: &LeaseSpec, rules: &LaneRules) -> Result<Vec<Claimed>, QueueError>;
+    async fn claim_ids(&self, ids: &[OpId], lease: &LeaseSpec, rules: &LaneRules) -> Result<Vec<Claimed>, QueueError> {
+        Ok(self.settle_and_claim(&[], ids, lease, rules).await?.1)
+    }
 
     /// Settles `completions` (as [`Queue::complete`]) and then claims `ids`
     /// (as [`Queue::claim_ids`]) in one transaction: one commit per round

@@ -733,10 +733,6 @@ impl Queue for SqliteQueue {
         .await
     }
 
-    async fn claim_ids(&self, ids: &[OpId], lease: &LeaseSpec, rules: &LaneRules) -> Result<Vec<Claimed>, QueueError> {
-        Ok(self.settle_and_claim(&[], ids, lease, rules).await?.1)
-    }
-
     async fn settle_and_claim(
         &self,
         completions: &[Completion],

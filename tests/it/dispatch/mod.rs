@@ -37,6 +37,7 @@ crate::on_both_backends!(
     a_critical_op_goes_first_among_lane_heads,
     an_enqueue_through_the_dispatcher_wakes_its_drain_at_once,
     an_op_whose_backoff_ends_after_the_pass_starts_on_a_timer_not_the_poll,
+    a_plain_sql_insert_by_another_connection_wakes_the_dispatcher,
 );
 
 fn ids(results: Vec<Enqueued>) -> Vec<OpId> {
@@ -540,10 +541,10 @@ async fn an_op_whose_backoff_ends_after_the_pass_starts_on_a_timer_not_the_poll(
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sqlite_a_plain_sql_insert_by_another_connection_wakes_the_dispatcher() -> anyhow::Result<()> {
-    let db = crate::support::sqlite_live().await?;
-    let path = db.sqlite_path().context("sqlite")?;
+/// A producer in another program inserts with plain SQL on a connection of
+/// its own: PostgreSQL's `NOTIFY`, or SQLite's `data_version` watcher, wakes
+/// the dispatcher (the poll is an hour away).
+async fn a_plain_sql_insert_by_another_connection_wakes_the_dispatcher(db: TestDb) -> anyhow::Result<()> {
     let exec = Scripted::new(0);
     let running = Running::start(
         db.queue.clone(),
@@ -551,40 +552,24 @@ async fn sqlite_a_plain_sql_insert_by_another_connection_wakes_the_dispatcher() 
         fast_config("[dispatch]\npoll_ms = 3600000\n")?,
     );
     tokio::time::sleep(Duration::from_millis(200)).await;
-    // Another program's connection, as a producer in another process has.
-    let producer = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display())).await?;
-    sqlx::query(
-        "INSERT INTO ops (outbox, kind, lanes, payload) VALUES ('sql-producer', 'activitypub', '[\"https://x.example/i\"]', '{}')",
-    )
-    .execute(&producer)
-    .await?;
+    let insert = "INSERT INTO ops (outbox, kind, lanes, payload) VALUES ('sql-producer', 'activitypub', LANES, '{}')";
+    match &db.kind {
+        crate::support::TestBackend::Postgres(pg) => {
+            sqlx::query(&insert.replace("LANES", "ARRAY['https://x.example/i']"))
+                .execute(pg.pool())
+                .await?;
+        }
+        crate::support::TestBackend::Sqlite(_) => {
+            let path = db.sqlite_path().context("sqlite")?;
+            let producer = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display())).await?;
+            sqlx::query(&insert.replace("LANES", "'[\"https://x.example/i\"]'"))
+                .execute(&producer)
+                .await?;
+        }
+    }
     settle(db.queue.as_ref(), Duration::from_secs(3))
         .await
-        .context("the data_version watcher did not wake the dispatcher")?;
-    running.stop().await?;
-    ensure!(exec.delivered().len() == 1);
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn postgres_a_plain_sql_insert_wakes_the_dispatcher_through_notify() -> anyhow::Result<()> {
-    let db = crate::support::postgres_live().await?;
-    let crate::support::TestBackend::Postgres(pg) = &db.kind else {
-        anyhow::bail!("not postgres")
-    };
-    let exec = Scripted::new(0);
-    let running = Running::start(
-        db.queue.clone(),
-        exec.registry(&["activitypub"]),
-        fast_config("[dispatch]\npoll_ms = 3600000\n")?,
-    );
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    sqlx::query("INSERT INTO ops (outbox, kind, lanes, payload) VALUES ('sql-producer', 'activitypub', ARRAY['https://x.example/i'], '{}')")
-        .execute(pg.pool())
-        .await?;
-    settle(db.queue.as_ref(), Duration::from_secs(3))
-        .await
-        .context("NOTIFY did not wake the dispatcher")?;
+        .context("the producer's insert did not wake the dispatcher")?;
     running.stop().await?;
     ensure!(exec.delivered().len() == 1);
     Ok(())
