@@ -14,3 +14,10 @@ BEGIN
     UPDATE outbox_wakeups SET seq = seq + 1 WHERE outbox = NEW.outbox;
 END;
 
+
+-- Hosts announce themselves here at every poll, so a host holding more than
+-- its share of the busy outboxes' drain slots hands some back.
+CREATE TABLE hosts (
+    owner      TEXT    PRIMARY KEY,
+    seen_until INTEGER NOT NULL
+) WITHOUT ROWID;

@@ -37,7 +37,9 @@ use crate::retry::{self, Decision, RetryPolicy};
 /// to look again.
 pub(super) async fn drain(inner: Arc<Inner>, outbox: String) {
     loop {
-        if !inner.cancel.is_cancelled() {
+        if inner.is_handed_back(&outbox) {
+            debug!(outbox = %outbox, "This host handed the outbox back; another host should drain it.");
+        } else if !inner.cancel.is_cancelled() {
             let ttl = Duration::from_millis(inner.config.load().dispatch.slot_ttl_ms);
             match inner.queue.acquire_slot(&outbox, &inner.owner, ttl).await {
                 Ok(Some(slot)) => {
@@ -101,6 +103,8 @@ struct Pass {
     /// Attempts that ended and wait for the next round's settle.
     finished: Vec<Finished>,
     slot_lost: bool,
+    /// Handing the slot to another host: finish what runs, start nothing.
+    yielding: bool,
 }
 
 impl Pass {
@@ -117,6 +121,7 @@ impl Pass {
             flights: HashMap::new(),
             finished: Vec::new(),
             slot_lost: false,
+            yielding: false,
         }
     }
 
@@ -133,7 +138,12 @@ impl Pass {
             if self.inner.cancel.is_cancelled() && grace_deadline.is_none() {
                 grace_deadline = Some(Instant::now() + grace);
             }
-            let stopping = grace_deadline.is_some() || self.slot_lost;
+            if !self.yielding && self.inner.take_hand_back() {
+                info!(outbox = %self.slot.outbox, "This host holds more than its share of drain slots; handing this one back.");
+                self.inner.handed_back(&self.slot.outbox, Instant::now() + poll * 3);
+                self.yielding = true;
+            }
+            let stopping = grace_deadline.is_some() || self.slot_lost || self.yielding;
             if !stopping {
                 self.read(poll).await?;
             }

@@ -10,6 +10,7 @@ mod drain;
 pub mod slots;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -53,6 +54,12 @@ pub(crate) struct Inner {
     pub pricer: ArcSwapOption<Pricer>,
     /// The earliest wake-up timer set per outbox.
     pub timers: Mutex<HashMap<String, tokio::time::Instant>>,
+    /// Drain slots this host should hand back (it holds more than its
+    /// share), as of the last heartbeat.
+    pub hand_back: AtomicUsize,
+    /// Outboxes handed back, not to be taken again before the time given
+    /// unless no other host took them.
+    pub handed_back: Mutex<HashMap<String, tokio::time::Instant>>,
 }
 
 impl Inner {
@@ -65,6 +72,27 @@ impl Inner {
     pub fn breakers(&self) -> std::sync::MutexGuard<'_, Breakers> {
         // The breaker map stays consistent even if a holder panicked.
         self.breakers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Called by a running pass: `true` if it should end and hand its slot
+    /// back, which it then must do (the count is taken).
+    pub fn take_hand_back(&self) -> bool {
+        self.hand_back
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    /// Records that the outbox was handed back until `until`.
+    pub fn handed_back(&self, outbox: &str, until: tokio::time::Instant) {
+        let mut handed = self.handed_back.lock().unwrap_or_else(PoisonError::into_inner);
+        handed.retain(|_, t| *t > tokio::time::Instant::now());
+        handed.insert(outbox.to_owned(), until);
+    }
+
+    /// Whether the outbox was handed back recently: another host should take it.
+    pub fn is_handed_back(&self, outbox: &str) -> bool {
+        let handed = self.handed_back.lock().unwrap_or_else(PoisonError::into_inner);
+        handed.get(outbox).is_some_and(|t| *t > tokio::time::Instant::now())
     }
 
     /// Wakes the outbox's drain. Never waits: a drain already running looks
@@ -153,6 +181,8 @@ impl Dispatcher {
                 unrunnable: Mutex::new(HashSet::new()),
                 pricer: ArcSwapOption::empty(),
                 timers: Mutex::new(HashMap::new()),
+                hand_back: AtomicUsize::new(0),
+                handed_back: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -335,6 +365,20 @@ impl Dispatcher {
     /// The queue's error.
     pub async fn poll_once(&self) -> Result<(), QueueError> {
         self.recover_expired().await?;
+        // Announce this host and learn its share of the busy outboxes: a host
+        // holding more than its share hands some back, so N hosts all work.
+        let poll = Duration::from_millis(self.inner.config.load().dispatch.poll_ms);
+        let share = self.inner.queue.heartbeat(&self.inner.owner, poll * 3).await?;
+        let excess = share.excess();
+        if excess > 0 {
+            debug!(
+                hosts = share.hosts,
+                slots = share.slots,
+                mine = share.mine,
+                "Holding more than this host's share of drain slots."
+            );
+        }
+        self.inner.hand_back.store(excess, Ordering::Release);
         for outbox in self.inner.queue.due_outboxes(1000).await? {
             debug!(outbox = %outbox, "Poll found due work.");
             self.trigger(&outbox);

@@ -242,6 +242,16 @@ pub fn refusal(id: OpId, found: Option<(&str, bool)>, transition: Transition) ->
     }
 }
 
+/// A host share from the counts a heartbeat read.
+pub fn host_share(hosts: i64, slots: i64, mine: i64) -> super::HostShare {
+    let count = |n: i64| usize::try_from(n).unwrap_or(0);
+    super::HostShare {
+        hosts: count(hosts),
+        slots: count(slots),
+        mine: count(mine),
+    }
+}
+
 /// A compare-and-set's result from the rows it changed.
 pub fn cas(rows: u64) -> Cas {
     if rows == 1 {

@@ -339,6 +339,29 @@ pub struct SlotLease {
     pub token: Uuid,
 }
 
+/// How the live drain slots are shared among the hosts, as one host sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct HostShare {
+    /// Hosts that announced themselves recently, this one included.
+    pub hosts: usize,
+    /// Drain slots held now, by any host.
+    pub slots: usize,
+    /// Drain slots this host holds.
+    pub mine: usize,
+}
+
+impl HostShare {
+    /// How many slots this host should hand back: what it holds beyond an
+    /// even share of the held slots, rounded up, so that N hosts on busy
+    /// outboxes all work instead of one holding every slot.
+    pub fn excess(&self) -> usize {
+        if self.hosts <= 1 {
+            return 0;
+        }
+        self.mine.saturating_sub(self.slots.div_ceil(self.hosts))
+    }
+}
+
 /// A strict lane held by a dead letter.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LaneHalt {
@@ -568,6 +591,11 @@ pub trait Queue: Send + Sync + std::fmt::Debug {
     /// Gives a held slot up at once.
     async fn release_slot(&self, slot: &SlotLease) -> Result<(), QueueError>;
 
+    /// Announces `owner` as a live host until `ttl` from now, forgets hosts
+    /// whose announcement ran out, and returns how the live drain slots are
+    /// shared.
+    async fn heartbeat(&self, owner: &str, ttl: Duration) -> Result<HostShare, QueueError>;
+
     /// Strict lanes held by dead letters (all outboxes when `None`).
     async fn lane_halts(&self, outbox: Option<&str>) -> Result<Vec<LaneHalt>, QueueError>;
 
@@ -645,6 +673,17 @@ pub fn redact_url(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_host_hands_back_what_it_holds_beyond_an_even_share() {
+        let share = |hosts, slots, mine| HostShare { hosts, slots, mine }.excess();
+        assert_eq!(share(1, 3, 3), 0, "alone, a host keeps everything");
+        assert_eq!(share(2, 3, 3), 1, "two hosts, three slots: 2 and 1");
+        assert_eq!(share(2, 3, 2), 0);
+        assert_eq!(share(3, 3, 3), 2);
+        assert_eq!(share(2, 4, 1), 0, "under its share, nothing to give");
+        assert_eq!(share(3, 0, 0), 0);
+    }
 
     #[test]
     fn passwords_are_redacted_from_urls() {

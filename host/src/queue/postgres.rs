@@ -19,12 +19,13 @@ use sqlx::{Postgres, QueryBuilder, Row, Transaction};
 use uuid::Uuid;
 
 use super::common::{
-    admit_claims, cas, check_versions, chrono_duration, expire_params, is_unique_violation, lane_lock_key, now_ms,
-    parse_priority, parse_status, refusal, unsent_guard, validate_new_op, FinishParams,
+    admit_claims, cas, check_versions, chrono_duration, expire_params, host_share, is_unique_violation, lane_lock_key,
+    now_ms, parse_priority, parse_status, refusal, unsent_guard, validate_new_op, FinishParams,
 };
 use super::{
     new_token, Backend, BookRow, CandidateOp, Cas, ClaimRequest, Claimed, Completion, Depth, Enqueued, ExpireTo,
-    HaltedSubject, LaneHalt, LeaseSpec, Limits, NewOp, Occupant, OpFilter, Queue, QueueError, SlotLease, Subscription,
+    HaltedSubject, HostShare, LaneHalt, LeaseSpec, Limits, NewOp, Occupant, OpFilter, Queue, QueueError, SlotLease,
+    Subscription,
 };
 use crate::clock::Clock;
 use crate::config::DatabaseConfig;
@@ -781,6 +782,34 @@ impl Queue for PgQueue {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+
+    async fn heartbeat(&self, owner: &str, ttl: Duration) -> Result<HostShare, QueueError> {
+        let now = self.now();
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO hosts (owner, seen_until) VALUES ($1, $2) \
+             ON CONFLICT (owner) DO UPDATE SET seen_until = excluded.seen_until",
+        )
+        .bind(owner)
+        .bind(now + chrono_duration(ttl))
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("DELETE FROM hosts WHERE seen_until < $1")
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        let (hosts, slots, mine): (i64, i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM hosts), \
+                 (SELECT count(*) FROM drain_slots WHERE lease_until >= $1), \
+                 (SELECT count(*) FROM drain_slots WHERE lease_until >= $1 AND owner = $2)",
+        )
+        .bind(now)
+        .bind(owner)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(host_share(hosts, slots, mine))
     }
 
     async fn lane_halts(&self, outbox: Option<&str>) -> Result<Vec<LaneHalt>, QueueError> {

@@ -173,3 +173,74 @@ async fn postgres_two_dispatchers_share_outboxes_and_take_over_from_a_dead_one()
     ensure!(takeover < Duration::from_millis(3500), "takeover took {takeover:?}");
     Ok(())
 }
+
+/// A second host on busy outboxes gets work: the first, holding every
+/// drain slot, hands back what it holds beyond an even share, and the two
+/// never drain one outbox at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_a_second_host_gets_a_share_of_busy_outboxes() -> anyhow::Result<()> {
+    let db = support::postgres_live().await?;
+    let TestBackend::Postgres(first_queue) = &db.kind else {
+        anyhow::bail!("not postgres")
+    };
+    let search_path: String = sqlx::query_scalar("SELECT current_schema()::text")
+        .fetch_one(first_queue.pool())
+        .await?;
+    let options = PgConnectOptions::from_str(&support::pg_url())?.options([("search_path", search_path.as_str())]);
+    let mut db_config = fast_config("")?.database;
+    db_config.url = support::pg_url();
+    let second_queue = PgQueue::open_with(
+        options,
+        &db_config,
+        Limits::default(),
+        Arc::new(laneway::clock::SystemClock),
+    )
+    .await?;
+    // Three outboxes with several seconds of work each (three lanes, 15 ms per op).
+    let outboxes = ["o1", "o2", "o3"];
+    let mut ops = Vec::new();
+    for n in 0..400 {
+        for outbox in outboxes {
+            ops.push(to(outbox, &format!("https://{outbox}-{}.example/inbox", n % 3), n));
+        }
+    }
+    db.queue.enqueue(&ops).await?;
+    let watch = Arc::new(Mutex::new(Watch::default()));
+    let config = fast_config("[dispatch]\npoll_ms = 50\n")?;
+    let a = Running::start(Arc::new(first_queue.clone()), registry("A", &watch), config.clone());
+    for outbox in outboxes {
+        a.dispatcher.trigger(outbox);
+    }
+    // A holds every slot before B starts.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let held = a.dispatcher.draining().len();
+        if held == outboxes.len() {
+            break;
+        }
+        ensure!(Instant::now() < deadline, "A never drained all outboxes (holds {held})");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let b_started = Instant::now();
+    let b = Running::start(
+        Arc::new(second_queue.clone()) as Arc<dyn Queue>,
+        registry("B", &watch),
+        config,
+    );
+    settle(&second_queue, Duration::from_secs(60)).await?;
+    a.stop().await?;
+    b.stop().await?;
+    let w = watch.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, msg)) = &w.conflict {
+        anyhow::bail!("{msg}");
+    }
+    let by_b = w.log.iter().filter(|(_, owner, _)| owner == "B").count();
+    let a_after = w
+        .log
+        .iter()
+        .filter(|(at, owner, _)| owner == "A" && *at > b_started)
+        .count();
+    ensure!(by_b > 0, "B never got an outbox while A held them all");
+    ensure!(a_after > 0, "A stopped working once B came");
+    Ok(())
+}
