@@ -1319,8 +1319,10 @@ async fn occupants_in(conn: &mut SqliteConnection, lanes: &[String]) -> Result<V
         return Ok(Vec::new());
     }
     let wanted = serde_json::to_string(lanes).map_err(|e| QueueError::InvalidOp(e.to_string()))?;
+    // INDEXED BY: without statistics SQLite may answer the `pending AND
+    // receipt` branch from the status index, reading every waiting op.
     sqlx::query(&format!(
-        "SELECT {OCCUPANT_COLUMNS} FROM ops WHERE {OCCUPYING} AND EXISTS \
+        "SELECT {OCCUPANT_COLUMNS} FROM ops INDEXED BY ops_occupying WHERE {OCCUPYING} AND EXISTS \
          (SELECT 1 FROM json_each(ops.lanes) AS l WHERE l.value IN (SELECT value FROM json_each(?)))"
     ))
     .bind(wanted)
