@@ -65,6 +65,10 @@ pub(super) async fn drain(inner: Arc<Inner>, outbox: String) {
 /// backoff ends soon; a longer wait ends the pass and sets a timer.
 const HOLD_PASS_FOR: Duration = Duration::from_secs(1);
 
+/// How soon a pass reads its book in full again after parking an op it
+/// could not claim (at most `poll_ms`).
+const PARKED_RECHECK: Duration = Duration::from_millis(250);
+
 /// What an execution task hands back.
 struct Finished {
     claimed: Claimed,
@@ -285,14 +289,24 @@ impl Pass {
             .queue
             .settle_and_claim(&completions, &chosen, &spec, &rules)
             .await?;
+        // A retry settled in this round is due after the schedule above
+        // looked: the pass must wait for it (or leave a timer), not end.
+        let mut due_next = due_next;
+        for (c, result) in completions.iter().zip(&settled) {
+            if let (Finish::Retry { next_attempt_at, .. }, true) = (&c.finish, result.applied()) {
+                due_next = Some(due_next.map_or(*next_attempt_at, |d| d.min(*next_attempt_at)));
+            }
+        }
         self.record_settles(&completions, notes, settled);
         let claimed_ids: HashSet<OpId> = claimed.iter().map(|c| c.op.id).collect();
         for id in &chosen {
             if claimed_ids.contains(id) {
                 self.book.claimed(*id);
             } else {
-                // Held by a lane elsewhere, or changed under the book.
+                // Held by a lane elsewhere, or changed under the book: a
+                // full read soon explains it.
                 self.book.park(*id);
+                self.refresh_at = self.refresh_at.min(Instant::now() + PARKED_RECHECK);
             }
         }
         // A trial op that could not be claimed must not leave its breaker
@@ -623,6 +637,7 @@ impl Pass {
             let op = &claimed.op;
             self.book.settled(op.id, &completion.finish, result.applied());
             if !result.applied() {
+                self.refresh_at = self.refresh_at.min(Instant::now() + PARKED_RECHECK);
                 warn!(
                     op = op.id,
                     attempt = claimed.lease.attempt,

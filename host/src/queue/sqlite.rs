@@ -101,15 +101,29 @@ async fn group_commit(queue: SqliteQueue, mut inbox: tokio::sync::mpsc::Unbounde
     }
 }
 
-/// Wake-ups from commits by other processes: the watcher looks at
-/// `PRAGMA data_version` every `every` and, when it moved, at the outboxes'
-/// insert counters (`outbox_wakeups`, bumped by a trigger on `ops`).
+/// Wake-ups from commits by other processes. Every `every`, the watcher
+/// looks at the write-ahead log's size and modification time (a `stat`,
+/// which every commit changes); only when they moved does it ask SQLite for
+/// `PRAGMA data_version` and, when that moved too, read the outboxes'
+/// insert counters (`outbox_wakeups`, bumped by a trigger on `ops`). An idle
+/// host so costs a system call per look, not a query.
 struct SqliteSubscription {
     conn: SqliteConnection,
+    wal: std::path::PathBuf,
+    wal_seen: Option<(u64, std::time::SystemTime)>,
     version: i64,
     seqs: std::collections::HashMap<String, i64>,
     ready: std::collections::VecDeque<String>,
     every: Duration,
+}
+
+impl SqliteSubscription {
+    /// The log's size and modification time; `None` when it cannot be read
+    /// (then the watcher asks SQLite every time).
+    fn wal_state(&self) -> Option<(u64, std::time::SystemTime)> {
+        let meta = std::fs::metadata(&self.wal).ok()?;
+        Some((meta.len(), meta.modified().ok()?))
+    }
 }
 
 #[async_trait]
@@ -120,6 +134,11 @@ impl Subscription for SqliteSubscription {
                 return Ok(outbox);
             }
             tokio::time::sleep(self.every).await;
+            let wal = self.wal_state();
+            if wal.is_some() && wal == self.wal_seen {
+                continue;
+            }
+            self.wal_seen = wal;
             let version = data_version(&mut self.conn).await?;
             if version == self.version {
                 continue;
@@ -1226,8 +1245,12 @@ impl Queue for SqliteQueue {
         let mut conn = self.watch_options.connect().await?;
         let version = data_version(&mut conn).await?;
         let seqs = wakeup_counters(&mut conn).await?.into_iter().collect();
+        let mut wal = self.watch_options.get_filename().as_os_str().to_owned();
+        wal.push("-wal");
         Ok(Some(Box::new(SqliteSubscription {
             conn,
+            wal: wal.into(),
+            wal_seen: None,
             version,
             seqs,
             ready: std::collections::VecDeque::new(),
