@@ -242,6 +242,29 @@ pub fn refusal(id: OpId, found: Option<(&str, bool)>, transition: Transition) ->
     }
 }
 
+/// What a drain's book reads of an op (both dialects).
+pub const BOOK_COLUMNS: &str = "id, kind, priority, lanes, status = 'submitted' AS in_flight, \
+     receipt IS NOT NULL AS in_doubt, next_attempt_at, attempts - attempt_floor AS budget_attempts, fee_bumps, \
+     created_at, (subject IS NOT NULL AND EXISTS (SELECT 1 FROM halted_subjects h WHERE h.subject = ops.subject)) \
+     AS subject_halted";
+
+/// The outboxes with due work, given the dialect's placeholders for now and
+/// the limit: a skip scan over the (outbox, priority, id) index of pending
+/// ops, one seek per outbox rather than one row per waiting op, so the poll
+/// costs the same with a million ops waiting as with ten.
+pub fn due_outboxes_sql(now: &str, limit: &str) -> String {
+    format!(
+        "WITH RECURSIVE o(outbox) AS ( \
+             SELECT (SELECT outbox FROM ops WHERE status = 'pending' ORDER BY outbox LIMIT 1) \
+             UNION ALL \
+             SELECT (SELECT outbox FROM ops WHERE status = 'pending' AND outbox > o.outbox ORDER BY outbox LIMIT 1) \
+             FROM o WHERE o.outbox IS NOT NULL) \
+         SELECT outbox FROM o WHERE outbox IS NOT NULL AND EXISTS \
+             (SELECT 1 FROM ops WHERE status = 'pending' AND ops.outbox = o.outbox AND next_attempt_at <= {now}) \
+         LIMIT {limit}"
+    )
+}
+
 /// A host share from the counts a heartbeat read.
 pub fn host_share(hosts: i64, slots: i64, mine: i64) -> super::HostShare {
     let count = |n: i64| usize::try_from(n).unwrap_or(0);

@@ -23,8 +23,9 @@ use sqlx::sqlite::{
 use sqlx::{ConnectOptions as _, QueryBuilder, Row, Sqlite, Transaction};
 
 use super::common::{
-    admit_claims, cas, check_versions, chrono_duration, expire_params, host_share, is_unique_violation, now_ms,
-    parse_priority, parse_status, refusal, unsent_guard, validate_new_op, FinishParams,
+    admit_claims, cas, check_versions, chrono_duration, due_outboxes_sql, expire_params, host_share,
+    is_unique_violation, now_ms, parse_priority, parse_status, refusal, unsent_guard, validate_new_op, FinishParams,
+    BOOK_COLUMNS,
 };
 use super::{
     new_token, Backend, BookRow, CandidateOp, Cas, ClaimRequest, Claimed, Completion, Depth, Enqueued, ExpireTo,
@@ -45,13 +46,6 @@ const OP_COLUMNS: &str = "id, outbox, kind, priority, lanes, payload, idempotenc
 /// What the lane guard reads of an op.
 const OCCUPANT_COLUMNS: &str =
     "id, outbox, kind, priority, lanes, status = 'submitted' AS in_flight, receipt IS NOT NULL AS in_doubt";
-
-/// What a drain's book reads of an op.
-const BOOK_COLUMNS: &str =
-    "id, kind, priority, lanes, status = 'submitted' AS in_flight, receipt IS NOT NULL AS in_doubt, \
-     next_attempt_at, attempts - attempt_floor AS budget_attempts, fee_bumps, created_at, \
-     (subject IS NOT NULL AND EXISTS (SELECT 1 FROM halted_subjects h WHERE h.subject = ops.subject)) \
-     AS subject_halted";
 
 /// Ops that occupy their lanes (the `ops_occupying` partial index).
 const OCCUPYING: &str = "(status = 'submitted' OR (status = 'pending' AND receipt IS NOT NULL))";
@@ -1053,23 +1047,11 @@ impl Queue for SqliteQueue {
     }
 
     async fn due_outboxes(&self, limit: u32) -> Result<Vec<String>, QueueError> {
-        Ok(sqlx::query_scalar(
-            // A skip scan over the (outbox, priority, id) index of pending ops:
-            // one seek per outbox, not one row per waiting op, so the poll
-            // costs the same with a million ops waiting as with ten.
-            "WITH RECURSIVE o(outbox) AS ( \
-                 SELECT (SELECT outbox FROM ops WHERE status = 'pending' ORDER BY outbox LIMIT 1) \
-                 UNION ALL \
-                 SELECT (SELECT outbox FROM ops WHERE status = 'pending' AND outbox > o.outbox ORDER BY outbox LIMIT 1) \
-                 FROM o WHERE o.outbox IS NOT NULL) \
-             SELECT outbox FROM o WHERE outbox IS NOT NULL AND EXISTS \
-                 (SELECT 1 FROM ops WHERE status = 'pending' AND ops.outbox = o.outbox AND next_attempt_at <= ?1) \
-             LIMIT ?2",
-        )
-        .bind(ms(self.now()))
-        .bind(i64::from(limit))
-        .fetch_all(&self.reader)
-        .await?)
+        Ok(sqlx::query_scalar(&due_outboxes_sql("?1", "?2"))
+            .bind(ms(self.now()))
+            .bind(i64::from(limit))
+            .fetch_all(&self.reader)
+            .await?)
     }
 
     async fn acquire_slot(&self, outbox: &str, owner: &str, ttl: Duration) -> Result<Option<SlotLease>, QueueError> {

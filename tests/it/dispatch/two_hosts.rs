@@ -74,6 +74,23 @@ fn registry(owner: &str, watch: &Arc<Mutex<Watch>>) -> Arc<Registry> {
     Arc::new(Registry::new(executors))
 }
 
+/// A second host: its own pool on the first one's schema.
+async fn second_host(first: &PgQueue) -> anyhow::Result<PgQueue> {
+    let search_path: String = sqlx::query_scalar("SELECT current_schema()::text")
+        .fetch_one(first.pool())
+        .await?;
+    let options = PgConnectOptions::from_str(&support::pg_url())?.options([("search_path", search_path.as_str())]);
+    let mut db_config = fast_config("")?.database;
+    db_config.url = support::pg_url();
+    Ok(PgQueue::open_with(
+        options,
+        &db_config,
+        Limits::default(),
+        Arc::new(laneway::clock::SystemClock),
+    )
+    .await?)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_two_dispatchers_share_outboxes_and_take_over_from_a_dead_one() -> anyhow::Result<()> {
     let db = support::postgres_live().await?;
@@ -81,19 +98,7 @@ async fn postgres_two_dispatchers_share_outboxes_and_take_over_from_a_dead_one()
         anyhow::bail!("not postgres")
     };
     // A second host: its own pool on the same schema.
-    let search_path: String = sqlx::query_scalar("SELECT current_schema()::text")
-        .fetch_one(first_queue.pool())
-        .await?;
-    let options = PgConnectOptions::from_str(&support::pg_url())?.options([("search_path", search_path.as_str())]);
-    let mut db_config = fast_config("")?.database;
-    db_config.url = support::pg_url();
-    let second_queue = PgQueue::open_with(
-        options,
-        &db_config,
-        Limits::default(),
-        Arc::new(laneway::clock::SystemClock),
-    )
-    .await?;
+    let second_queue = second_host(first_queue).await?;
 
     let outboxes = ["o1", "o2", "o3", "o4"];
     let mut ops = Vec::new();
@@ -183,19 +188,7 @@ async fn postgres_a_second_host_gets_a_share_of_busy_outboxes() -> anyhow::Resul
     let TestBackend::Postgres(first_queue) = &db.kind else {
         anyhow::bail!("not postgres")
     };
-    let search_path: String = sqlx::query_scalar("SELECT current_schema()::text")
-        .fetch_one(first_queue.pool())
-        .await?;
-    let options = PgConnectOptions::from_str(&support::pg_url())?.options([("search_path", search_path.as_str())]);
-    let mut db_config = fast_config("")?.database;
-    db_config.url = support::pg_url();
-    let second_queue = PgQueue::open_with(
-        options,
-        &db_config,
-        Limits::default(),
-        Arc::new(laneway::clock::SystemClock),
-    )
-    .await?;
+    let second_queue = second_host(first_queue).await?;
     // Three outboxes with several seconds of work each (three lanes, 15 ms per op).
     let outboxes = ["o1", "o2", "o3"];
     let mut ops = Vec::new();
