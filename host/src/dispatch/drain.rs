@@ -199,7 +199,7 @@ impl Pass {
                 next_renew = Instant::now() + renew_every;
             }
             if grace_deadline.is_some_and(|d| Instant::now() >= d) {
-                self.interrupt().await?;
+                self.interrupt().await;
                 break;
             }
         }
@@ -230,15 +230,8 @@ impl Pass {
                 .into_iter()
                 .cloned()
                 .collect();
-            let seen: HashSet<OpId> = rows.iter().map(|r| r.id).collect();
-            let elsewhere = self
-                .inner
-                .queue
-                .occupants(&lanes)
-                .await?
-                .into_iter()
-                .filter(|o| !seen.contains(&o.id))
-                .collect();
+            // Those the book holds itself are left out when it schedules.
+            let elsewhere = self.inner.queue.occupants(&lanes).await?;
             let config = self.inner.config.load_full();
             self.log_unrunnable_kinds(&rows, &config);
             self.book
@@ -277,8 +270,9 @@ impl Pass {
         let finished = std::mem::take(&mut self.finished);
         let (completions, notes) = self.decide(finished, &config, now);
         let (chosen, permits, trials, bids) = self.choose(start, now).await?;
+        let due_at = |at: DateTime<Utc>| Instant::now() + (at - now).to_std().unwrap_or_default();
         if completions.is_empty() && chosen.is_empty() {
-            return Ok(due_next.map(|at| Instant::now() + (at - now).to_std().unwrap_or_default()));
+            return Ok(due_next.map(due_at));
         }
         let spec = LeaseSpec {
             owner: self.inner.owner.clone(),
@@ -319,7 +313,7 @@ impl Pass {
             }
         }
         self.spawn(claimed, permits, &bids, &config);
-        Ok(due_next.map(|at| Instant::now() + (at - now).to_std().unwrap_or_default()))
+        Ok(due_next.map(due_at))
     }
 
     /// Which ops of the book may start now, and when the earliest waiting
@@ -689,7 +683,7 @@ impl Pass {
     }
 
     /// Shutdown grace is over: stop what still runs and return it to the queue.
-    async fn interrupt(&mut self) -> Result<(), DispatchError> {
+    async fn interrupt(&mut self) {
         self.running.abort_all();
         let mut batch = Vec::new();
         while let Some(joined) = self.running.join_next_with_id().await {
@@ -699,7 +693,6 @@ impl Pass {
             warn!(ops = batch.len(), outbox = %self.slot.outbox, "Interrupting in-flight ops at shutdown.");
         }
         self.finished.extend(batch);
-        Ok(())
     }
 }
 

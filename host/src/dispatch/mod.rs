@@ -365,8 +365,13 @@ impl Dispatcher {
     /// The queue's error.
     pub async fn poll_once(&self) -> Result<(), QueueError> {
         self.recover_expired().await?;
+        for outbox in self.inner.queue.due_outboxes(1000).await? {
+            debug!(outbox = %outbox, "Poll found due work.");
+            self.trigger(&outbox);
+        }
         // Announce this host and learn its share of the busy outboxes: a host
         // holding more than its share hands some back, so N hosts all work.
+        // Last, so a failing heartbeat never keeps due work from its drain.
         let poll = Duration::from_millis(self.inner.config.load().dispatch.poll_ms);
         let share = self.inner.queue.heartbeat(&self.inner.owner, poll * 3).await?;
         let excess = share.excess();
@@ -379,10 +384,6 @@ impl Dispatcher {
             );
         }
         self.inner.hand_back.store(excess, Ordering::Release);
-        for outbox in self.inner.queue.due_outboxes(1000).await? {
-            debug!(outbox = %outbox, "Poll found due work.");
-            self.trigger(&outbox);
-        }
         Ok(())
     }
 

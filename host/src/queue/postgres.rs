@@ -192,7 +192,13 @@ impl PgQueue {
         .iter()
         .map(occupant_from_row)
         .collect::<Result<Vec<_>, _>>()?;
-        let lanes: std::collections::BTreeSet<&String> = picked.iter().flat_map(|o| &o.lanes).collect();
+        let lanes: Vec<String> = picked
+            .iter()
+            .flat_map(|o| &o.lanes)
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .cloned()
+            .collect();
         let keys: Vec<i64> = lanes.iter().map(|l| lane_lock_key(l)).collect();
         let refused: std::collections::HashSet<i64> =
             sqlx::query_scalar("SELECT k FROM unnest($1::bigint[]) AS k WHERE NOT pg_try_advisory_xact_lock(k)")
@@ -202,12 +208,11 @@ impl PgQueue {
                 .into_iter()
                 .collect();
         let contended: std::collections::HashSet<String> = lanes
-            .into_iter()
+            .iter()
             .filter(|l| refused.contains(&lane_lock_key(l)))
             .cloned()
             .collect();
-        let all_lanes: Vec<String> = picked.iter().flat_map(|o| o.lanes.iter().cloned()).collect();
-        let occupants = occupants_in(&mut *tx, &all_lanes).await?;
+        let occupants = occupants_in(&mut *tx, &lanes).await?;
         let admitted = admit_claims(&picked, &occupants, rules, &contended);
         if admitted.is_empty() {
             return Ok(Vec::new());

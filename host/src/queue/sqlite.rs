@@ -483,7 +483,11 @@ impl SqliteQueue {
     /// inside a savepoint of its own. BEGIN IMMEDIATE serializes every
     /// writer of the file, in this process and others, so the occupants a
     /// claim reads cannot change before it commits; a round sees the claims
-    /// of the rounds before it.
+    /// of the rounds before it. A round whose statements fail is rolled back
+    /// to its savepoint alone; if the savepoint itself cannot be used (SQLite
+    /// rolled the whole transaction back, as it does on I/O errors), no later
+    /// round runs and nothing is committed, so no round is reported failed
+    /// while its changes stand.
     async fn apply_rounds(&self, rounds: &[Round]) -> Vec<RoundResult> {
         let failed = |e: &QueueError| QueueError::Database(sqlx::Error::Protocol(format!("group commit: {e}")));
         let mut tx = match self.write().await {
@@ -492,7 +496,10 @@ impl SqliteQueue {
         };
         let mut results = Vec::with_capacity(rounds.len());
         for round in rounds {
-            results.push(self.apply_round(&mut tx, round).await);
+            match self.apply_round(&mut tx, round).await {
+                Ok(result) => results.push(result),
+                Err(e) => return rounds.iter().map(|_| Err(failed(&e))).collect(),
+            }
         }
         if let Err(e) = tx.commit().await {
             let e = QueueError::from(e);
@@ -501,7 +508,9 @@ impl SqliteQueue {
         results
     }
 
-    async fn apply_round(&self, tx: &mut SqliteConnection, round: &Round) -> RoundResult {
+    /// One round inside its savepoint: the round's own result, or an error
+    /// of the savepoint itself, which leaves the transaction unusable.
+    async fn apply_round(&self, tx: &mut SqliteConnection, round: &Round) -> Result<RoundResult, QueueError> {
         sqlx::query("SAVEPOINT round").execute(&mut *tx).await?;
         let applied = async {
             let settled = self.complete_in(&mut *tx, &round.completions).await?;
@@ -511,17 +520,11 @@ impl SqliteQueue {
             Ok::<_, QueueError>((settled, claimed))
         }
         .await;
-        match applied {
-            Ok(done) => {
-                sqlx::query("RELEASE round").execute(&mut *tx).await?;
-                Ok(done)
-            }
-            Err(e) => {
-                sqlx::query("ROLLBACK TO round").execute(&mut *tx).await?;
-                sqlx::query("RELEASE round").execute(&mut *tx).await?;
-                Err(e)
-            }
+        if applied.is_err() {
+            sqlx::query("ROLLBACK TO round").execute(&mut *tx).await?;
         }
+        sqlx::query("RELEASE round").execute(&mut *tx).await?;
+        Ok(applied)
     }
 
     /// Applies a compare-and-set update to each lease in one transaction.
