@@ -44,7 +44,14 @@ pub(super) async fn drain(inner: Arc<Inner>, outbox: String) {
             match inner.queue.acquire_slot(&outbox, &inner.owner, ttl).await {
                 Ok(Some(slot)) => {
                     debug!(outbox = %outbox, "Drain pass starts.");
-                    if let Err(e) = Pass::new(inner.clone(), slot.clone()).run().await {
+                    let favoured = inner.share().join(&outbox);
+                    let mut pass = Pass::new(inner.clone(), slot.clone());
+                    pass.favoured = favoured;
+                    let result = pass.run().await;
+                    inner.share().leave(&outbox, pass.starved);
+                    // Permits this pass leaves free go to whoever waits.
+                    inner.wake_starved();
+                    if let Err(e) = result {
                         error!(outbox = %outbox, error = %e, "Drain pass failed; in-flight ops will be recovered by lease expiry.");
                     }
                     if let Err(e) = inner.queue.release_slot(&slot).await {
@@ -109,6 +116,11 @@ struct Pass {
     slot_lost: bool,
     /// Handing the slot to another host: finish what runs, start nothing.
     yielding: bool,
+    /// The last schedule left ready ops waiting for a host permit.
+    starved: bool,
+    /// The pass was woken from starvation: until it starts something, it
+    /// may take the permits other drains leave free for starved outboxes.
+    favoured: bool,
 }
 
 impl Pass {
@@ -126,10 +138,12 @@ impl Pass {
             finished: Vec::new(),
             slot_lost: false,
             yielding: false,
+            starved: false,
+            favoured: false,
         }
     }
 
-    async fn run(mut self) -> Result<(), DispatchError> {
+    async fn run(&mut self) -> Result<(), DispatchError> {
         let config = self.inner.config.load_full();
         let lease_for = Duration::from_millis(config.queue.lease_ms);
         let renew_every = lease_for / 3;
@@ -263,6 +277,7 @@ impl Pass {
         let now = self.inner.clock.now();
         let rules = config.lane_rules();
         let (start, due_next) = if stopping {
+            self.starved = false;
             (Vec::new(), None)
         } else {
             self.schedule(&config, &rules, now)
@@ -312,19 +327,37 @@ impl Pass {
                 breakers.record(dest, None, now);
             }
         }
+        if !claimed.is_empty() {
+            self.favoured = false;
+        }
         self.spawn(claimed, permits, &bids, &config);
+        // Permits this round freed and left to the share of others.
+        self.inner.wake_starved();
         Ok(due_next.map(due_at))
     }
 
     /// Which ops of the book may start now, and when the earliest waiting
     /// one becomes due.
-    fn schedule(&self, config: &Config, rules: &LaneRules, now: DateTime<Utc>) -> (Vec<OpId>, Option<DateTime<Utc>>) {
+    fn schedule(
+        &mut self,
+        config: &Config,
+        rules: &LaneRules,
+        now: DateTime<Utc>,
+    ) -> (Vec<OpId>, Option<DateTime<Utc>>) {
         let mut due_next: Option<DateTime<Utc>> = None;
         let halted = self.book.halted_lanes();
         let mut input: Vec<Candidate> = Vec::with_capacity(self.book.len() + halted.len());
+        // Host permits: what is free and not left to a starved outbox, and
+        // no more than this outbox's fair share while others want them too.
+        let starts = {
+            let share = self.inner.share();
+            let free = self.inner.permits.available_permits();
+            let free = if self.favoured { free } else { share.takeable(free) };
+            free.min(share.fair(self.inner.permit_total).saturating_sub(self.running.len()))
+        };
         let mut caps = Caps {
             global: Some(config.dispatch.outbox_max_in_flight),
-            starts: Some(self.inner.permits.available_permits()),
+            starts: Some(starts),
             ..Caps::default()
         };
         for (name, kind) in &config.kinds {
@@ -379,6 +412,20 @@ impl Pass {
             });
         }
         let start = lanes::schedule(&input, &elsewhere, &caps);
+        // Nothing runs and nothing may start for want of a permit: would
+        // anything start with one? Then the pass ends starved, and the
+        // outbox is woken when permits free.
+        self.starved = starts == 0
+            && self.running.is_empty()
+            && !lanes::schedule(
+                &input,
+                &elsewhere,
+                &Caps {
+                    starts: Some(1),
+                    ..caps.clone()
+                },
+            )
+            .is_empty();
         debug!(outbox = %self.slot.outbox, candidates = self.book.len(), start = ?start, "Scheduled.");
         (start, due_next)
     }

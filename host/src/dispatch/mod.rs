@@ -7,6 +7,7 @@
 
 mod book;
 mod drain;
+mod share;
 pub mod slots;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -45,6 +46,8 @@ pub(crate) struct Inner {
     pub owner: String,
     pub slots: LocalSlots,
     pub permits: Arc<Semaphore>,
+    /// How many permits there are in all (`dispatch.max_in_flight` at start).
+    pub permit_total: usize,
     pub breakers: Mutex<Breakers>,
     pub cancel: CancellationToken,
     pub tasks: TaskTracker,
@@ -60,6 +63,8 @@ pub(crate) struct Inner {
     /// Outboxes handed back, not to be taken again before the time given
     /// unless no other host took them.
     pub handed_back: Mutex<HashMap<String, tokio::time::Instant>>,
+    /// Which outboxes contend for the host's permits.
+    pub share: Mutex<share::Share>,
 }
 
 impl Inner {
@@ -67,6 +72,29 @@ impl Inner {
     pub fn warned_kind(&self, kind: &str) -> bool {
         let mut seen = self.unrunnable.lock().unwrap_or_else(PoisonError::into_inner);
         !seen.insert(kind.to_owned())
+    }
+
+    pub fn share(&self) -> std::sync::MutexGuard<'_, share::Share> {
+        // Plain sets: consistent even if a holder panicked.
+        self.share.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Wakes outboxes that wait for host permits, if any are free.
+    pub fn wake_starved(self: &Arc<Self>) {
+        let free = self.permits.available_permits();
+        if free == 0 {
+            return;
+        }
+        let wake = {
+            let share = self.share();
+            if !share.has_starved() {
+                return;
+            }
+            share.to_wake(free)
+        };
+        for outbox in wake {
+            self.trigger(&outbox);
+        }
     }
 
     pub fn breakers(&self) -> std::sync::MutexGuard<'_, Breakers> {
@@ -166,6 +194,7 @@ impl Dispatcher {
             cool_off: Duration::from_millis(config.dispatch.breaker.cool_off_ms),
         });
         let permits = Arc::new(Semaphore::new(config.dispatch.max_in_flight));
+        let permit_total = config.dispatch.max_in_flight;
         Self {
             inner: Arc::new(Inner {
                 queue,
@@ -175,6 +204,7 @@ impl Dispatcher {
                 owner,
                 slots: LocalSlots::default(),
                 permits,
+                permit_total,
                 breakers: Mutex::new(breakers),
                 cancel: CancellationToken::new(),
                 tasks: TaskTracker::new(),
@@ -183,6 +213,7 @@ impl Dispatcher {
                 timers: Mutex::new(HashMap::new()),
                 hand_back: AtomicUsize::new(0),
                 handed_back: Mutex::new(HashMap::new()),
+                share: Mutex::new(share::Share::default()),
             }),
         }
     }

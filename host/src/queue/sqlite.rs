@@ -77,6 +77,30 @@ struct Round {
 /// What a round's settles and claim came to.
 type RoundResult = Result<(Vec<Cas>, Vec<Claimed>), QueueError>;
 
+/// Hands each round its share of a merged application: its settles in
+/// order, and the claims of its own ids (an op is in one round only: one
+/// drain per outbox, one round in flight per drain).
+fn split_rounds(rounds: &[Round], settled: Vec<Cas>, claimed: Vec<Claimed>) -> Vec<RoundResult> {
+    let mut owner: std::collections::HashMap<OpId, usize> = std::collections::HashMap::new();
+    for (i, round) in rounds.iter().enumerate() {
+        for id in &round.ids {
+            owner.insert(*id, i);
+        }
+    }
+    let mut claims: Vec<Vec<Claimed>> = rounds.iter().map(|_| Vec::new()).collect();
+    for c in claimed {
+        if let Some(list) = owner.get(&c.op.id).and_then(|i| claims.get_mut(*i)) {
+            list.push(c);
+        }
+    }
+    let mut settled = settled.into_iter();
+    rounds
+        .iter()
+        .zip(claims)
+        .map(|(round, claims)| Ok((settled.by_ref().take(round.completions.len()).collect(), claims)))
+        .collect()
+}
+
 /// Most rounds one group commit takes.
 const GROUP_MAX: usize = 64;
 
@@ -109,7 +133,13 @@ struct SqliteSubscription {
     seqs: std::collections::HashMap<String, i64>,
     ready: std::collections::VecDeque<String>,
     every: Duration,
+    /// Looks so far, for the periodic look that ignores the stat.
+    looks: u32,
 }
+
+/// Every this many looks the watcher asks SQLite even when the log's stat
+/// did not move (20 looks: 100 ms at the default `watch_ms`).
+const ASK_ANYWAY: u32 = 20;
 
 impl SqliteSubscription {
     /// The log's size and modification time; `None` when it cannot be read
@@ -128,8 +158,14 @@ impl Subscription for SqliteSubscription {
                 return Ok(outbox);
             }
             tokio::time::sleep(self.every).await;
+            self.looks = self.looks.wrapping_add(1);
             let wal = self.wal_state();
-            if wal.is_some() && wal == self.wal_seen {
+            // The log's modification time is as coarse as the kernel's
+            // clock tick, and a log that SQLite restarted keeps its size, so
+            // two commits within one tick can leave the same stat: every
+            // ASK_ANYWAY-th look asks SQLite whatever the stat says, which
+            // bounds such a miss to that many looks.
+            if wal.is_some() && wal == self.wal_seen && self.looks % ASK_ANYWAY != 0 {
                 continue;
             }
             self.wal_seen = wal;
@@ -479,33 +515,82 @@ impl SqliteQueue {
         .await
     }
 
-    /// Applies rounds in one transaction, each settling and then claiming
-    /// inside a savepoint of its own. BEGIN IMMEDIATE serializes every
+    /// Applies rounds in one transaction. BEGIN IMMEDIATE serializes every
     /// writer of the file, in this process and others, so the occupants a
-    /// claim reads cannot change before it commits; a round sees the claims
-    /// of the rounds before it. A round whose statements fail is rolled back
-    /// to its savepoint alone; if the savepoint itself cannot be used (SQLite
-    /// rolled the whole transaction back, as it does on I/O errors), no later
-    /// round runs and nothing is committed, so no round is reported failed
-    /// while its changes stand.
+    /// claim reads cannot change before it commits.
+    ///
+    /// The rounds are first applied as one: one settle statement for all
+    /// their completions, one claim for all their ids (one lane check over
+    /// every op they pick, so ops of different outboxes that exclude each
+    /// other are admitted in dispatch order, as the scheduler would). The
+    /// statements per commit are then the same for one round as for sixty,
+    /// which is what a single writer's throughput depends on. If that fails,
+    /// it is rolled back and each round is applied in a savepoint of its
+    /// own, so one round's failure is that round's alone. If a savepoint
+    /// itself cannot be used (SQLite rolled the whole transaction back, as
+    /// it does on I/O errors), no later round runs and nothing is committed,
+    /// so no round is reported failed while its changes stand.
     async fn apply_rounds(&self, rounds: &[Round]) -> Vec<RoundResult> {
         let failed = |e: &QueueError| QueueError::Database(sqlx::Error::Protocol(format!("group commit: {e}")));
+        let fail_all = |e: &QueueError| rounds.iter().map(|_| Err(failed(e))).collect::<Vec<_>>();
         let mut tx = match self.write().await {
             Ok(tx) => tx,
-            Err(e) => return rounds.iter().map(|_| Err(failed(&e))).collect(),
+            Err(e) => return fail_all(&e),
         };
-        let mut results = Vec::with_capacity(rounds.len());
-        for round in rounds {
-            match self.apply_round(&mut tx, round).await {
-                Ok(result) => results.push(result),
-                Err(e) => return rounds.iter().map(|_| Err(failed(&e))).collect(),
+        let results = match self.apply_merged(&mut tx, rounds).await {
+            Ok(Some(results)) => results,
+            Ok(None) => {
+                let mut results = Vec::with_capacity(rounds.len());
+                for round in rounds {
+                    match self.apply_round(&mut tx, round).await {
+                        Ok(result) => results.push(result),
+                        Err(e) => return fail_all(&e),
+                    }
+                }
+                results
             }
-        }
+            Err(e) => return fail_all(&e),
+        };
         if let Err(e) = tx.commit().await {
-            let e = QueueError::from(e);
-            return rounds.iter().map(|_| Err(failed(&e))).collect();
+            return fail_all(&QueueError::from(e));
         }
         results
+    }
+
+    /// The rounds applied as one inside a savepoint: their results, or
+    /// `None` when they cannot be (they claim under different leases or
+    /// rules, or a statement failed and was rolled back), or an error of
+    /// the savepoint itself, which leaves the transaction unusable.
+    async fn apply_merged(
+        &self,
+        tx: &mut SqliteConnection,
+        rounds: &[Round],
+    ) -> Result<Option<Vec<RoundResult>>, QueueError> {
+        let Some(first) = rounds.first() else {
+            return Ok(Some(Vec::new()));
+        };
+        if rounds.len() == 1 {
+            return Ok(None);
+        }
+        if rounds.iter().any(|r| r.lease != first.lease || r.rules != first.rules) {
+            return Ok(None);
+        }
+        let completions: Vec<Completion> = rounds.iter().flat_map(|r| r.completions.iter().cloned()).collect();
+        let ids: Vec<OpId> = rounds.iter().flat_map(|r| r.ids.iter().copied()).collect();
+        sqlx::query("SAVEPOINT rounds").execute(&mut *tx).await?;
+        let applied = async {
+            let settled = self.complete_in(&mut *tx, &completions).await?;
+            let claimed = self.claim_ids_in(&mut *tx, &ids, &first.lease, &first.rules).await?;
+            Ok::<_, QueueError>((settled, claimed))
+        }
+        .await;
+        let Ok((settled, claimed)) = applied else {
+            sqlx::query("ROLLBACK TO rounds").execute(&mut *tx).await?;
+            sqlx::query("RELEASE rounds").execute(&mut *tx).await?;
+            return Ok(None);
+        };
+        sqlx::query("RELEASE rounds").execute(&mut *tx).await?;
+        Ok(Some(split_rounds(rounds, settled, claimed)))
     }
 
     /// One round inside its savepoint: the round's own result, or an error
@@ -1240,6 +1325,7 @@ impl Queue for SqliteQueue {
             seqs,
             ready: std::collections::VecDeque::new(),
             every: self.watch,
+            looks: 0,
         })))
     }
 

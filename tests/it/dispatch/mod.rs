@@ -38,6 +38,7 @@ crate::on_both_backends!(
     an_enqueue_through_the_dispatcher_wakes_its_drain_at_once,
     an_op_whose_backoff_ends_after_the_pass_starts_on_a_timer_not_the_poll,
     a_plain_sql_insert_by_another_connection_wakes_the_dispatcher,
+    busy_outboxes_leave_a_quiet_one_its_share_of_the_host_permits,
 );
 
 fn ids(results: Vec<Enqueued>) -> Vec<OpId> {
@@ -515,6 +516,49 @@ async fn an_enqueue_through_the_dispatcher_wakes_its_drain_at_once(db: TestDb) -
     running.stop().await?;
     ensure!(exec.delivered().len() == 1);
     ensure!(took < Duration::from_secs(2), "took {took:?}");
+    Ok(())
+}
+
+/// Two busy outboxes could hold every host permit for as long as they have
+/// work; a third outbox's op must still go soon (its fair share), not wait
+/// for their backlogs or the poll (an hour away here).
+async fn busy_outboxes_leave_a_quiet_one_its_share_of_the_host_permits(db: TestDb) -> anyhow::Result<()> {
+    let exec = Scripted::new(0);
+    let config = "[dispatch]
+poll_ms = 3600000
+max_in_flight = 2
+outbox_max_in_flight = 2
+";
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let busy: Vec<NewOp> = (0..60u32)
+        .map(|i| to(&format!("busy-{}", i % 2), &format!("https://b{i}.example/i"), i))
+        .collect();
+    let busy_ids = ids(db.queue.enqueue(&busy).await?);
+    for id in &busy_ids {
+        exec.script(*id, [Step::Sleep(Duration::from_millis(10))]);
+    }
+    running.dispatcher.trigger("busy-0");
+    running.dispatcher.trigger("busy-1");
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    let quiet = ids(running
+        .dispatcher
+        .enqueue(&[to("quiet", "https://q.example/i", 0)])
+        .await?)[0];
+    settle(db.queue.as_ref(), Duration::from_secs(10))
+        .await
+        .context("the quiet outbox's op was left waiting")?;
+    running.stop().await?;
+    let started: Vec<OpId> = exec.started().iter().map(|e| e.op).collect();
+    let at = started
+        .iter()
+        .position(|id| *id == quiet)
+        .context("quiet op never ran")?;
+    ensure!(
+        at + 20 < started.len(),
+        "the quiet op started only after {at} of {} busy ops",
+        started.len() - 1
+    );
     Ok(())
 }
 
