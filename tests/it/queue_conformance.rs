@@ -44,6 +44,7 @@ crate::on_both_backends!(
     a_receipt_in_doubt_holds_its_lanes_until_settled,
     concurrent_claimers_never_share_a_lane_across_outboxes,
     scan_reads_the_book_in_dispatch_order_or_the_ops_since_an_id,
+    scan_from_goes_on_in_dispatch_order_after_a_position,
     settle_and_claim_settles_first_in_one_transaction,
 );
 
@@ -1071,6 +1072,49 @@ async fn scan_reads_the_book_in_dispatch_order_or_the_ops_since_an_id(db: TestDb
         "ops after an id come by id whatever their tier: {since:?}"
     );
     ensure!(q.scan("o", Some(ids[5]), 100).await?.is_empty());
+    Ok(())
+}
+
+/// A read that goes on past a prefix starts right after the position it
+/// is given, in dispatch order, across tiers, skipping terminal ops.
+async fn scan_from_goes_on_in_dispatch_order_after_a_position(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let tier = |p: Priority, lane: &str| {
+        let mut o = op("o", &[lane]);
+        o.priority = p;
+        o
+    };
+    let ids: Vec<i64> = q
+        .enqueue(&[
+            tier(Priority::Normal, "A"),
+            tier(Priority::Low, "B"),
+            tier(Priority::Critical, "C"),
+            tier(Priority::Normal, "D"),
+            op("other", &["E"]),
+            tier(Priority::Normal, "F"),
+        ])
+        .await?
+        .into_iter()
+        .map(Enqueued::id)
+        .collect();
+    q.cancel(ids[3]).await?;
+    let from = |p, id| async move {
+        Ok::<Vec<i64>, anyhow::Error>(q.scan_from("o", (p, id), 100).await?.iter().map(|r| r.id).collect())
+    };
+    let all = from(Priority::Critical, 0).await?;
+    ensure!(all == vec![ids[2], ids[0], ids[5], ids[1]], "from the start: {all:?}");
+    let after_first_normal = from(Priority::Normal, ids[0]).await?;
+    ensure!(after_first_normal == vec![ids[5], ids[1]], "{after_first_normal:?}");
+    let after_critical = from(Priority::Critical, ids[2]).await?;
+    ensure!(
+        after_critical == vec![ids[0], ids[5], ids[1]],
+        "the next tier from its start: {after_critical:?}"
+    );
+    ensure!(from(Priority::Low, ids[1]).await?.is_empty());
+    ensure!(
+        q.scan_from("o", (Priority::Critical, 0), 2).await?.len() == 2,
+        "the limit holds"
+    );
     Ok(())
 }
 

@@ -1,20 +1,29 @@
 //! One drain's book: what it knows of its outbox's non-terminal ops between
 //! rounds, so a round reads only what changed instead of the whole window.
 //!
-//! Pure bookkeeping, no I/O. The drain fills the book from a full read (the
-//! first `capacity` ops in dispatch order, the lanes held by dead letters and
-//! the ops occupying those lanes elsewhere), adds ops enqueued since (a read
-//! of ids above the high-water mark), and applies its own claims and settles
-//! as it makes them. What the drain cannot see (an operator's cancel or
-//! force-retry, a lease recovered by the poll, a lane freed in another
-//! outbox) waits for the next full read, which the drain makes at least every
-//! `poll_ms`. In between, the book errs on the side of holding: an op whose
-//! claim was refused or whose settle found the row moved on stays in the
-//! book, parked (it blocks its strict lanes), until that read replaces it.
+//! Pure bookkeeping, no I/O. The drain fills the book from a full read (see
+//! [`Filling`]: the first `capacity` ops in dispatch order, and beyond them,
+//! when a few lanes crowd that prefix, the ops of the other lanes), adds ops
+//! enqueued since (a read of ids above the high-water mark), and applies its
+//! own claims and settles as it makes them. What the drain cannot see (an
+//! operator's cancel or force-retry, a lease recovered by the poll, a lane
+//! freed in another outbox) waits for the next full read, which the drain
+//! makes at least every `poll_ms`. In between, the book errs on the side of
+//! holding: an op whose claim was refused or whose settle found the row
+//! moved on stays in the book, parked (it blocks its strict lanes), until
+//! that read replaces it.
+//!
+//! The book knows every op up to its *bound* in dispatch order, except the
+//! ops of *cut* lanes from their cut on: a lane with more ops than it can
+//! use (a dead inbox with a long backlog) is not read past its first few
+//! beyond the prefix, so its backlog never hides the other lanes; an op of a
+//! cut lane after the cut waits, because ops of that lane ahead of it were
+//! not read.
 //!
 //! **Architecture Invariant:** the book never lets an op start that a fresh
-//! read would hold: every change it cannot explain parks the op, and the
-//! claim re-checks the lane rule in the database anyway.
+//! read would hold: every change it cannot explain parks the op, an op
+//! behind ops it has not read waits, and the claim re-checks the lane rule
+//! in the database anyway.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -33,61 +42,200 @@ pub(crate) struct Entry {
     pub parked: bool,
 }
 
+/// A position in dispatch order.
+pub(crate) type Key = (Priority, OpId);
+
+fn key(row: &BookRow) -> Key {
+    (row.priority, row.id)
+}
+
+/// More ops than this of one lane set in a full read, and the set is
+/// crowded: the read goes on past it to find the other lanes. A strict lane
+/// runs one op at a time, so a few queued ops keep it busy until the next
+/// full read.
+pub(crate) const CROWDED: usize = 8;
+
+/// What a full read found: the ops to keep, and what it could not see.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Filling {
+    rows: Vec<BookRow>,
+    capacity: usize,
+    per_set: HashMap<Vec<String>, usize>,
+    cut: HashMap<String, Key>,
+    /// The last op read (kept or not).
+    last: Option<Key>,
+    /// Rows read past the prefix, kept or not.
+    walked: usize,
+    /// Rows kept past the prefix.
+    kept_beyond: usize,
+    /// The read reached the outbox's last op.
+    complete: bool,
+}
+
+impl Filling {
+    /// Starts from the first ops in dispatch order, read with `capacity` as
+    /// the limit.
+    pub fn new(prefix: Vec<BookRow>, capacity: usize) -> Self {
+        let mut filling = Self {
+            capacity,
+            complete: prefix.len() < capacity,
+            ..Self::default()
+        };
+        for row in prefix {
+            filling.last = Some(key(&row));
+            *filling.per_set.entry(row.lanes.clone()).or_default() += 1;
+            filling.rows.push(row);
+        }
+        filling
+    }
+
+    /// Whether the read should go on past the prefix: it did not reach the
+    /// end, and some lane set in it is crowded (past it, the other lanes'
+    /// ops would otherwise wait until that lane's backlog drains).
+    pub fn wants_more(&self) -> bool {
+        !self.complete && self.kept_beyond < self.capacity && self.per_set.values().any(|n| *n > CROWDED)
+    }
+
+    /// Where the next page starts (after this key).
+    pub fn next_from(&self) -> Key {
+        self.last.unwrap_or((Priority::Critical, 0))
+    }
+
+    /// Takes one page read past the previous one (at most `limit` rows):
+    /// keeps the ops of lane sets that are not crowded and cuts the lanes of
+    /// those that are. Returns whether to read another page (never past
+    /// `max_walk` rows beyond the prefix).
+    pub fn page(&mut self, rows: Vec<BookRow>, limit: usize, max_walk: usize) -> bool {
+        if rows.len() < limit {
+            self.complete = true;
+        }
+        for row in rows {
+            let at = key(&row);
+            self.last = Some(at);
+            self.walked += 1;
+            let seen = self.per_set.entry(row.lanes.clone()).or_default();
+            if *seen >= CROWDED {
+                for lane in &row.lanes {
+                    let cut = self.cut.entry(lane.clone()).or_insert(at);
+                    *cut = (*cut).min(at);
+                }
+                continue;
+            }
+            *seen += 1;
+            self.kept_beyond += 1;
+            self.rows.push(row);
+            if self.kept_beyond >= self.capacity {
+                self.complete = false;
+                return false;
+            }
+        }
+        !self.complete && self.walked < max_walk
+    }
+
+    /// The rows to keep.
+    pub fn rows(&self) -> &[BookRow] {
+        &self.rows
+    }
+
+    /// Rows read past the prefix (kept or not).
+    pub fn walked(&self) -> usize {
+        self.walked
+    }
+
+    /// Rows kept past the prefix.
+    pub fn kept_beyond(&self) -> usize {
+        self.kept_beyond
+    }
+}
+
 /// The book of one outbox's drain.
 #[derive(Debug, Clone)]
 pub(crate) struct Book {
-    entries: BTreeMap<(Priority, OpId), Entry>,
+    entries: BTreeMap<Key, Entry>,
     priority_of: HashMap<OpId, Priority>,
     high_water: OpId,
     capacity: usize,
-    truncated: bool,
+    /// Every op up to here in dispatch order was read (`None`: every op).
+    bound: Option<Key>,
+    /// Lanes whose ops were not read from this key on.
+    cut: HashMap<String, Key>,
     halted_lanes: Vec<String>,
     elsewhere: Vec<Occupant>,
 }
 
 impl Book {
-    /// An empty book holding at most `capacity` ops.
+    /// An empty book whose full reads take `capacity` ops in dispatch order
+    /// (and as many again past crowded lanes).
     pub fn new(capacity: usize) -> Self {
         Self {
             entries: BTreeMap::new(),
             priority_of: HashMap::new(),
             high_water: 0,
             capacity: capacity.max(1),
-            truncated: false,
+            bound: None,
+            cut: HashMap::new(),
             halted_lanes: Vec::new(),
             elsewhere: Vec::new(),
         }
     }
 
-    /// Replaces everything with a full read: `rows` are the first ops in
-    /// dispatch order (at most the capacity), `halted_lanes` the lanes dead
-    /// letters hold, `elsewhere` the ops occupying the rows' lanes anywhere.
-    pub fn reset(&mut self, rows: Vec<BookRow>, halted_lanes: Vec<String>, elsewhere: Vec<Occupant>) {
-        self.truncated = rows.len() >= self.capacity;
+    /// Replaces everything with a full read: what `filling` found, the
+    /// lanes dead letters hold, and the ops occupying the rows' lanes
+    /// anywhere.
+    pub fn fill(&mut self, filling: Filling, halted_lanes: Vec<String>, elsewhere: Vec<Occupant>) {
         self.entries.clear();
         self.priority_of.clear();
+        self.bound = if filling.complete { None } else { filling.last };
+        self.cut = filling.cut;
         self.halted_lanes = halted_lanes;
         self.elsewhere = elsewhere;
-        self.add(rows);
+        self.add(filling.rows);
+    }
+
+    /// Replaces everything with a plain read of the first ops in dispatch
+    /// order (at most the capacity).
+    #[cfg(test)]
+    pub fn reset(&mut self, rows: Vec<BookRow>, halted_lanes: Vec<String>, elsewhere: Vec<Occupant>) {
+        let filling = Filling::new(rows, self.capacity);
+        self.fill(filling, halted_lanes, elsewhere);
     }
 
     /// Adds ops read since (ids above the high-water mark); a row already in
-    /// the book replaces it. The lowest in dispatch order are kept when the
-    /// book overflows, and it remembers that it did.
+    /// the book replaces it. An op past the bound is left out: ops ahead of
+    /// it there were not read (the next full read finds it). When the book
+    /// overflows (twice the capacity) it keeps the lowest in dispatch order
+    /// and moves the bound back.
     pub fn add(&mut self, rows: Vec<BookRow>) {
         for row in rows {
             self.high_water = self.high_water.max(row.id);
+            if self.bound.is_some_and(|b| key(&row) > b) {
+                continue;
+            }
             self.remove(row.id);
             self.priority_of.insert(row.id, row.priority);
-            self.entries
-                .insert((row.priority, row.id), Entry { row, parked: false });
+            self.entries.insert(key(&row), Entry { row, parked: false });
         }
-        while self.entries.len() > self.capacity {
-            self.truncated = true;
-            if let Some(((_, id), _)) = self.entries.pop_last() {
-                self.priority_of.remove(&id);
+        let most = self.capacity.saturating_mul(2);
+        if self.entries.len() > most {
+            while self.entries.len() > most {
+                if let Some(((_, id), _)) = self.entries.pop_last() {
+                    self.priority_of.remove(&id);
+                }
             }
+            self.bound = self.entries.last_key_value().map(|(k, _)| *k);
         }
+    }
+
+    /// Whether the op's place was read in full: no lane of it was cut ahead
+    /// of it. One that was not must wait (it still blocks its strict lanes).
+    pub fn in_reach(&self, row: &BookRow) -> bool {
+        if self.cut.is_empty() {
+            return true;
+        }
+        let at = key(row);
+        row.lanes
+            .iter()
+            .all(|lane| self.cut.get(lane).is_none_or(|cut| at < *cut))
     }
 
     /// The largest id read so far: a delta read asks for ids above it.
@@ -95,10 +243,10 @@ impl Book {
         self.high_water
     }
 
-    /// The outbox had more ops than the book holds, and the book has since
-    /// emptied below half: a full read should refill it.
+    /// The outbox had more ops than the book read, and the book has since
+    /// emptied below half its capacity: a full read should refill it.
     pub fn needs_refill(&self) -> bool {
-        self.truncated && self.entries.len() < self.capacity / 2
+        self.bound.is_some() && self.entries.len() < self.capacity / 2
     }
 
     /// The ops in dispatch order.
@@ -240,29 +388,131 @@ mod tests {
     }
 
     #[test]
-    fn an_overflowing_book_keeps_the_first_ops_and_asks_for_a_refill_once_half_empty() {
+    fn a_truncated_book_leaves_out_new_ops_past_its_bound_and_asks_for_a_refill_once_half_empty() {
         let mut book = Book::new(4);
         book.reset(
             (1..=4).map(|i| row(i, Priority::Normal, &["a"])).collect(),
             vec![],
             vec![],
         );
-        book.add(vec![row(9, Priority::Critical, &["z"])]);
-        assert_eq!(ids(&book), vec![9, 1, 2, 3], "the last in dispatch order was dropped");
+        book.add(vec![
+            row(9, Priority::Critical, &["z"]),
+            row(10, Priority::Normal, &["y"]),
+        ]);
+        assert_eq!(
+            ids(&book),
+            vec![9, 1, 2, 3, 4],
+            "a normal op after the bound may have unread ops of its lanes ahead of it"
+        );
+        assert_eq!(
+            book.high_water(),
+            10,
+            "it is not read again by deltas: the refill finds it"
+        );
         assert!(!book.needs_refill());
-        for id in [9, 1, 2] {
+        for id in [9, 1, 2, 3] {
             book.claimed(id);
             book.settled(id, &Finish::Confirm { receipt: None }, true);
         }
-        assert!(book.needs_refill(), "dropped ops must be read again");
+        assert!(book.needs_refill(), "ops past the bound must be read");
 
         let mut small = Book::new(4);
         small.reset(vec![row(1, Priority::Normal, &["a"])], vec![], vec![]);
+        small.add(vec![row(2, Priority::Low, &["b"])]);
+        assert_eq!(
+            ids(&small),
+            vec![1, 2],
+            "a book that read everything takes every new op"
+        );
         small.settled(1, &Finish::Confirm { receipt: None }, true);
         assert!(
             !small.needs_refill(),
             "a book that never overflowed has seen everything"
         );
+    }
+
+    #[test]
+    fn an_overflowing_book_keeps_the_first_ops_and_moves_its_bound_back() {
+        let mut book = Book::new(2);
+        book.reset(vec![row(1, Priority::Normal, &["a"])], vec![], vec![]);
+        book.add((2..=6).map(|i| row(i, Priority::Normal, &["a"])).collect());
+        assert_eq!(
+            ids(&book),
+            vec![1, 2, 3, 4],
+            "twice the capacity, lowest in dispatch order"
+        );
+        book.add(vec![row(7, Priority::Normal, &["b"])]);
+        assert_eq!(ids(&book), vec![1, 2, 3, 4], "past the new bound");
+    }
+
+    #[test]
+    fn a_crowded_prefix_is_read_past_and_the_crowding_lane_is_cut() {
+        let dead = |id| row(id, Priority::Normal, &["dead"]);
+        let mut filling = Filling::new((1..=10).map(dead).collect(), 10);
+        assert!(filling.wants_more(), "one lane fills the prefix");
+        assert_eq!(filling.next_from(), (Priority::Normal, 10));
+        let page = vec![
+            dead(11),
+            row(12, Priority::Normal, &["a"]),
+            dead(13),
+            row(14, Priority::Normal, &["dead", "x"]),
+            row(15, Priority::Low, &["x"]),
+        ];
+        assert!(!filling.page(page, 10, 1000), "a short page is the end");
+        assert_eq!(filling.walked(), 5);
+        assert_eq!(filling.kept_beyond(), 3);
+        let mut book = Book::new(10);
+        book.fill(filling, vec![], vec![]);
+        assert_eq!(ids(&book), (1..=10).chain([12, 14, 15]).collect::<Vec<_>>());
+        let reach = |book: &Book, id| book.get(id).is_some_and(|e| book.in_reach(&e.row));
+        assert!(reach(&book, 10), "the prefix was read in full");
+        assert!(reach(&book, 12), "another lane's op behind the crowd");
+        assert!(!reach(&book, 14), "ops of `dead` ahead of it were not read");
+        assert!(
+            reach(&book, 15),
+            "x's only op ahead of it is in the book, where it blocks"
+        );
+        book.add(vec![
+            row(16, Priority::Normal, &["dead"]),
+            row(17, Priority::Normal, &["b"]),
+        ]);
+        assert!(
+            !reach(&book, 16) && reach(&book, 17),
+            "the read was complete: new ops come in, cut lanes wait"
+        );
+    }
+
+    #[test]
+    fn a_walk_stops_at_its_budget_or_a_full_book_and_bounds_what_it_read() {
+        let crowd = || Filling::new((1..=10).map(|i| row(i, Priority::Normal, &["d"])).collect(), 10);
+        let mut filling = crowd();
+        let page: Vec<BookRow> = (11..=20).map(|i| row(i, Priority::Normal, &["d"])).collect();
+        assert!(!filling.page(page, 10, 10), "the walk budget is spent");
+        let mut book = Book::new(10);
+        book.fill(filling, vec![], vec![]);
+        book.add(vec![row(21, Priority::Normal, &["e"])]);
+        assert!(book.get(21).is_none(), "past what the walk read");
+
+        let mut filling = crowd();
+        let page: Vec<BookRow> = (11..=30)
+            .map(|i| row(i, Priority::Normal, &[&format!("l{i}")]))
+            .collect();
+        assert!(!filling.page(page, 20, 1000), "the book is full");
+        assert_eq!(filling.kept_beyond(), 10);
+        let mut book = Book::new(10);
+        book.fill(filling, vec![], vec![]);
+        assert_eq!(book.len(), 20);
+        book.add(vec![row(31, Priority::Normal, &["e"])]);
+        assert!(book.get(31).is_none(), "bounded at the last row kept");
+
+        let mut plain = Filling::new(
+            (1..=10)
+                .map(|i| row(i, Priority::Normal, &[&format!("l{i}")]))
+                .collect(),
+            10,
+        );
+        assert!(!plain.wants_more(), "a prefix of many lanes needs no walk");
+        assert!(!plain.page(vec![], 10, 10));
     }
 
     #[test]

@@ -20,7 +20,7 @@ use tokio::task::{Id as TaskId, JoinError, JoinSet};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
-use super::book::Book;
+use super::book::{Book, Filling};
 use super::{DispatchError, Inner};
 use crate::breaker::{self, Admission};
 use crate::config::{Config, KindConfig};
@@ -72,6 +72,14 @@ pub(super) async fn drain(inner: Arc<Inner>, outbox: String) {
 /// backoff ends soon; a longer wait ends the pass and sets a timer.
 const HOLD_PASS_FOR: Duration = Duration::from_secs(1);
 
+/// How far a full read goes past a prefix crowded by a few lanes, in
+/// windows of rows: a lane with up to this many windows of waiting ops ahead
+/// of the others never hides them.
+const WALK_PAGES: usize = 100;
+
+/// The longest a walk that found nothing waits before the next, in polls.
+const WALK_BACKOFF_POLLS: u32 = 8;
+
 /// How soon a pass reads its book in full again after parking an op it
 /// could not claim (at most `poll_ms`).
 const PARKED_RECHECK: Duration = Duration::from_millis(250);
@@ -105,6 +113,10 @@ struct Pass {
     book: Book,
     /// When the book is next read in full.
     refresh_at: Instant,
+    /// When a full read may next walk past crowded lanes, and how long the
+    /// last walk made it wait.
+    walk_at: Instant,
+    walk_every: Duration,
     /// Attempts per op in this pass.
     in_pass: HashMap<OpId, u32>,
     /// Ops that reached the per-pass cap.
@@ -131,6 +143,8 @@ impl Pass {
             slot,
             book: Book::new(window),
             refresh_at: Instant::now(),
+            walk_at: Instant::now(),
+            walk_every: Duration::ZERO,
             in_pass: HashMap::new(),
             stalled: HashSet::new(),
             running: JoinSet::new(),
@@ -235,9 +249,14 @@ impl Pass {
         if Instant::now() >= self.refresh_at || self.book.needs_refill() {
             // A trigger pending now is answered by this read.
             self.inner.slots.take_again(&outbox);
-            let rows = self.inner.queue.scan(&outbox, None, window).await?;
+            let prefix = self.inner.queue.scan(&outbox, None, window).await?;
+            let mut filling = Filling::new(prefix, window as usize);
+            if filling.wants_more() && Instant::now() >= self.walk_at {
+                self.walk(&mut filling, window, poll).await?;
+            }
             let halts = self.inner.queue.lane_halts(Some(&outbox)).await?;
-            let lanes: Vec<String> = rows
+            let lanes: Vec<String> = filling
+                .rows()
                 .iter()
                 .flat_map(|r| r.lanes.iter())
                 .collect::<HashSet<_>>()
@@ -247,9 +266,9 @@ impl Pass {
             // Those the book holds itself are left out when it schedules.
             let elsewhere = self.inner.queue.occupants(&lanes).await?;
             let config = self.inner.config.load_full();
-            self.log_unrunnable_kinds(&rows, &config);
+            self.log_unrunnable_kinds(filling.rows(), &config);
             self.book
-                .reset(rows, halts.into_iter().map(|h| h.lane).collect(), elsewhere);
+                .fill(filling, halts.into_iter().map(|h| h.lane).collect(), elsewhere);
             self.refresh_at = Instant::now() + poll;
         } else if self.inner.slots.take_again(&outbox) {
             let rows = self
@@ -261,6 +280,33 @@ impl Pass {
             self.log_unrunnable_kinds(&rows, &config);
             self.book.add(rows);
         }
+        Ok(())
+    }
+
+    /// Reads on past a prefix crowded by a few lanes, page by page, for the
+    /// other lanes' ops (at most [`WALK_PAGES`] windows of rows). A walk that
+    /// finds nothing (one lane's backlog and nothing behind it) makes the
+    /// next one wait twice as long, up to [`WALK_BACKOFF_POLLS`] polls, so a
+    /// long single-lane backlog is not read over and over.
+    async fn walk(&mut self, filling: &mut Filling, window: u32, poll: Duration) -> Result<(), DispatchError> {
+        let max_walk = (window as usize).saturating_mul(WALK_PAGES);
+        loop {
+            let page = self
+                .inner
+                .queue
+                .scan_from(&self.slot.outbox, filling.next_from(), window)
+                .await?;
+            if !filling.page(page, window as usize, max_walk) {
+                break;
+            }
+        }
+        self.walk_every = if filling.kept_beyond() == 0 {
+            (self.walk_every * 2).clamp(poll, poll * WALK_BACKOFF_POLLS)
+        } else {
+            Duration::ZERO
+        };
+        self.walk_at = Instant::now() + self.walk_every;
+        debug!(outbox = %self.slot.outbox, walked = filling.walked(), kept = filling.kept_beyond(), "Read past crowded lanes.");
         Ok(())
     }
 
@@ -369,7 +415,7 @@ impl Pass {
             let breakers = self.inner.breakers();
             for entry in self.book.entries() {
                 let row = &entry.row;
-                let state = if entry.parked {
+                let state = if entry.parked || !self.book.in_reach(row) {
                     OpState::Waiting
                 } else {
                     self.state_of(row, config.kinds.contains_key(&row.kind), now, &breakers, &mut due_next)

@@ -248,6 +248,28 @@ pub const BOOK_COLUMNS: &str = "id, kind, priority, lanes, status = 'submitted' 
      created_at, (subject IS NOT NULL AND EXISTS (SELECT 1 FROM halted_subjects h WHERE h.subject = ops.subject)) \
      AS subject_halted";
 
+/// An outbox's non-terminal ops after a position in dispatch order, given
+/// the dialect's placeholders for the outbox, the id to start after (within
+/// the starting tier) and the limit: one index range per tier from the
+/// position on, so the read starts where the last one stopped instead of
+/// walking what it already read.
+pub fn scan_from_sql(from: Priority, outbox: &str, after: &str, limit: &str) -> String {
+    let tiers: Vec<String> = Priority::ALL
+        .iter()
+        .filter(|p| p.rank() >= from.rank())
+        .map(|p| {
+            let rank = p.rank();
+            let after = if *p == from { after } else { "0" };
+            format!(
+                "SELECT * FROM (SELECT {BOOK_COLUMNS} FROM ops WHERE outbox = {outbox} \
+                 AND status IN ('pending', 'submitted') AND priority = {rank} AND id > {after} \
+                 ORDER BY id LIMIT {limit}) AS tier{rank}"
+            )
+        })
+        .collect();
+    format!("{} ORDER BY priority, id LIMIT {limit}", tiers.join(" UNION ALL "))
+}
+
 /// The outboxes with due work, given the dialect's placeholders for now and
 /// the limit: a skip scan over the (outbox, priority, id) index of pending
 /// ops, one seek per outbox rather than one row per waiting op, so the poll

@@ -517,6 +517,11 @@ pub trait Queue: Send + Sync + std::fmt::Debug {
     /// with `after`, those with a greater id (enqueued since), by id.
     async fn scan(&self, outbox: &str, after: Option<OpId>, limit: u32) -> Result<Vec<BookRow>, QueueError>;
 
+    /// An outbox's non-terminal ops after `from` in dispatch order
+    /// (priority, then id), at most `limit`, as [`Queue::scan`] reads them:
+    /// how a full read goes on past a prefix crowded by a few lanes.
+    async fn scan_from(&self, outbox: &str, from: (Priority, OpId), limit: u32) -> Result<Vec<BookRow>, QueueError>;
+
     /// Every op, in any outbox, that occupies one of `lanes`: in flight, or
     /// pending with a receipt in doubt.
     async fn occupants(&self, lanes: &[String]) -> Result<Vec<Occupant>, QueueError>;

@@ -24,8 +24,8 @@ use sqlx::{ConnectOptions as _, QueryBuilder, Row, Sqlite, Transaction};
 
 use super::common::{
     admit_claims, cas, check_versions, chrono_duration, due_outboxes_sql, expire_params, host_share,
-    is_unique_violation, now_ms, parse_priority, parse_status, refusal, unsent_guard, validate_new_op, FinishParams,
-    BOOK_COLUMNS,
+    is_unique_violation, now_ms, parse_priority, parse_status, refusal, scan_from_sql, unsent_guard, validate_new_op,
+    FinishParams, BOOK_COLUMNS,
 };
 use super::{
     new_token, Backend, BookRow, CandidateOp, Cas, ClaimRequest, Claimed, Completion, Depth, Enqueued, ExpireTo,
@@ -1115,23 +1115,20 @@ impl Queue for SqliteQueue {
         .fetch_all(&self.reader)
         .await?
         .iter()
-        .map(|row| {
-            let id: i64 = row.try_get("id")?;
-            Ok(BookRow {
-                id,
-                kind: row.try_get("kind")?,
-                priority: parse_priority(id, row.try_get("priority")?)?,
-                lanes: lanes_from_row(id, row)?,
-                in_flight: row.try_get("in_flight")?,
-                in_doubt: row.try_get("in_doubt")?,
-                next_attempt_at: from_ms(id, "next_attempt_at", row.try_get("next_attempt_at")?)?,
-                budget_attempts: row.try_get("budget_attempts")?,
-                fee_bumps: row.try_get("fee_bumps")?,
-                created_at: from_ms(id, "created_at", row.try_get("created_at")?)?,
-                subject_halted: row.try_get("subject_halted")?,
-            })
-        })
+        .map(book_row)
         .collect()
+    }
+
+    async fn scan_from(&self, outbox: &str, from: (Priority, OpId), limit: u32) -> Result<Vec<BookRow>, QueueError> {
+        sqlx::query(&scan_from_sql(from.0, "?1", "?2", "?3"))
+            .bind(outbox)
+            .bind(from.1)
+            .bind(i64::from(limit))
+            .fetch_all(&self.reader)
+            .await?
+            .iter()
+            .map(book_row)
+            .collect()
     }
 
     async fn due_outboxes(&self, limit: u32) -> Result<Vec<String>, QueueError> {
@@ -1425,6 +1422,24 @@ async fn occupants_in(conn: &mut SqliteConnection, lanes: &[String]) -> Result<V
     .iter()
     .map(occupant_from_row)
     .collect()
+}
+
+/// A row read with [`BOOK_COLUMNS`].
+fn book_row(row: &SqliteRow) -> Result<BookRow, QueueError> {
+    let id: i64 = row.try_get("id")?;
+    Ok(BookRow {
+        id,
+        kind: row.try_get("kind")?,
+        priority: parse_priority(id, row.try_get("priority")?)?,
+        lanes: lanes_from_row(id, row)?,
+        in_flight: row.try_get("in_flight")?,
+        in_doubt: row.try_get("in_doubt")?,
+        next_attempt_at: from_ms(id, "next_attempt_at", row.try_get("next_attempt_at")?)?,
+        budget_attempts: row.try_get("budget_attempts")?,
+        fee_bumps: row.try_get("fee_bumps")?,
+        created_at: from_ms(id, "created_at", row.try_get("created_at")?)?,
+        subject_halted: row.try_get("subject_halted")?,
+    })
 }
 
 fn occupant_from_row(row: &SqliteRow) -> Result<Occupant, QueueError> {

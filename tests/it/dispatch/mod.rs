@@ -39,6 +39,7 @@ crate::on_both_backends!(
     an_op_whose_backoff_ends_after_the_pass_starts_on_a_timer_not_the_poll,
     a_plain_sql_insert_by_another_connection_wakes_the_dispatcher,
     busy_outboxes_leave_a_quiet_one_its_share_of_the_host_permits,
+    a_dead_lane_with_a_backlog_past_the_window_does_not_hide_the_other_lanes,
 );
 
 fn ids(results: Vec<Enqueued>) -> Vec<OpId> {
@@ -516,6 +517,40 @@ async fn an_enqueue_through_the_dispatcher_wakes_its_drain_at_once(db: TestDb) -
     running.stop().await?;
     ensure!(exec.delivered().len() == 1);
     ensure!(took < Duration::from_secs(2), "took {took:?}");
+    Ok(())
+}
+
+/// A dead recipient's backlog, ten windows long and ahead of every other
+/// lane in dispatch order, must not keep the other lanes' ops from being
+/// seen: the full read goes past the crowded lane.
+async fn a_dead_lane_with_a_backlog_past_the_window_does_not_hide_the_other_lanes(db: TestDb) -> anyhow::Result<()> {
+    let exec = Scripted::new(0);
+    let config = "[dispatch]\nwindow = 20\n";
+    let dead: Vec<NewOp> = (0..200u32).map(|i| to("o", "https://dead.example/i", i)).collect();
+    let dead_ids = ids(db.queue.enqueue(&dead).await?);
+    exec.script(dead_ids[0], [Step::RetryAfter(Duration::from_secs(3600))]);
+    let others: Vec<NewOp> = (0..10u32)
+        .map(|i| to("o", &format!("https://alive{i}.example/i"), i))
+        .collect();
+    let other_ids = ids(db.queue.enqueue(&others).await?);
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let delivered = loop {
+        let delivered: Vec<OpId> = exec.delivered().iter().map(|e| e.op).collect();
+        if other_ids.iter().all(|id| delivered.contains(id)) || tokio::time::Instant::now() > deadline {
+            break delivered;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    running.stop().await?;
+    ensure!(
+        other_ids.iter().all(|id| delivered.contains(id)),
+        "the other lanes waited behind the dead one: delivered {delivered:?}"
+    );
+    ensure!(
+        !dead_ids.iter().any(|id| delivered.contains(id)),
+        "the dead lane's order held: {delivered:?}"
+    );
     Ok(())
 }
 
