@@ -41,6 +41,10 @@ use laneway::queue::sqlite::SqliteQueue;
 use laneway::queue::{NewOp, Queue};
 use tokio::sync::mpsc;
 
+/// The laneway binary's allocator, so the figures are the binary's.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Confirms at once, and reports when each op started.
 struct NoOp {
     started: mpsc::UnboundedSender<(OpId, Instant)>,

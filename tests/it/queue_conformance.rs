@@ -46,6 +46,7 @@ crate::on_both_backends!(
     scan_reads_the_book_in_dispatch_order_or_the_ops_since_an_id,
     scan_from_goes_on_in_dispatch_order_after_a_position,
     settle_and_claim_settles_first_in_one_transaction,
+    a_claim_that_follows_a_settle_is_made_only_if_the_settle_applies,
 );
 
 fn op(outbox: &str, lanes: &[&str]) -> NewOp {
@@ -1121,6 +1122,62 @@ async fn scan_from_goes_on_in_dispatch_order_after_a_position(db: TestDb) -> any
 /// One transaction settles a batch and then claims: the claim sees the
 /// lanes the settles freed, a stale settle changes nothing, and every
 /// settle is still a compare-and-set on its lease.
+/// The next op of a lane may be claimed in the transaction that settles
+/// the op before it, only if that settle applies: when the earlier op's
+/// lease was lost (it expired back to pending), its successor must not
+/// overtake it, although nothing occupies the lane.
+async fn a_claim_that_follows_a_settle_is_made_only_if_the_settle_applies(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let rules = LaneRules::default();
+    let first = enqueue_one(q, op("o", &["L"])).await?;
+    let second = enqueue_one(q, op("o", &["L"])).await?;
+    let lost = q
+        .claim_ids(&[first], &lease_spec("h"), &rules)
+        .await?
+        .first()
+        .context("claimed")?
+        .lease;
+    ensure!(q
+        .expire(&lost, ExpireTo::Retry(laneway::clock::Clock::now(&db.clock)))
+        .await?
+        .applied());
+    let (settled, got) = q
+        .settle_then_claim(
+            &[confirm(&db, lost)],
+            &[second],
+            &[(second, first)],
+            &lease_spec("h"),
+            &rules,
+        )
+        .await?;
+    ensure!(
+        settled == vec![Cas::Stale] && got.is_empty(),
+        "the successor overtook: {got:?}"
+    );
+    ensure!(q.get(second).await?.context("second")?.status == Status::Pending);
+    let lease = q
+        .claim_ids(&[first], &lease_spec("h"), &rules)
+        .await?
+        .first()
+        .context("again")?
+        .lease;
+    let (settled, got) = q
+        .settle_then_claim(
+            &[confirm(&db, lease)],
+            &[second],
+            &[(second, first)],
+            &lease_spec("h"),
+            &rules,
+        )
+        .await?;
+    ensure!(settled == vec![Cas::Applied], "{settled:?}");
+    ensure!(
+        got.iter().map(|c| c.op.id).collect::<Vec<_>>() == vec![second],
+        "{got:?}"
+    );
+    Ok(())
+}
+
 async fn settle_and_claim_settles_first_in_one_transaction(db: TestDb) -> anyhow::Result<()> {
     let q = db.queue.as_ref();
     let rules = LaneRules::default();

@@ -24,6 +24,10 @@ use laneway::queue::Queue;
 use laneway::runtime::host::PluginHost;
 use rsa::pkcs8::EncodePrivateKey as _;
 
+/// The laneway binary's allocator, so the figures are the binary's.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Requests being answered now, the most at once, and how many were served.
 #[derive(Default)]
 struct Load {

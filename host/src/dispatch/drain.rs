@@ -322,14 +322,28 @@ impl Pass {
         let config = self.inner.config.load_full();
         let now = self.inner.clock.now();
         let rules = config.lane_rules();
+        let finished = std::mem::take(&mut self.finished);
+        let (completions, notes) = self.decide(finished, &config, now);
+        // Ops this round confirms or dead-letters leave their lanes when the
+        // round commits; the round may start the next op of such a lane,
+        // on condition that the settle applies (`follows`).
+        let leaving: HashSet<OpId> = completions
+            .iter()
+            .filter(|c| {
+                matches!(
+                    c.finish,
+                    Finish::Confirm { .. } | Finish::Fail { halt_lanes: false, .. }
+                )
+            })
+            .map(|c| c.lease.op_id)
+            .collect();
         let (start, due_next) = if stopping {
             self.starved = false;
             (Vec::new(), None)
         } else {
-            self.schedule(&config, &rules, now)
+            self.schedule(&config, &rules, now, &leaving)
         };
-        let finished = std::mem::take(&mut self.finished);
-        let (completions, notes) = self.decide(finished, &config, now);
+        let follows = self.follows(&start, &leaving);
         let (chosen, permits, trials, bids) = self.choose(start, now).await?;
         let due_at = |at: DateTime<Utc>| Instant::now() + (at - now).to_std().unwrap_or_default();
         if completions.is_empty() && chosen.is_empty() {
@@ -342,7 +356,7 @@ impl Pass {
         let (settled, claimed) = self
             .inner
             .queue
-            .settle_and_claim(&completions, &chosen, &spec, &rules)
+            .settle_then_claim(&completions, &chosen, &follows, &spec, &rules)
             .await?;
         // A retry settled in this round is due after the schedule above
         // looked: the pass must wait for it (or leave a timer), not end.
@@ -389,6 +403,7 @@ impl Pass {
         config: &Config,
         rules: &LaneRules,
         now: DateTime<Utc>,
+        leaving: &HashSet<OpId>,
     ) -> (Vec<OpId>, Option<DateTime<Utc>>) {
         let mut due_next: Option<DateTime<Utc>> = None;
         let halted = self.book.halted_lanes();
@@ -413,7 +428,7 @@ impl Pass {
         }
         {
             let breakers = self.inner.breakers();
-            for entry in self.book.entries() {
+            for entry in self.book.entries().filter(|e| !leaving.contains(&e.row.id)) {
                 let row = &entry.row;
                 let state = if entry.parked || !self.book.in_reach(row) {
                     OpState::Waiting
@@ -474,6 +489,29 @@ impl Pass {
             .is_empty();
         debug!(outbox = %self.slot.outbox, candidates = self.book.len(), start = ?start, "Scheduled.");
         (start, due_next)
+    }
+
+    /// Which ops of `start` take a lane from an op this round settles as
+    /// leaving: each such pair makes the claim depend on the settle.
+    fn follows(&self, start: &[OpId], leaving: &HashSet<OpId>) -> Vec<(OpId, OpId)> {
+        if leaving.is_empty() || start.is_empty() {
+            return Vec::new();
+        }
+        let mut by_lane: HashMap<&str, Vec<OpId>> = HashMap::new();
+        for id in leaving {
+            for lane in self.book.get(*id).map(|e| e.row.lanes.as_slice()).unwrap_or_default() {
+                by_lane.entry(lane.as_str()).or_default().push(*id);
+            }
+        }
+        let mut follows = Vec::new();
+        for id in start {
+            for lane in self.book.get(*id).map(|e| e.row.lanes.as_slice()).unwrap_or_default() {
+                for before in by_lane.get(lane.as_str()).into_iter().flatten() {
+                    follows.push((*id, *before));
+                }
+            }
+        }
+        follows
     }
 
     fn state_of(

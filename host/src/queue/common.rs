@@ -5,7 +5,7 @@ use chrono::{DateTime, SubsecRound, Utc};
 
 use std::collections::HashSet;
 
-use super::{Cas, ExpireTo, Finish, Limits, NewOp, Occupant, QueueError};
+use super::{Cas, Completion, ExpireTo, Finish, Limits, NewOp, Occupant, QueueError};
 use crate::lanes::{self, Candidate, Caps, LaneRules, OpState};
 use crate::op::{state, truncate_error, OpId, Priority, Status, Transition};
 
@@ -198,6 +198,32 @@ pub fn admit_claims(
         .map(|o| o.candidate(rules, &mut Caps::default()))
         .collect();
     lanes::schedule(&ready, &others, &caps)
+}
+
+/// The ids a claim may still take once the settles before it are known:
+/// an id that follows an op whose settle did not apply (or was not in the
+/// batch) is left out.
+pub fn still_claimable(
+    ids: &[OpId],
+    follows: &[(OpId, OpId)],
+    completions: &[Completion],
+    settled: &[Cas],
+) -> Vec<OpId> {
+    if follows.is_empty() {
+        return ids.to_vec();
+    }
+    let applied: HashSet<OpId> = completions
+        .iter()
+        .zip(settled)
+        .filter(|(_, cas)| cas.applied())
+        .map(|(c, _)| c.lease.op_id)
+        .collect();
+    let blocked: HashSet<OpId> = follows
+        .iter()
+        .filter(|(_, before)| !applied.contains(before))
+        .map(|(op, _)| *op)
+        .collect();
+    ids.iter().copied().filter(|id| !blocked.contains(id)).collect()
 }
 
 /// The advisory-lock key of a lane (PostgreSQL): the first eight bytes of a

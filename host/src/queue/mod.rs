@@ -510,6 +510,23 @@ pub trait Queue: Send + Sync + std::fmt::Debug {
         ids: &[OpId],
         lease: &LeaseSpec,
         rules: &LaneRules,
+    ) -> Result<(Vec<Cas>, Vec<Claimed>), QueueError> {
+        self.settle_then_claim(completions, ids, &[], lease, rules).await
+    }
+
+    /// As [`Queue::settle_and_claim`], and each `(op, follows)` in
+    /// `follows` makes the claim of `op` depend on the settle of `follows`
+    /// in the same transaction: if that settle did not apply (its lease was
+    /// lost), `op` is left out. A drain so starts the next op of a lane in
+    /// the round that settles the op before it, and still never lets it
+    /// overtake an op whose outcome was not recorded.
+    async fn settle_then_claim(
+        &self,
+        completions: &[Completion],
+        ids: &[OpId],
+        follows: &[(OpId, OpId)],
+        lease: &LeaseSpec,
+        rules: &LaneRules,
     ) -> Result<(Vec<Cas>, Vec<Claimed>), QueueError>;
 
     /// An outbox's non-terminal ops as a drain's book keeps them (no

@@ -20,8 +20,8 @@ use uuid::Uuid;
 
 use super::common::{
     admit_claims, cas, check_versions, chrono_duration, due_outboxes_sql, expire_params, host_share,
-    is_unique_violation, lane_lock_key, now_ms, parse_priority, parse_status, refusal, scan_from_sql, unsent_guard,
-    validate_new_op, FinishParams, BOOK_COLUMNS,
+    is_unique_violation, lane_lock_key, now_ms, parse_priority, parse_status, refusal, scan_from_sql, still_claimable,
+    unsent_guard, validate_new_op, FinishParams, BOOK_COLUMNS,
 };
 use super::{
     new_token, Backend, BookRow, CandidateOp, Cas, ClaimRequest, Claimed, Completion, Depth, Enqueued, ExpireTo,
@@ -430,10 +430,11 @@ impl Queue for PgQueue {
         .await
     }
 
-    async fn settle_and_claim(
+    async fn settle_then_claim(
         &self,
         completions: &[Completion],
         ids: &[OpId],
+        follows: &[(OpId, OpId)],
         lease: &LeaseSpec,
         rules: &LaneRules,
     ) -> Result<(Vec<Cas>, Vec<Claimed>), QueueError> {
@@ -444,7 +445,8 @@ impl Queue for PgQueue {
         // free their lanes before the claim's occupant read sees them.
         let mut tx = self.pool.begin().await?;
         let settled = complete_in(&mut tx, completions, self.now()).await?;
-        let claimed = self.claim_ids_in(&mut tx, ids, lease, rules).await?;
+        let ids = still_claimable(ids, follows, completions, &settled);
+        let claimed = self.claim_ids_in(&mut tx, &ids, lease, rules).await?;
         tx.commit().await?;
         Ok((settled, claimed))
     }

@@ -24,8 +24,8 @@ use sqlx::{ConnectOptions as _, QueryBuilder, Row, Sqlite, Transaction};
 
 use super::common::{
     admit_claims, cas, check_versions, chrono_duration, due_outboxes_sql, expire_params, host_share,
-    is_unique_violation, now_ms, parse_priority, parse_status, refusal, scan_from_sql, unsent_guard, validate_new_op,
-    FinishParams, BOOK_COLUMNS,
+    is_unique_violation, now_ms, parse_priority, parse_status, refusal, scan_from_sql, still_claimable, unsent_guard,
+    validate_new_op, FinishParams, BOOK_COLUMNS,
 };
 use super::{
     new_token, Backend, BookRow, CandidateOp, Cas, ClaimRequest, Claimed, Completion, Depth, Enqueued, ExpireTo,
@@ -69,6 +69,8 @@ pub struct SqliteQueue {
 struct Round {
     completions: Vec<Completion>,
     ids: Vec<OpId>,
+    /// Claims that depend on a settle of the round (see `settle_then_claim`).
+    follows: Vec<(OpId, OpId)>,
     lease: LeaseSpec,
     rules: LaneRules,
     reply: tokio::sync::oneshot::Sender<RoundResult>,
@@ -577,9 +579,11 @@ impl SqliteQueue {
         }
         let completions: Vec<Completion> = rounds.iter().flat_map(|r| r.completions.iter().cloned()).collect();
         let ids: Vec<OpId> = rounds.iter().flat_map(|r| r.ids.iter().copied()).collect();
+        let follows: Vec<(OpId, OpId)> = rounds.iter().flat_map(|r| r.follows.iter().copied()).collect();
         sqlx::query("SAVEPOINT rounds").execute(&mut *tx).await?;
         let applied = async {
             let settled = self.complete_in(&mut *tx, &completions).await?;
+            let ids = still_claimable(&ids, &follows, &completions, &settled);
             let claimed = self.claim_ids_in(&mut *tx, &ids, &first.lease, &first.rules).await?;
             Ok::<_, QueueError>((settled, claimed))
         }
@@ -599,9 +603,8 @@ impl SqliteQueue {
         sqlx::query("SAVEPOINT round").execute(&mut *tx).await?;
         let applied = async {
             let settled = self.complete_in(&mut *tx, &round.completions).await?;
-            let claimed = self
-                .claim_ids_in(&mut *tx, &round.ids, &round.lease, &round.rules)
-                .await?;
+            let ids = still_claimable(&round.ids, &round.follows, &round.completions, &settled);
+            let claimed = self.claim_ids_in(&mut *tx, &ids, &round.lease, &round.rules).await?;
             Ok::<_, QueueError>((settled, claimed))
         }
         .await;
@@ -834,10 +837,11 @@ impl Queue for SqliteQueue {
         .await
     }
 
-    async fn settle_and_claim(
+    async fn settle_then_claim(
         &self,
         completions: &[Completion],
         ids: &[OpId],
+        follows: &[(OpId, OpId)],
         lease: &LeaseSpec,
         rules: &LaneRules,
     ) -> Result<(Vec<Cas>, Vec<Claimed>), QueueError> {
@@ -851,6 +855,7 @@ impl Queue for SqliteQueue {
         let round = Round {
             completions: completions.to_vec(),
             ids: ids.to_vec(),
+            follows: follows.to_vec(),
             lease: lease.clone(),
             rules: rules.clone(),
             reply,
