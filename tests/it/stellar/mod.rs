@@ -2,6 +2,7 @@
 //! RPC that speaks the documented JSON-RPC shapes and checks transactions
 //! like the network does, through the real plugins.
 
+mod cadence;
 mod conformance;
 mod fake_rpc;
 mod vault;
