@@ -270,6 +270,22 @@ impl Book {
         &self.elsewhere
     }
 
+    /// Another outbox's drain freed `lanes`: their occupants elsewhere are
+    /// now `occupants` (read since), and ops of these lanes parked by a
+    /// refused claim may be tried again (the claim re-checks them).
+    pub fn refresh_elsewhere(&mut self, lanes: &[String], occupants: Vec<Occupant>) {
+        let touches = |own: &[String]| own.iter().any(|l| lanes.contains(l));
+        self.elsewhere.retain(|o| !touches(&o.lanes));
+        let known: std::collections::HashSet<OpId> = self.elsewhere.iter().map(|o| o.id).collect();
+        self.elsewhere
+            .extend(occupants.into_iter().filter(|o| !known.contains(&o.id)));
+        for entry in self.entries.values_mut() {
+            if entry.parked && touches(&entry.row.lanes) {
+                entry.parked = false;
+            }
+        }
+    }
+
     /// One op.
     pub fn get(&self, id: OpId) -> Option<&Entry> {
         let priority = self.priority_of.get(&id)?;
@@ -561,6 +577,35 @@ mod tests {
             book.get(3).is_some_and(|e| e.parked),
             "a stale settle parks the op until a full read explains it"
         );
+    }
+
+    #[test]
+    fn freed_lanes_replace_their_occupants_and_unpark_their_ops() {
+        let occupant = |id: OpId, lane: &str| Occupant {
+            id,
+            outbox: "other".into(),
+            kind: "k".into(),
+            priority: Priority::Normal,
+            lanes: vec![lane.to_owned()],
+            in_flight: true,
+            in_doubt: false,
+        };
+        let mut book = Book::new(10);
+        book.reset(
+            vec![row(1, Priority::Normal, &["s"]), row(2, Priority::Normal, &["t"])],
+            vec![],
+            vec![occupant(50, "s"), occupant(51, "t")],
+        );
+        book.park(1);
+        book.park(2);
+        book.refresh_elsewhere(&["s".to_owned()], vec![occupant(52, "s")]);
+        let ids: Vec<OpId> = book.elsewhere().iter().map(|o| o.id).collect();
+        assert_eq!(ids, vec![51, 52], "s's occupant replaced, t's kept");
+        assert!(
+            book.get(1).is_some_and(|e| !e.parked),
+            "an op of the freed lane is tried again"
+        );
+        assert!(book.get(2).is_some_and(|e| e.parked));
     }
 
     #[test]

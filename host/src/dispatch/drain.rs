@@ -246,6 +246,7 @@ impl Pass {
     async fn read(&mut self, poll: Duration) -> Result<(), DispatchError> {
         let outbox = self.slot.outbox.clone();
         let window = self.inner.config.load().dispatch.window;
+        let freed = self.inner.handover().take(&outbox);
         if Instant::now() >= self.refresh_at || self.book.needs_refill() {
             // A trigger pending now is answered by this read.
             self.inner.slots.take_again(&outbox);
@@ -265,12 +266,22 @@ impl Pass {
                 .collect();
             // Those the book holds itself are left out when it schedules.
             let elsewhere = self.inner.queue.occupants(&lanes).await?;
+            self.inner.handover().rewait(&outbox, others_lanes(&elsewhere, &outbox));
             let config = self.inner.config.load_full();
             self.log_unrunnable_kinds(filling.rows(), &config);
             self.book
                 .fill(filling, halts.into_iter().map(|h| h.lane).collect(), elsewhere);
             self.refresh_at = Instant::now() + poll;
-        } else if self.inner.slots.take_again(&outbox) {
+            return Ok(());
+        }
+        if !freed.is_empty() {
+            // Another outbox here settled ops of lanes this one waits on:
+            // who occupies them now?
+            let occupants = self.inner.queue.occupants(&freed).await?;
+            self.inner.handover().wait(&outbox, others_lanes(&occupants, &outbox));
+            self.book.refresh_elsewhere(&freed, occupants);
+        }
+        if self.inner.slots.take_again(&outbox) {
             let rows = self
                 .inner
                 .queue
@@ -327,16 +338,30 @@ impl Pass {
         // Ops this round confirms or dead-letters leave their lanes when the
         // round commits; the round may start the next op of such a lane,
         // on condition that the settle applies (`follows`).
-        let leaving: HashSet<OpId> = completions
-            .iter()
-            .filter(|c| {
-                matches!(
-                    c.finish,
-                    Finish::Confirm { .. } | Finish::Fail { halt_lanes: false, .. }
-                )
-            })
-            .map(|c| c.lease.op_id)
-            .collect();
+        // Not where another outbox here waits on the lane: it gets its turn
+        // when this settle wakes it, instead of this outbox taking the lane
+        // back in the same transaction every time.
+        let leaving: HashSet<OpId> = {
+            let handover = self.inner.handover();
+            completions
+                .iter()
+                .zip(&notes)
+                .filter(|(c, _)| {
+                    matches!(
+                        c.finish,
+                        Finish::Confirm { .. } | Finish::Fail { halt_lanes: false, .. }
+                    )
+                })
+                .filter(|(_, (claimed, _))| {
+                    !claimed
+                        .op
+                        .lanes
+                        .iter()
+                        .any(|l| handover.others_wait(&self.slot.outbox, l))
+                })
+                .map(|(c, _)| c.lease.op_id)
+                .collect()
+        };
         let (start, due_next) = if stopping {
             self.starved = false;
             (Vec::new(), None)
@@ -360,12 +385,24 @@ impl Pass {
             .await?;
         // A retry settled in this round is due after the schedule above
         // looked: the pass must wait for it (or leave a timer), not end.
+        // Any other settle freed lanes that schedule saw busy: the pass
+        // looks once more at once before it may end.
         let mut due_next = due_next;
         for (c, result) in completions.iter().zip(&settled) {
-            if let (Finish::Retry { next_attempt_at, .. }, true) = (&c.finish, result.applied()) {
-                due_next = Some(due_next.map_or(*next_attempt_at, |d| d.min(*next_attempt_at)));
-            }
+            let at = match (&c.finish, result.applied()) {
+                (Finish::Retry { next_attempt_at, .. }, true) => *next_attempt_at,
+                (_, true) => now,
+                (_, false) => continue,
+            };
+            due_next = Some(due_next.map_or(at, |d| d.min(at)));
         }
+        let freed: Vec<String> = completions
+            .iter()
+            .zip(&notes)
+            .zip(&settled)
+            .filter(|(_, cas)| cas.applied())
+            .flat_map(|((_, (claimed, _)), _)| claimed.op.lanes.iter().cloned())
+            .collect();
         self.record_settles(&completions, notes, settled);
         let claimed_ids: HashSet<OpId> = claimed.iter().map(|c| c.op.id).collect();
         for id in &chosen {
@@ -373,10 +410,17 @@ impl Pass {
                 self.book.claimed(*id);
             } else {
                 // Held by a lane elsewhere, or changed under the book: a
-                // full read soon explains it.
+                // full read soon explains it, or the outbox holding the lane
+                // here says when it lets go.
                 self.book.park(*id);
+                if let Some(entry) = self.book.get(*id) {
+                    self.inner.handover().wait(&self.slot.outbox, &entry.row.lanes);
+                }
                 self.refresh_at = self.refresh_at.min(Instant::now() + PARKED_RECHECK);
             }
+        }
+        if !freed.is_empty() {
+            self.inner.lanes_freed(&self.slot.outbox, &freed);
         }
         // A trial op that could not be claimed must not leave its breaker
         // waiting for a result that never comes.
@@ -825,6 +869,14 @@ impl Pass {
         }
         self.finished.extend(batch);
     }
+}
+
+/// The lanes of occupants that belong to other outboxes than `outbox`.
+fn others_lanes<'a>(occupants: &'a [crate::queue::Occupant], outbox: &'a str) -> impl Iterator<Item = &'a String> {
+    occupants
+        .iter()
+        .filter(move |o| o.outbox != outbox)
+        .flat_map(|o| o.lanes.iter())
 }
 
 /// The breaker destination of an op: its first URL lane's authority.

@@ -7,6 +7,7 @@
 
 mod book;
 mod drain;
+mod handover;
 mod share;
 pub mod slots;
 
@@ -65,6 +66,8 @@ pub(crate) struct Inner {
     pub handed_back: Mutex<HashMap<String, tokio::time::Instant>>,
     /// Which outboxes contend for the host's permits.
     pub share: Mutex<share::Share>,
+    /// Which outboxes wait on lanes another outbox here occupies.
+    pub handover: Mutex<handover::Handover>,
 }
 
 impl Inner {
@@ -77,6 +80,19 @@ impl Inner {
     pub fn share(&self) -> std::sync::MutexGuard<'_, share::Share> {
         // Plain sets: consistent even if a holder panicked.
         self.share.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn handover(&self) -> std::sync::MutexGuard<'_, handover::Handover> {
+        // Plain maps: consistent even if a holder panicked.
+        self.handover.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `by` settled ops of `lanes`: wakes the outboxes here waiting on them.
+    pub fn lanes_freed(self: &Arc<Self>, by: &str, lanes: &[String]) {
+        let wake = self.handover().freed(by, lanes);
+        for outbox in wake {
+            self.trigger(&outbox);
+        }
     }
 
     /// Wakes outboxes that wait for host permits, if any are free.
@@ -214,6 +230,7 @@ impl Dispatcher {
                 hand_back: AtomicUsize::new(0),
                 handed_back: Mutex::new(HashMap::new()),
                 share: Mutex::new(share::Share::default()),
+                handover: Mutex::new(handover::Handover::default()),
             }),
         }
     }

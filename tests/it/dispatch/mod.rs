@@ -40,6 +40,7 @@ crate::on_both_backends!(
     a_plain_sql_insert_by_another_connection_wakes_the_dispatcher,
     busy_outboxes_leave_a_quiet_one_its_share_of_the_host_permits,
     a_dead_lane_with_a_backlog_past_the_window_does_not_hide_the_other_lanes,
+    outboxes_sharing_a_lane_hand_it_over_without_waiting_for_the_poll,
 );
 
 fn ids(results: Vec<Enqueued>) -> Vec<OpId> {
@@ -517,6 +518,36 @@ async fn an_enqueue_through_the_dispatcher_wakes_its_drain_at_once(db: TestDb) -
     running.stop().await?;
     ensure!(exec.delivered().len() == 1);
     ensure!(took < Duration::from_secs(2), "took {took:?}");
+    Ok(())
+}
+
+/// Two outboxes of one host deliver to one shared inbox (a strict lane
+/// across outboxes): each settle of one wakes the other, so the lane moves
+/// at the executors' pace, not one op per poll (an hour away here), never
+/// with two in flight and in order within each outbox.
+async fn outboxes_sharing_a_lane_hand_it_over_without_waiting_for_the_poll(db: TestDb) -> anyhow::Result<()> {
+    const SHARED: &str = "https://big.example/inbox";
+    let exec = Scripted::new(1);
+    let config = "[dispatch]\npoll_ms = 3600000\n";
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut ops = Vec::new();
+    for n in 0..30u32 {
+        ops.push(to("actor-a", SHARED, n));
+        ops.push(to("actor-b", SHARED, n));
+    }
+    let ids = ids(running.dispatcher.enqueue(&ops).await?);
+    settle(db.queue.as_ref(), Duration::from_secs(10))
+        .await
+        .context("the shared lane waited for the poll")?;
+    running.stop().await?;
+    ensure!(exec.overlap().is_none(), "two ops of the shared lane at once");
+    let started: Vec<OpId> = exec.started().iter().map(|e| e.op).collect();
+    for outbox in 0..2 {
+        let mine: Vec<OpId> = ids.iter().skip(outbox).step_by(2).copied().collect();
+        let order: Vec<OpId> = started.iter().filter(|id| mine.contains(id)).copied().collect();
+        ensure!(order == mine, "outbox {outbox} out of order: {order:?}");
+    }
     Ok(())
 }
 
