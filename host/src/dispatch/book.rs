@@ -331,6 +331,11 @@ impl Book {
             self.park(id);
             return;
         }
+        if !matches!(finish, Finish::Retry { .. }) {
+            // A full read taken while the op ran may have listed it among
+            // its lanes' occupants; done, it occupies nothing.
+            self.elsewhere.retain(|o| o.id != id);
+        }
         match finish {
             Finish::Confirm { .. } | Finish::Fail { halt_lanes: false, .. } => {
                 self.remove(id);
@@ -606,6 +611,12 @@ mod tests {
             "an op of the freed lane is tried again"
         );
         assert!(book.get(2).is_some_and(|e| e.parked));
+        // The book's own op, listed as an occupant by a read while it ran,
+        // occupies nothing once it is settled.
+        book.refresh_elsewhere(&["s".to_owned()], vec![occupant(1, "s")]);
+        book.claimed(1);
+        book.settled(1, &Finish::Confirm { receipt: None }, true);
+        assert!(book.elsewhere().iter().all(|o| o.id != 1));
     }
 
     #[test]

@@ -264,6 +264,10 @@ impl Pass {
                 .into_iter()
                 .cloned()
                 .collect();
+            // Waiting on every lane read before reading who occupies them,
+            // then only on those another outbox occupies: a settle between
+            // the two is then either in the read or reported to this drain.
+            self.inner.handover().rewait(&outbox, &lanes);
             // Those the book holds itself are left out when it schedules.
             let elsewhere = self.inner.queue.occupants(&lanes).await?;
             self.inner.handover().rewait(&outbox, others_lanes(&elsewhere, &outbox));
@@ -276,7 +280,8 @@ impl Pass {
         }
         if !freed.is_empty() {
             // Another outbox here settled ops of lanes this one waits on:
-            // who occupies them now?
+            // who occupies them now? (Waiting again first, as above.)
+            self.inner.handover().wait(&outbox, &freed);
             let occupants = self.inner.queue.occupants(&freed).await?;
             self.inner.handover().wait(&outbox, others_lanes(&occupants, &outbox));
             self.book.refresh_elsewhere(&freed, occupants);
@@ -416,7 +421,11 @@ impl Pass {
                 if let Some(entry) = self.book.get(*id) {
                     self.inner.handover().wait(&self.slot.outbox, &entry.row.lanes);
                 }
+                // The holder may have let go before this drain said it
+                // waits: the pass stays for the recheck's full read.
                 self.refresh_at = self.refresh_at.min(Instant::now() + PARKED_RECHECK);
+                let recheck = now + chrono_duration(PARKED_RECHECK);
+                due_next = Some(due_next.map_or(recheck, |d| d.min(recheck)));
             }
         }
         if !freed.is_empty() {
@@ -869,6 +878,11 @@ impl Pass {
         }
         self.finished.extend(batch);
     }
+}
+
+/// A std duration as a chrono one, saturating.
+fn chrono_duration(d: Duration) -> chrono::Duration {
+    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
 }
 
 /// The lanes of occupants that belong to other outboxes than `outbox`.
