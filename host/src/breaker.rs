@@ -90,7 +90,7 @@ impl Breakers {
     /// says nothing about the destination) only ends a trial.
     pub fn record(&mut self, destination: &str, failed: Option<bool>, now: DateTime<Utc>) {
         let threshold = self.config.threshold;
-        let cool_off = chrono::Duration::from_std(self.config.cool_off).unwrap_or(chrono::Duration::MAX);
+        let cool_off = crate::clock::chrono_duration(self.config.cool_off);
         let s = self.states.entry(destination.to_owned()).or_default();
         let was_trial = s.trial_out;
         s.trial_out = false;

@@ -6,6 +6,12 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
 
+/// A std duration as a chrono one, saturating instead of failing (a
+/// configured wait too long for chrono is as good as forever).
+pub fn chrono_duration(d: std::time::Duration) -> Duration {
+    Duration::from_std(d).unwrap_or(Duration::MAX)
+}
+
 /// A source of the current time.
 pub trait Clock: Send + Sync + std::fmt::Debug {
     /// The current time.

@@ -151,7 +151,7 @@ fn decide_budget(
             let wait =
                 backoff(policy, attempts, jitter).max(retry_after.unwrap_or_default().min(policy.retry_after_max));
             Decision::Retry {
-                at: now + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX),
+                at: now + crate::clock::chrono_duration(wait),
                 error: reason.clone(),
                 fee_bump: *fee_bump,
             }
@@ -168,7 +168,7 @@ fn decide_budget(
             }
             let wait = backoff(policy, attempts, jitter);
             Decision::Retry {
-                at: now + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX),
+                at: now + crate::clock::chrono_duration(wait),
                 error: fault.to_string(),
                 fee_bump: false,
             }

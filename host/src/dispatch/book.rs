@@ -115,9 +115,9 @@ impl Filling {
             self.walked += 1;
             let seen = self.per_set.entry(row.lanes.clone()).or_default();
             if *seen >= CROWDED {
+                // Pages come in dispatch order: a lane's first cut stands.
                 for lane in &row.lanes {
-                    let cut = self.cut.entry(lane.clone()).or_insert(at);
-                    *cut = (*cut).min(at);
+                    self.cut.entry(lane.clone()).or_insert(at);
                 }
                 continue;
             }

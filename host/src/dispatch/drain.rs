@@ -23,6 +23,7 @@ use tracing::{debug, error, info, warn};
 use super::book::{Book, Filling};
 use super::{DispatchError, Inner};
 use crate::breaker::{self, Admission};
+use crate::clock::chrono_duration;
 use crate::config::{Config, KindConfig};
 use crate::executor::{Attempt, Executor, LeaseCheckpoint, Reconciled};
 use crate::fees::{FeeBid, FeeDecision};
@@ -246,6 +247,8 @@ impl Pass {
     async fn read(&mut self, poll: Duration) -> Result<(), DispatchError> {
         let outbox = self.slot.outbox.clone();
         let window = self.inner.config.load().dispatch.window;
+        // Lanes other outboxes freed for this one; a full read reads every
+        // occupant anew, so it answers them too.
         let freed = self.inner.handover().take(&outbox);
         if Instant::now() >= self.refresh_at || self.book.needs_refill() {
             // A trigger pending now is answered by this read.
@@ -525,10 +528,14 @@ impl Pass {
                 in_doubt: false,
             });
         }
-        let start = lanes::schedule(&input, &elsewhere, &caps);
-        // Nothing runs and nothing may start for want of a permit: would
-        // anything start with one? Then the pass ends starved, and the
+        // With no permit to take nothing starts; when nothing runs either,
+        // would anything start with one? Then the pass ends starved, and the
         // outbox is woken when permits free.
+        let start = if starts == 0 {
+            Vec::new()
+        } else {
+            lanes::schedule(&input, &elsewhere, &caps)
+        };
         self.starved = starts == 0
             && self.running.is_empty()
             && !lanes::schedule(
@@ -711,7 +718,7 @@ impl Pass {
                     keep.push(id);
                 }
                 Ok(Some(FeeDecision::Defer(wait))) => {
-                    let until = now + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX);
+                    let until = now + chrono_duration(wait);
                     if self.inner.queue.defer(id, until).await?.applied() {
                         self.book.deferred(id, until);
                         info!(op = id, kind = %op.kind, priority = %op.priority, until = %until, "Deferred by the fee policy (congestion).");
@@ -878,11 +885,6 @@ impl Pass {
         }
         self.finished.extend(batch);
     }
-}
-
-/// A std duration as a chrono one, saturating.
-fn chrono_duration(d: Duration) -> chrono::Duration {
-    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
 }
 
 /// The lanes of occupants that belong to other outboxes than `outbox`.

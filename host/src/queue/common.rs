@@ -95,10 +95,7 @@ pub fn now_ms(clock: &dyn crate::clock::Clock) -> DateTime<Utc> {
     clock.now().trunc_subsecs(3)
 }
 
-/// A std duration as a chrono one, saturating instead of failing.
-pub fn chrono_duration(d: std::time::Duration) -> chrono::Duration {
-    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
-}
+pub use crate::clock::chrono_duration;
 
 /// What a [`Finish`] writes, the same on both backends.
 pub struct FinishParams {

@@ -581,13 +581,9 @@ impl SqliteQueue {
         let ids: Vec<OpId> = rounds.iter().flat_map(|r| r.ids.iter().copied()).collect();
         let follows: Vec<(OpId, OpId)> = rounds.iter().flat_map(|r| r.follows.iter().copied()).collect();
         sqlx::query("SAVEPOINT rounds").execute(&mut *tx).await?;
-        let applied = async {
-            let settled = self.complete_in(&mut *tx, &completions).await?;
-            let ids = still_claimable(&ids, &follows, &completions, &settled);
-            let claimed = self.claim_ids_in(&mut *tx, &ids, &first.lease, &first.rules).await?;
-            Ok::<_, QueueError>((settled, claimed))
-        }
-        .await;
+        let applied = self
+            .settle_then_claim_in(&mut *tx, &completions, &ids, &follows, &first.lease, &first.rules)
+            .await;
         let Ok((settled, claimed)) = applied else {
             sqlx::query("ROLLBACK TO rounds").execute(&mut *tx).await?;
             sqlx::query("RELEASE rounds").execute(&mut *tx).await?;
@@ -597,17 +593,37 @@ impl SqliteQueue {
         Ok(Some(split_rounds(rounds, settled, claimed)))
     }
 
+    /// Settles, then claims what is still claimable, inside `tx`: the body
+    /// of [`Queue::settle_then_claim`], for one round or several as one.
+    async fn settle_then_claim_in(
+        &self,
+        tx: &mut SqliteConnection,
+        completions: &[Completion],
+        ids: &[OpId],
+        follows: &[(OpId, OpId)],
+        lease: &LeaseSpec,
+        rules: &LaneRules,
+    ) -> RoundResult {
+        let settled = self.complete_in(&mut *tx, completions).await?;
+        let ids = still_claimable(ids, follows, completions, &settled);
+        let claimed = self.claim_ids_in(&mut *tx, &ids, lease, rules).await?;
+        Ok((settled, claimed))
+    }
+
     /// One round inside its savepoint: the round's own result, or an error
     /// of the savepoint itself, which leaves the transaction unusable.
     async fn apply_round(&self, tx: &mut SqliteConnection, round: &Round) -> Result<RoundResult, QueueError> {
         sqlx::query("SAVEPOINT round").execute(&mut *tx).await?;
-        let applied = async {
-            let settled = self.complete_in(&mut *tx, &round.completions).await?;
-            let ids = still_claimable(&round.ids, &round.follows, &round.completions, &settled);
-            let claimed = self.claim_ids_in(&mut *tx, &ids, &round.lease, &round.rules).await?;
-            Ok::<_, QueueError>((settled, claimed))
-        }
-        .await;
+        let applied = self
+            .settle_then_claim_in(
+                &mut *tx,
+                &round.completions,
+                &round.ids,
+                &round.follows,
+                &round.lease,
+                &round.rules,
+            )
+            .await;
         if applied.is_err() {
             sqlx::query("ROLLBACK TO round").execute(&mut *tx).await?;
         }
