@@ -352,6 +352,48 @@ pub fn is_unique_violation(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
 }
 
+/// What a second key of the same name gets.
+pub fn api_key_name_taken(name: &str) -> QueueError {
+    QueueError::Conflict {
+        id: 0,
+        message: format!("an API key named {name:?} already exists"),
+    }
+}
+
+/// Scopes as stored: one space-separated column.
+pub fn scopes_column(scopes: &[String]) -> String {
+    scopes.join(" ")
+}
+
+/// Scopes as read back.
+pub fn scopes_from_column(column: &str) -> Vec<String> {
+    column.split_whitespace().map(str::to_owned).collect()
+}
+
+/// An audit entry's before/after as stored (JSON text).
+pub fn json_column(value: Option<&serde_json::Value>) -> Option<String> {
+    value.map(serde_json::Value::to_string)
+}
+
+/// An audit entry's before/after as read back.
+pub fn json_from_column(
+    id: i64,
+    column: &'static str,
+    text: Option<String>,
+) -> Result<Option<serde_json::Value>, QueueError> {
+    text.map(|t| serde_json::from_str(&t).map_err(|_| QueueError::Corrupt { id, column, value: t }))
+        .transpose()
+}
+
+/// A pause's stored scope.
+pub fn pause_scope(column: &str) -> Result<super::PauseScope, QueueError> {
+    super::PauseScope::parse(column).ok_or_else(|| QueueError::Corrupt {
+        id: 0,
+        column: "pauses.scope",
+        value: column.to_owned(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,6 +10,7 @@
 //! newer state. Operator changes are a compare-and-set on the status.
 
 mod common;
+mod operator;
 pub mod postgres;
 pub mod sqlite;
 
@@ -27,6 +28,7 @@ use crate::lanes::LaneRules;
 use crate::op::{Attempt, AttemptRecord, IllegalTransition, Lease, Op, OpId, Priority, Status};
 
 pub use common::validate_new_op;
+pub use operator::{ApiKey, AuditEntry, NewApiKey, NewAuditEntry, Pause, PauseScope};
 
 /// Which database a queue lives in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -652,6 +654,40 @@ pub trait Queue: Send + Sync + std::fmt::Debug {
 
     /// An oracle's latest snapshot (JSON) and when it was sampled.
     async fn fee_snapshot(&self, oracle: &str) -> Result<Option<(String, DateTime<Utc>)>, QueueError>;
+
+    /// Stores a new API key; [`QueueError::Conflict`] if its name is taken.
+    async fn create_api_key(&self, key: &NewApiKey) -> Result<ApiKey, QueueError>;
+
+    /// Every API key, revoked ones included, by name.
+    async fn api_keys(&self) -> Result<Vec<ApiKey>, QueueError>;
+
+    /// A key and its secret's hash, by its public id.
+    async fn api_key(&self, id: &str) -> Result<Option<(ApiKey, Vec<u8>)>, QueueError>;
+
+    /// Revokes the key named `name`; `false` if there is no such live key.
+    async fn revoke_api_key(&self, name: &str) -> Result<bool, QueueError>;
+
+    /// Appends to the audit log.
+    async fn record_audit(&self, entry: &NewAuditEntry) -> Result<(), QueueError>;
+
+    /// The audit log, newest first, before the entry `before` (paging).
+    async fn audit_log(&self, before: Option<i64>, limit: u32) -> Result<Vec<AuditEntry>, QueueError>;
+
+    /// Pauses a target; `false` if it was already paused (the reason and
+    /// actor are then left as they were).
+    async fn pause(
+        &self,
+        scope: PauseScope,
+        target: &str,
+        reason: Option<&str>,
+        actor: &str,
+    ) -> Result<bool, QueueError>;
+
+    /// Resumes a target; `false` if it was not paused.
+    async fn resume(&self, scope: PauseScope, target: &str) -> Result<bool, QueueError>;
+
+    /// Every pause, by scope and target.
+    async fn pauses(&self) -> Result<Vec<Pause>, QueueError>;
 }
 
 /// Opens the queue named by the config's database URL.

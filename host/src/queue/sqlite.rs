@@ -27,11 +27,15 @@ use super::common::{
     is_unique_violation, now_ms, parse_priority, parse_status, refusal, scan_from_sql, still_claimable, unsent_guard,
     validate_new_op, FinishParams, BOOK_COLUMNS,
 };
+use super::common::{
+    api_key_name_taken, json_column, json_from_column, pause_scope, scopes_column, scopes_from_column,
+};
 use super::{
     new_token, Backend, BookRow, CandidateOp, Cas, ClaimRequest, Claimed, Completion, Depth, Enqueued, ExpireTo,
     Finish, HaltedSubject, HostShare, LaneHalt, LeaseSpec, Limits, NewOp, Occupant, OpFilter, Queue, QueueError,
     SlotLease, Subscription,
 };
+use super::{ApiKey, AuditEntry, NewApiKey, NewAuditEntry, Pause, PauseScope};
 use crate::clock::Clock;
 use crate::config::{DatabaseConfig, Synchronous};
 use crate::lanes::LaneRules;
@@ -1393,6 +1397,163 @@ impl Queue for SqliteQueue {
         })
         .transpose()
     }
+
+    async fn create_api_key(&self, key: &NewApiKey) -> Result<ApiKey, QueueError> {
+        let now = self.now();
+        let mut tx = self.write().await?;
+        let done =
+            sqlx::query("INSERT INTO api_keys (id, name, secret_hash, scopes, created_at) VALUES (?, ?, ?, ?, ?)")
+                .bind(&key.id)
+                .bind(&key.name)
+                .bind(&key.secret_hash)
+                .bind(scopes_column(&key.scopes))
+                .bind(ms(now))
+                .execute(&mut *tx)
+                .await;
+        match done {
+            Err(e) if is_unique_violation(&e) => return Err(api_key_name_taken(&key.name)),
+            other => other?,
+        };
+        tx.commit().await?;
+        Ok(ApiKey {
+            id: key.id.clone(),
+            name: key.name.clone(),
+            scopes: key.scopes.clone(),
+            created_at: from_ms(0, "api_keys.created_at", ms(now))?,
+            revoked_at: None,
+        })
+    }
+
+    async fn api_keys(&self) -> Result<Vec<ApiKey>, QueueError> {
+        let rows = sqlx::query("SELECT id, name, scopes, created_at, revoked_at FROM api_keys ORDER BY name")
+            .fetch_all(&self.reader)
+            .await?;
+        rows.iter().map(api_key_from_row).collect()
+    }
+
+    async fn api_key(&self, id: &str) -> Result<Option<(ApiKey, Vec<u8>)>, QueueError> {
+        let row =
+            sqlx::query("SELECT id, name, scopes, created_at, revoked_at, secret_hash FROM api_keys WHERE id = ?")
+                .bind(id)
+                .fetch_optional(&self.reader)
+                .await?;
+        row.map(|row| Ok((api_key_from_row(&row)?, row.try_get("secret_hash")?)))
+            .transpose()
+    }
+
+    async fn revoke_api_key(&self, name: &str) -> Result<bool, QueueError> {
+        let mut tx = self.write().await?;
+        let done = sqlx::query("UPDATE api_keys SET revoked_at = ? WHERE name = ? AND revoked_at IS NULL")
+            .bind(ms(self.now()))
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn record_audit(&self, entry: &NewAuditEntry) -> Result<(), QueueError> {
+        let mut tx = self.write().await?;
+        sqlx::query("INSERT INTO audit_log (at, actor, action, target, before, after) VALUES (?, ?, ?, ?, ?, ?)")
+            .bind(ms(self.now()))
+            .bind(&entry.actor)
+            .bind(&entry.action)
+            .bind(&entry.target)
+            .bind(json_column(entry.before.as_ref()))
+            .bind(json_column(entry.after.as_ref()))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn audit_log(&self, before: Option<i64>, limit: u32) -> Result<Vec<AuditEntry>, QueueError> {
+        let rows = sqlx::query(
+            "SELECT id, at, actor, action, target, before, after FROM audit_log \
+             WHERE ?1 IS NULL OR id < ?1 ORDER BY id DESC LIMIT ?2",
+        )
+        .bind(before)
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let id: i64 = row.try_get("id")?;
+                Ok(AuditEntry {
+                    id,
+                    at: from_ms(id, "audit_log.at", row.try_get("at")?)?,
+                    actor: row.try_get("actor")?,
+                    action: row.try_get("action")?,
+                    target: row.try_get("target")?,
+                    before: json_from_column(id, "audit_log.before", row.try_get("before")?)?,
+                    after: json_from_column(id, "audit_log.after", row.try_get("after")?)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn pause(
+        &self,
+        scope: PauseScope,
+        target: &str,
+        reason: Option<&str>,
+        actor: &str,
+    ) -> Result<bool, QueueError> {
+        let mut tx = self.write().await?;
+        let done = sqlx::query(
+            "INSERT INTO pauses (scope, target, reason, actor, paused_at) VALUES (?, ?, ?, ?, ?) \
+             ON CONFLICT (scope, target) DO NOTHING",
+        )
+        .bind(scope.as_str())
+        .bind(target)
+        .bind(reason)
+        .bind(actor)
+        .bind(ms(self.now()))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn resume(&self, scope: PauseScope, target: &str) -> Result<bool, QueueError> {
+        let mut tx = self.write().await?;
+        let done = sqlx::query("DELETE FROM pauses WHERE scope = ? AND target = ?")
+            .bind(scope.as_str())
+            .bind(target)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn pauses(&self) -> Result<Vec<Pause>, QueueError> {
+        let rows = sqlx::query("SELECT scope, target, reason, actor, paused_at FROM pauses ORDER BY scope, target")
+            .fetch_all(&self.reader)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let scope: String = row.try_get("scope")?;
+                Ok(Pause {
+                    scope: pause_scope(&scope)?,
+                    target: row.try_get("target")?,
+                    reason: row.try_get("reason")?,
+                    actor: row.try_get("actor")?,
+                    paused_at: from_ms(0, "pauses.paused_at", row.try_get("paused_at")?)?,
+                })
+            })
+            .collect()
+    }
+}
+
+fn api_key_from_row(row: &SqliteRow) -> Result<ApiKey, QueueError> {
+    let scopes: String = row.try_get("scopes")?;
+    Ok(ApiKey {
+        id: row.try_get("id")?,
+        name: row.try_get("name")?,
+        scopes: scopes_from_column(&scopes),
+        created_at: from_ms(0, "api_keys.created_at", row.try_get("created_at")?)?,
+        revoked_at: opt_from_ms(0, "api_keys.revoked_at", row.try_get("revoked_at")?)?,
+    })
 }
 
 async fn halt_lanes(conn: &mut SqliteConnection, op_id: OpId, now: DateTime<Utc>) -> Result<(), QueueError> {

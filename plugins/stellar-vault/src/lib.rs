@@ -13,6 +13,7 @@
 //! crash or timeout: landed → done; provably dead → build afresh; still
 //! possible → send the same bytes again (a duplicate is harmless) and wait.
 
+mod cadence;
 mod check;
 mod receipt;
 mod rpc;
@@ -77,6 +78,12 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+fn unix_now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// How a sent transaction ended, as far as one wait could tell.
 enum Fate {
     Landed {
@@ -114,22 +121,22 @@ fn send_and_wait(rpc: &mut Rpc, receipt: &Receipt, settings: &Settings) -> Fate 
 fn wait(rpc: &mut Rpc, receipt: &Receipt, settings: &Settings) -> Fate {
     let give_up = Instant::now() + Duration::from_secs(settings.valid_seconds + 30);
     loop {
-        match rpc.transaction(&receipt.hash) {
+        let pause = match rpc.transaction(&receipt.hash) {
             Ok((Lookup::Success { ledger }, _)) => return Fate::Landed { ledger },
             Ok((Lookup::Failed { code }, _)) => return Fate::Failed { code },
             Ok((Lookup::NotFound, tip)) if receipt.expired_at(tip.ledger, tip.close_time) => return Fate::Expired,
-            Ok((Lookup::NotFound, _)) => {}
+            Ok((Lookup::NotFound, tip)) => cadence::next_poll(&tip, unix_now_ms(), settings.poll_ms),
             Err(RpcError::Denied(why)) => return Fate::Unreachable(RpcError::Denied(why)),
             Err(e) if Instant::now() >= give_up => return Fate::Unreachable(e),
-            Err(_) => {}
-        }
+            Err(_) => Duration::from_millis(settings.poll_ms),
+        };
         if Instant::now() >= give_up {
             return Fate::Unreachable(RpcError::Unavailable {
                 what: "transaction still pending".to_owned(),
                 retry_after: None,
             });
         }
-        std::thread::sleep(Duration::from_millis(settings.poll_ms));
+        std::thread::sleep(pause);
     }
 }
 

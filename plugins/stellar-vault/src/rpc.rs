@@ -64,6 +64,8 @@ pub struct Tip {
     pub close_time: Option<u64>,
     /// The oldest ledger the server still remembers, when it says.
     pub oldest: Option<u32>,
+    /// That oldest ledger's close time (unix seconds), when the server says.
+    pub oldest_close_time: Option<u64>,
 }
 
 /// What `simulateTransaction` said.
@@ -158,6 +160,7 @@ impl Rpc {
             ledger,
             close_time: number(&result["closeTime"]),
             oldest: None,
+            oldest_close_time: None,
         })
     }
 
@@ -215,6 +218,7 @@ impl Rpc {
                 .unwrap_or(0),
             close_time: number(&result["latestLedgerCloseTime"]),
             oldest: number(&result["oldestLedger"]).and_then(|l| u32::try_from(l).ok()),
+            oldest_close_time: number(&result["oldestLedgerCloseTime"]),
         };
         let lookup = match result["status"].as_str() {
             Some("SUCCESS") => Lookup::Success {

@@ -64,7 +64,8 @@ pub struct Settings {
     /// Ledgers after the current one the transaction may land in.
     #[serde(default = "default_ledger_window")]
     pub ledger_window: u32,
-    /// How often `getTransaction` is polled.
+    /// The longest pause between two `getTransaction` polls. Within it the
+    /// vault polls at the ledger's expected close (`cadence`).
     #[serde(default = "default_poll_ms")]
     pub poll_ms: u64,
     /// Inclusion fee when the host quotes none (no fee oracle).

@@ -118,6 +118,9 @@ struct Inner {
     fees: Fees,
     latest_ledger: u32,
     close_time: u64,
+    /// The mean ledger time the retention window's close times imply
+    /// (what `close_ledgers_every` closes at; Stellar's 5 s otherwise).
+    ledger_ms: u64,
     network_id: [u8; 32],
     /// Minimum inclusion fee per operation (surge pricing raises it).
     min_inclusion_fee: i64,
@@ -159,6 +162,7 @@ impl Default for FakeRpc {
                 },
                 latest_ledger: 3_730_870,
                 close_time: unix_now(),
+                ledger_ms: 5000,
                 network_id: sha2::Sha256::digest(TESTNET.as_bytes()).into(),
                 min_inclusion_fee: 100,
                 accounts: HashMap::new(),
@@ -316,6 +320,7 @@ impl FakeRpc {
     /// Closes a ledger every `every` until the returned handle is aborted.
     pub fn close_ledgers_every(&self, every: Duration) -> tokio::task::JoinHandle<()> {
         let fake = self.clone();
+        fake.lock().ledger_ms = u64::try_from(every.as_millis()).unwrap_or(u64::MAX).max(1);
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
@@ -402,8 +407,8 @@ impl FakeRpc {
                     json!({
                         "status": "healthy", "latestLedger": inner.latest_ledger,
                         "latestLedgerCloseTime": inner.close_time.to_string(),
-                        "oldestLedger": inner.latest_ledger.saturating_sub(120_960),
-                        "oldestLedgerCloseTime": inner.close_time.saturating_sub(604_800).to_string(),
+                        "oldestLedger": inner.oldest_ledger(),
+                        "oldestLedgerCloseTime": inner.oldest_close_time().to_string(),
                         "ledgerRetentionWindow": 120_960,
                     }),
                 ),
@@ -419,6 +424,20 @@ impl FakeRpc {
 }
 
 impl Inner {
+    /// The oldest ledger `getTransaction` and `getHealth` say they remember.
+    fn oldest_ledger(&self) -> u32 {
+        self.oldest_override
+            .unwrap_or(self.latest_ledger.saturating_sub(120_960))
+    }
+
+    /// Its close time, one ledger time per ledger before the latest's, so a
+    /// client can read the ledger time off the window as on the network.
+    fn oldest_close_time(&self) -> u64 {
+        let ledgers = u64::from(self.latest_ledger.saturating_sub(self.oldest_ledger()));
+        self.close_time
+            .saturating_sub(ledgers.saturating_mul(self.ledger_ms) / 1000)
+    }
+
     fn fee_stats(&self) -> Value {
         let f = &self.fees;
         let dist = |count: u64, ledgers: u64| {
@@ -687,8 +706,8 @@ impl Inner {
         let mut result = json!({
             "status": "NOT_FOUND", "txHash": hash,
             "latestLedger": self.latest_ledger, "latestLedgerCloseTime": self.close_time.to_string(),
-            "oldestLedger": self.oldest_override.unwrap_or(self.latest_ledger.saturating_sub(120_960)),
-            "oldestLedgerCloseTime": self.close_time.saturating_sub(604_800).to_string(),
+            "oldestLedger": self.oldest_ledger(),
+            "oldestLedgerCloseTime": self.oldest_close_time().to_string(),
         });
         if self.oldest_override.is_some_and(|oldest| {
             self.txs.iter().any(|t| {

@@ -1,0 +1,117 @@
+//! What the queue stores for operators beside the ops: API keys (as hashes),
+//! the audit log of every operator write, and pauses of kinds, outboxes and
+//! destinations. Types only; each backend stores them.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// An API key as stored: never the secret, only its SHA-256.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ApiKey {
+    /// The public part of the key (`lw_<id>_…`), how a request finds it.
+    pub id: String,
+    /// The operator's name for it, unique.
+    pub name: String,
+    /// What it may do (`ops:write`, `outbox:read`, …).
+    pub scopes: Vec<String>,
+    /// When it was made.
+    pub created_at: DateTime<Utc>,
+    /// When it was revoked; a revoked key authenticates nothing.
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+/// A key to store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewApiKey {
+    /// See [`ApiKey::id`].
+    pub id: String,
+    /// See [`ApiKey::name`].
+    pub name: String,
+    /// SHA-256 of the secret part.
+    pub secret_hash: Vec<u8>,
+    /// See [`ApiKey::scopes`].
+    pub scopes: Vec<String>,
+}
+
+/// One operator write, to record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewAuditEntry {
+    /// Who: an API key's name (`key:NAME`) or `cli:$USER`.
+    pub actor: String,
+    /// What, e.g. `op.retry`, `pause`, `api_key.revoke`.
+    pub action: String,
+    /// On what, e.g. `op:42`, `kind:deposit`.
+    pub target: String,
+    /// The state before (JSON), when there was one.
+    pub before: Option<serde_json::Value>,
+    /// The state after (JSON), when there is one.
+    pub after: Option<serde_json::Value>,
+}
+
+/// One recorded operator write.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AuditEntry {
+    /// Position in the log (ascending with time).
+    pub id: i64,
+    /// When.
+    pub at: DateTime<Utc>,
+    /// See [`NewAuditEntry::actor`].
+    pub actor: String,
+    /// See [`NewAuditEntry::action`].
+    pub action: String,
+    /// See [`NewAuditEntry::target`].
+    pub target: String,
+    /// See [`NewAuditEntry::before`].
+    pub before: Option<serde_json::Value>,
+    /// See [`NewAuditEntry::after`].
+    pub after: Option<serde_json::Value>,
+}
+
+/// What a pause stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PauseScope {
+    /// Every op of a kind.
+    Kind,
+    /// Every op of an outbox.
+    Outbox,
+    /// Every op whose destination (the host of its first lane that is a URL)
+    /// is this host.
+    Destination,
+}
+
+impl PauseScope {
+    /// The stored name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Kind => "kind",
+            Self::Outbox => "outbox",
+            Self::Destination => "destination",
+        }
+    }
+
+    /// Parses a stored or typed name.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "kind" => Some(Self::Kind),
+            "outbox" => Some(Self::Outbox),
+            "destination" => Some(Self::Destination),
+            _ => None,
+        }
+    }
+}
+
+/// A paused target.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Pause {
+    /// What kind of target.
+    pub scope: PauseScope,
+    /// The kind, outbox or destination host.
+    pub target: String,
+    /// Why, if the operator said.
+    pub reason: Option<String>,
+    /// Who paused it.
+    pub actor: String,
+    /// Since when.
+    pub paused_at: DateTime<Utc>,
+}
