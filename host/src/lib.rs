@@ -5,6 +5,7 @@
 //! `ARCHITECTURE.md` for the map and the invariants.
 #![forbid(unsafe_code)]
 
+pub mod api;
 pub mod breaker;
 pub mod cli;
 pub mod clock;
@@ -12,6 +13,7 @@ pub mod config;
 pub mod dispatch;
 pub mod egress;
 pub mod enqueue;
+pub mod events;
 pub mod executor;
 pub mod fanout;
 pub mod fees;

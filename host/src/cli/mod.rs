@@ -4,6 +4,7 @@
 //! Commands take their input and output streams as arguments, so tests run
 //! them in-process and read what an operator would see.
 
+mod operator;
 mod render;
 
 use std::ffi::OsString;
@@ -63,6 +64,18 @@ pub enum Command {
     /// Signing keys held by the host (public parts only).
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Keys for the HTTP API (stored as hashes; scopes).
+    #[command(subcommand, name = "api-keys")]
+    ApiKeys(operator::ApiKeysCommand),
+    /// Pause a kind, an outbox or a destination host: its ops wait on every
+    /// host, using no attempts, until resumed.
+    Pause(operator::PauseArgs),
+    /// Resume a paused kind, outbox or destination.
+    Resume(operator::PauseArgs),
+    /// What is paused.
+    Pauses(JsonArg),
+    /// Who changed what: every operator write, newest first.
+    Audit(operator::AuditArgs),
 }
 
 /// `laneway keys …`
@@ -378,6 +391,11 @@ pub async fn run(cli: Cli, io: Io<'_>) -> Result<(), CliError> {
         Command::Lanes(command) => lanes_cmd(&config, command, io.stdout).await,
         Command::Subjects(command) => subjects_cmd(&config, command, io.stdout).await,
         Command::Keys(KeysCommand::Show(args)) => keys_show(&config, &args, io.stdout),
+        Command::ApiKeys(command) => operator::api_keys_cmd(open_checked(&config).await?.as_ref(), command, io.stdout).await,
+        Command::Pause(args) => operator::pause_cmd(open_checked(&config).await?.as_ref(), args, io.stdout).await,
+        Command::Resume(args) => operator::resume_cmd(open_checked(&config).await?.as_ref(), args, io.stdout).await,
+        Command::Pauses(args) => operator::pauses_cmd(open_checked(&config).await?.as_ref(), args.json, io.stdout).await,
+        Command::Audit(args) => operator::audit_cmd(open_checked(&config).await?.as_ref(), args, io.stdout).await,
     }
 }
 
@@ -638,7 +656,16 @@ async fn ops_cmd(config: &Config, command: OpsCommand, out: &mut dyn Write) -> R
             }
         }
         OpsCommand::Retry(args) => {
+            let before = queue.get(args.id).await?;
             let op = queue.force_retry(args.id).await?;
+            operator::audit(
+                queue.as_ref(),
+                "op.retry",
+                format!("op:{}", op.id),
+                before.map(|o| serde_json::json!(o)),
+                Some(serde_json::json!(op)),
+            )
+            .await?;
             if args.json {
                 render::json(out, &op)
             } else {
@@ -647,7 +674,16 @@ async fn ops_cmd(config: &Config, command: OpsCommand, out: &mut dyn Write) -> R
             }
         }
         OpsCommand::Cancel(args) => {
+            let before = queue.get(args.id).await?;
             let op = queue.cancel(args.id).await?;
+            operator::audit(
+                queue.as_ref(),
+                "op.cancel",
+                format!("op:{}", op.id),
+                before.map(|o| serde_json::json!(o)),
+                Some(serde_json::json!(op)),
+            )
+            .await?;
             if args.json {
                 render::json(out, &op)
             } else {
@@ -706,6 +742,21 @@ async fn run_cmd(config: Config, source: FileSource) -> Result<(), CliError> {
         });
     }
     plugins.watch(source, dispatcher.clone(), debounce);
+    let listen = dispatcher.config().api.listen.clone();
+    if !listen.is_empty() {
+        // A port in use is the operator's to fix, before anything runs.
+        let listener = tokio::net::TcpListener::bind(&listen)
+            .await
+            .map_err(|e| CliError::Input(format!("api.listen: cannot listen on {listen}: {e}")))?;
+        tracing::info!(listen = %listen, "HTTP API listening (/api/v1, /api/admin, /metrics, /healthz, /readyz).");
+        let state = crate::api::ApiState::new(dispatcher.clone());
+        let stop = dispatcher.clone();
+        tokio::spawn(async move {
+            if let Err(e) = crate::api::serve(listener, state, async move { stop.cancelled().await }).await {
+                tracing::error!(error = %e, "The HTTP API stopped.");
+            }
+        });
+    }
     let stopper = dispatcher.clone();
     tokio::spawn(async move {
         shutdown_signal().await;
@@ -759,6 +810,14 @@ async fn lanes_cmd(config: &Config, command: LanesCommand, out: &mut dyn Write) 
                     args.lane, args.outbox
                 )));
             }
+            operator::audit(
+                queue.as_ref(),
+                "lane.skip",
+                format!("lane:{}:{}", args.outbox, args.lane),
+                None,
+                Some(serde_json::json!({ "released": removed })),
+            )
+            .await?;
             writeln!(
                 out,
                 "lane {} of outbox {} continues past its dead letter",
@@ -774,6 +833,14 @@ async fn subjects_cmd(config: &Config, command: SubjectsCommand, out: &mut dyn W
     match command {
         SubjectsCommand::Halt(args) => {
             queue.halt_subject(&args.subject, args.reason.as_deref()).await?;
+            operator::audit(
+                queue.as_ref(),
+                "subject.halt",
+                format!("subject:{}", args.subject),
+                None,
+                Some(serde_json::json!({ "reason": args.reason })),
+            )
+            .await?;
             writeln!(
                 out,
                 "subject {} halted: its ops wait without using attempts",
@@ -784,6 +851,7 @@ async fn subjects_cmd(config: &Config, command: SubjectsCommand, out: &mut dyn W
             if !queue.unhalt_subject(&args.subject).await? {
                 return Err(CliError::Input(format!("subject {:?} is not halted", args.subject)));
             }
+            operator::audit(queue.as_ref(), "subject.unhalt", format!("subject:{}", args.subject), None, None).await?;
             writeln!(out, "subject {} resumed", args.subject)?;
         }
         SubjectsCommand::List(args) => {

@@ -35,6 +35,8 @@ pub struct Config {
     pub dispatch: DispatchConfig,
     /// `[runtime]`
     pub runtime: RuntimeConfig,
+    /// `[api]`
+    pub api: ApiConfig,
     /// `[plugins.NAME]`
     pub plugins: BTreeMap<String, PluginConfig>,
     /// `[keys.ID]`
@@ -43,6 +45,24 @@ pub struct Config {
     pub oracles: BTreeMap<String, OracleConfig>,
     /// `[kinds.NAME]`
     pub kinds: BTreeMap<String, KindConfig>,
+}
+
+/// `[api]`: the HTTP API `laneway run` serves.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ApiConfig {
+    /// `HOST:PORT` to listen on; empty serves no API.
+    pub listen: String,
+    /// `/metrics` asks for a key with the `metrics:read` scope.
+    pub metrics_key_required: bool,
+    /// Largest request body accepted.
+    pub max_body_bytes: usize,
+    /// Most ops one page of a listing returns.
+    pub max_page: u32,
+    /// Dead letters a bulk recover puts back per second (the rest are
+    /// spread over the seconds after).
+    pub recover_per_second: u32,
+    /// Requests per second the public network-conditions route answers.
+    pub public_per_second: u32,
 }
 
 /// `[runtime]`: the WebAssembly engine.
@@ -625,6 +645,7 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
     let queue = section::<QueueConfig>(&mut table, "queue", &mut problems);
     let dispatch = section::<DispatchConfig>(&mut table, "dispatch", &mut problems);
     let runtime = section::<RuntimeConfig>(&mut table, "runtime", &mut problems);
+    let api = section::<ApiConfig>(&mut table, "api", &mut problems);
     let plugins = named_tables::<PluginConfig>(&mut table, "plugins", &mut problems);
     let keys = named_tables::<crate::keys::KeySource>(&mut table, "keys", &mut problems);
     let oracles = named_tables::<OracleConfig>(&mut table, "oracles", &mut problems);
@@ -647,16 +668,19 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
     for key in table.keys() {
         problems.push(Problem {
             path: key.clone(),
-            message: "unknown key (expected one of: database, queue, dispatch, runtime, plugins, keys, oracles, kinds)"
+            message: "unknown key (expected one of: database, queue, dispatch, runtime, api, plugins, keys, oracles, kinds)"
                 .to_owned(),
         });
     }
-    if let (Some(database), Some(queue), Some(dispatch), Some(runtime)) = (database, queue, dispatch, runtime) {
+    if let (Some(database), Some(queue), Some(dispatch), Some(runtime), Some(api)) =
+        (database, queue, dispatch, runtime, api)
+    {
         let config = Config {
             database,
             queue,
             dispatch,
             runtime,
+            api,
             plugins,
             keys,
             oracles,
@@ -817,6 +841,23 @@ fn validate(config: &Config) -> Vec<Problem> {
             "dispatch.slot_ttl_ms",
             format!("expected at least 1000, got {}", d.slot_ttl_ms),
         );
+    }
+    let api = &config.api;
+    if !api.listen.is_empty() && api.listen.parse::<std::net::SocketAddr>().is_err() {
+        bad(
+            "api.listen",
+            format!("expected HOST:PORT with an IP address (e.g. 127.0.0.1:7480) or \"\" for no API, got {:?}", api.listen),
+        );
+    }
+    for (path, value, max) in [
+        ("api.max_body_bytes", api.max_body_bytes as u64, 64 * 1024 * 1024),
+        ("api.max_page", u64::from(api.max_page), 10_000),
+        ("api.recover_per_second", u64::from(api.recover_per_second), 100_000),
+        ("api.public_per_second", u64::from(api.public_per_second), 100_000),
+    ] {
+        if !(1..=max).contains(&value) {
+            bad(path, format!("expected 1 to {max}, got {value}"));
+        }
     }
     for (name, kind) in &config.kinds {
         let path = |key: &str| format!("kinds.{name}.{key}");

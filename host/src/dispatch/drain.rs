@@ -21,10 +21,12 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use super::book::{Book, Filling};
+use super::paused::Paused;
 use super::{DispatchError, Inner};
 use crate::breaker::{self, Admission};
 use crate::clock::chrono_duration;
 use crate::config::{Config, KindConfig};
+use crate::events::{LeaseLost, OpSettled, Priced, Settled};
 use crate::executor::{Attempt, Executor, LeaseCheckpoint, Reconciled};
 use crate::fees::{FeeBid, FeeDecision};
 use crate::lanes::{self, Candidate, Caps, Lane, LaneMode, LaneRules, OpState};
@@ -134,6 +136,8 @@ struct Pass {
     /// The pass was woken from starvation: until it starts something, it
     /// may take the permits other drains leave free for starved outboxes.
     favoured: bool,
+    /// The operator's pauses, as of the last full read.
+    paused: Paused,
 }
 
 impl Pass {
@@ -155,6 +159,7 @@ impl Pass {
             yielding: false,
             starved: false,
             favoured: false,
+            paused: Paused::default(),
         }
     }
 
@@ -259,6 +264,7 @@ impl Pass {
                 self.walk(&mut filling, window, poll).await?;
             }
             let halts = self.inner.queue.lane_halts(Some(&outbox)).await?;
+            self.paused = Paused::new(&self.inner.queue.pauses().await?);
             let lanes: Vec<String> = filling
                 .rows()
                 .iter()
@@ -589,6 +595,9 @@ impl Pass {
         if !kind_known || !runnable || row.subject_halted {
             return OpState::Waiting;
         }
+        if self.paused.holds(&self.slot.outbox, &row.kind, destination(&row.lanes)) {
+            return OpState::Waiting;
+        }
         if self.stalled.contains(&row.id) {
             return OpState::Waiting;
         }
@@ -709,10 +718,22 @@ impl Pass {
             match pricer.price(&config, &mut views, &op, now).await {
                 Ok(None) => keep.push(id),
                 Ok(Some(FeeDecision::Submit { bid, .. })) => {
+                    let metrics = &self.inner.metrics;
                     if bid.capped {
-                        error!(op = id, kind = %op.kind, priority = %op.priority, fee = bid.base_fee, alert = "max-fee-hit", "Fee reached the absolute cap; submitting at the cap.");
+                        Priced::Capped {
+                            op: id,
+                            kind: &op.kind,
+                            priority: op.priority,
+                            fee: bid.base_fee,
+                        }
+                        .emit(metrics);
                     } else if bid.aggressive {
-                        info!(op = id, kind = %op.kind, fee = bid.base_fee, "Congested: using the aggressive fee.");
+                        Priced::Aggressive {
+                            op: id,
+                            kind: &op.kind,
+                            fee: bid.base_fee,
+                        }
+                        .emit(metrics);
                     }
                     bids.insert(id, bid);
                     keep.push(id);
@@ -721,7 +742,13 @@ impl Pass {
                     let until = now + chrono_duration(wait);
                     if self.inner.queue.defer(id, until).await?.applied() {
                         self.book.deferred(id, until);
-                        info!(op = id, kind = %op.kind, priority = %op.priority, until = %until, "Deferred by the fee policy (congestion).");
+                        Priced::Deferred {
+                            op: id,
+                            kind: &op.kind,
+                            priority: op.priority,
+                            until,
+                        }
+                        .emit(&self.inner.metrics);
                     }
                 }
                 Err(e @ crate::pricing::PricingError::NoSampleYet(_)) => {
@@ -823,29 +850,41 @@ impl Pass {
             self.book.settled(op.id, &completion.finish, result.applied());
             if !result.applied() {
                 self.refresh_at = self.refresh_at.min(Instant::now() + PARKED_RECHECK);
-                warn!(
-                    op = op.id,
-                    attempt = claimed.lease.attempt,
-                    "Lease was lost before the outcome was recorded; the op will be delivered again."
-                );
+                LeaseLost {
+                    op: op.id,
+                    attempt: claimed.lease.attempt,
+                }
+                .emit(&self.inner.metrics);
                 continue;
             }
-            match decision {
-                Decision::Confirm { .. } => debug!(op = op.id, attempt = claimed.lease.attempt, "Op confirmed."),
-                Decision::Retry { at, error, .. } => {
-                    info!(op = op.id, attempt = claimed.lease.attempt, retry_at = %at, error = %error, "Op will be retried.");
-                }
-                Decision::DeadLetter { error } => error!(
-                    op = op.id,
-                    kind = %op.kind,
-                    outbox = %op.outbox,
-                    attempts = claimed.lease.attempt,
-                    lanes = ?op.lanes,
-                    correlation_id = ?op.correlation_id,
-                    reason = %error,
-                    "Op dead-lettered."
-                ),
+            let decision = match &decision {
+                Decision::Confirm { .. } => Settled::Confirmed {
+                    latency_seconds: (completion.attempt.finished_at - op.created_at)
+                        .to_std()
+                        .unwrap_or_default()
+                        .as_secs_f64(),
+                },
+                Decision::Retry { at, error, fee_bump } => Settled::Retry {
+                    at: *at,
+                    error,
+                    fee_bump: *fee_bump,
+                },
+                Decision::DeadLetter { error } => Settled::DeadLetter {
+                    error,
+                    class: completion.attempt.class.as_str(),
+                    lanes: &op.lanes,
+                    correlation_id: op.correlation_id.as_deref(),
+                },
+            };
+            OpSettled {
+                op: op.id,
+                kind: &op.kind,
+                outbox: &op.outbox,
+                priority: op.priority,
+                attempt: claimed.lease.attempt,
+                decision,
             }
+            .emit(&self.inner.metrics);
         }
     }
 

@@ -8,6 +8,7 @@
 mod book;
 mod drain;
 mod handover;
+mod paused;
 mod share;
 pub mod slots;
 
@@ -25,6 +26,7 @@ use tracing::{debug, error, info, warn};
 use crate::breaker::{BreakerConfig, Breakers};
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::events::Metrics;
 use crate::executor::Registry;
 use crate::pricing::{FeeEstimate, FeePolicies, Pricer, PricingError};
 use crate::queue::{Enqueued, ExpireTo, NewOp, Queue, QueueError};
@@ -68,6 +70,8 @@ pub(crate) struct Inner {
     pub share: Mutex<share::Share>,
     /// Which outboxes wait on lanes another outbox here occupies.
     pub handover: Mutex<handover::Handover>,
+    /// What the events of this dispatcher count.
+    pub metrics: Arc<Metrics>,
 }
 
 impl Inner {
@@ -231,8 +235,26 @@ impl Dispatcher {
                 handed_back: Mutex::new(HashMap::new()),
                 share: Mutex::new(share::Share::default()),
                 handover: Mutex::new(handover::Handover::default()),
+                metrics: Arc::new(Metrics::new()),
             }),
         }
+    }
+
+    /// The executors it runs (and asks for an op's lanes).
+    pub fn executors(&self) -> &Arc<Registry> {
+        &self.inner.executors
+    }
+
+    /// What its events count (what `/metrics` shows).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
+    /// Destinations whose breaker holds their ops now, on this host, and
+    /// until when.
+    pub fn breakers_open(&self) -> Vec<(String, chrono::DateTime<chrono::Utc>)> {
+        let now = self.inner.clock.now();
+        self.inner.breakers.lock().unwrap_or_else(PoisonError::into_inner).open(now)
     }
 
     /// The lease owner name this dispatcher claims under.

@@ -1,0 +1,122 @@
+//! The API's one error type: an HTTP status, a stable machine code and a
+//! sentence, answered as `{"error": {"code": …, "message": …}}`. Every
+//! failure a handler meets is mapped here, once, so bad input is always a
+//! 4xx with a code and only the server's own failures are a 5xx.
+
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use crate::enqueue::EnqueueError;
+use crate::queue::QueueError;
+
+/// What a request gets instead of its answer.
+#[derive(Debug, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// Stable, for programs: `unauthorized`, `forbidden`, `not_found`, …
+    pub code: &'static str,
+    /// For people.
+    pub message: String,
+}
+
+impl ApiError {
+    /// Any error, by its parts.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// 400 `invalid_request`.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    /// 404 `not_found`.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    /// 401 `unauthorized`.
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+
+    /// 403 `forbidden`.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "forbidden", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::error!(code = self.code, error = %self.message, "API request failed.");
+        }
+        let body = json!({ "error": { "code": self.code, "message": self.message } });
+        (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<QueueError> for ApiError {
+    fn from(e: QueueError) -> Self {
+        let message = e.to_string();
+        match e {
+            QueueError::InvalidOp(_) => Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_op", message),
+            QueueError::NotFound(_) => Self::not_found(message),
+            QueueError::Illegal { .. } => Self::new(StatusCode::CONFLICT, "illegal_transition", message),
+            QueueError::InDoubt(_) => Self::new(StatusCode::CONFLICT, "in_doubt", message),
+            QueueError::Conflict { .. } => Self::new(StatusCode::CONFLICT, "conflict", message),
+            QueueError::Unreachable { .. } | QueueError::Database(_) => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "database_unavailable", message)
+            }
+            QueueError::SchemaBehind { .. } | QueueError::SchemaTooNew { .. } => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "schema_mismatch", message)
+            }
+            _ => Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message),
+        }
+    }
+}
+
+impl From<EnqueueError> for ApiError {
+    fn from(e: EnqueueError) -> Self {
+        let code = match e {
+            EnqueueError::UnknownKind(_) => "unknown_kind",
+            EnqueueError::LanesRequired { .. } => "lanes_required",
+        };
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, code, e.to_string())
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(e: JsonRejection) -> Self {
+        let status = e.status();
+        let code = match status {
+            StatusCode::PAYLOAD_TOO_LARGE => "body_too_large",
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+            _ => "invalid_json",
+        };
+        // A 422 from axum is a body of the wrong shape: still bad input.
+        let status = if status.is_client_error() { status } else { StatusCode::BAD_REQUEST };
+        Self::new(status, code, e.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(e: QueryRejection) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_query", e.body_text())
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(e: PathRejection) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_path", e.body_text())
+    }
+}

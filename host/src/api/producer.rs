@@ -1,0 +1,211 @@
+//! `POST /api/v1/ops` (scope `ops:write`): one op, or a batch, through the
+//! same preparation as `laneway enqueue` (the kind's rules, the plugin's
+//! lanes when none are given, the queue's payload checks), then the
+//! dispatcher's enqueue, which wakes the outbox at once.
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::Utc;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{ApiError, ApiState};
+use crate::enqueue::{self, EnqueueRequest};
+use crate::op::Priority;
+use crate::queue::{self, Enqueued, NewOp};
+
+/// Most ops one request may carry.
+const MAX_BATCH: usize = 1000;
+
+/// One op as a producer posts it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OpBody {
+    kind: String,
+    outbox: String,
+    #[serde(default)]
+    priority: Option<Priority>,
+    #[serde(default)]
+    lanes: Vec<String>,
+    /// Any JSON; stored as its text.
+    payload: Value,
+    #[serde(default)]
+    idempotency_key: Option<String>,
+    #[serde(default)]
+    coalesce_key: Option<String>,
+    #[serde(default)]
+    subject: Option<String>,
+    #[serde(default)]
+    correlation_id: Option<String>,
+    /// Not before this many milliseconds from now.
+    #[serde(default)]
+    delay_ms: Option<u64>,
+}
+
+/// A single op, or `{"ops": [...]}`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Body {
+    Batch {
+        ops: Vec<OpBody>,
+    },
+    One(Box<OpBody>),
+}
+
+pub(super) async fn enqueue(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    state.authorize(&headers, "ops:write").await?;
+    let Json(body) = body?;
+    // Untagged enums hide why a body did not fit; parse the single shape
+    // directly so its error names the field.
+    let batch = body.get("ops").is_some();
+    let parsed: Body = if batch {
+        serde_json::from_value(body).map_err(|e| ApiError::invalid(format!("body: {e}")))?
+    } else {
+        Body::One(Box::new(
+            serde_json::from_value(body).map_err(|e| ApiError::invalid(format!("body: {e}")))?,
+        ))
+    };
+    let header_key = match headers.get("idempotency-key") {
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| ApiError::invalid("Idempotency-Key: expected visible ASCII"))?
+                .to_owned(),
+        ),
+        None => None,
+    };
+    let bodies = match parsed {
+        Body::One(mut one) => {
+            if let Some(key) = header_key {
+                if one.idempotency_key.as_ref().is_some_and(|k| *k != key) {
+                    return Err(ApiError::invalid(
+                        "the Idempotency-Key header and the idempotency_key field differ",
+                    ));
+                }
+                one.idempotency_key = Some(key);
+            }
+            vec![*one]
+        }
+        Body::Batch { ops } => {
+            if header_key.is_some() {
+                return Err(ApiError::invalid(
+                    "Idempotency-Key applies to one op; give each op of a batch its idempotency_key",
+                ));
+            }
+            ops
+        }
+    };
+    if bodies.is_empty() || bodies.len() > MAX_BATCH {
+        return Err(ApiError::invalid(format!("expected 1 to {MAX_BATCH} ops, got {}", bodies.len())));
+    }
+    let config = state.dispatcher().config();
+    let mut ops = Vec::with_capacity(bodies.len());
+    for (i, body) in bodies.into_iter().enumerate() {
+        let op = prepare(&state, body)
+            .await
+            .map_err(|e| if batch { at_index(i, e) } else { e })?;
+        queue::validate_new_op(&op, config.limits()).map_err(|e| {
+            let e = ApiError::from(e);
+            if batch {
+                at_index(i, e)
+            } else {
+                e
+            }
+        })?;
+        ops.push(op);
+    }
+    // Nothing is written unless every op of the batch is valid.
+    let results = state.dispatcher().enqueue(&ops).await?;
+    let mut answers = Vec::with_capacity(results.len());
+    for (op, result) in ops.iter().zip(&results) {
+        answers.push(answer(&state, op, *result).await);
+    }
+    if batch {
+        return Ok((StatusCode::OK, Json(json!({ "results": answers }))).into_response());
+    }
+    let status = match results.first() {
+        Some(Enqueued::Created(_)) => StatusCode::CREATED,
+        Some(Enqueued::Existing(_)) => StatusCode::OK,
+        _ => StatusCode::CONFLICT,
+    };
+    let body = answers.pop().unwrap_or(Value::Null);
+    Ok((status, Json(body)).into_response())
+}
+
+fn at_index(i: usize, e: ApiError) -> ApiError {
+    ApiError::new(e.status, e.code, format!("ops[{i}]: {}", e.message))
+}
+
+async fn prepare(state: &ApiState, body: OpBody) -> Result<NewOp, ApiError> {
+    let config = state.dispatcher().config();
+    let payload = body.payload.to_string();
+    let mut lanes = body.lanes;
+    let has_plugin = config.kinds.get(&body.kind).is_some_and(|k| k.plugin.is_some());
+    if lanes.is_empty() && has_plugin {
+        lanes = state
+            .dispatcher()
+            .executors()
+            .lanes_for(&body.kind, &body.outbox, &payload)
+            .await
+            .map_err(|e| {
+                ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "plugin_refused",
+                    format!("kind {}: the plugin refused the op: {e}", body.kind),
+                )
+            })?;
+    }
+    let not_before = body
+        .delay_ms
+        .map(|ms| Utc::now() + chrono::Duration::milliseconds(i64::try_from(ms).unwrap_or(i64::MAX / 1000)));
+    let request = EnqueueRequest {
+        kind: body.kind,
+        outbox: body.outbox,
+        priority: body.priority,
+        lanes,
+        payload,
+        idempotency_key: body.idempotency_key,
+        coalesce_key: body.coalesce_key,
+        subject: body.subject,
+        correlation_id: body.correlation_id,
+        not_before,
+    };
+    Ok(enqueue::prepare(request, &config)?)
+}
+
+/// One op's answer: what happened, the op as stored, and for a new op of a
+/// priced kind the fee estimate.
+async fn answer(state: &ApiState, op: &NewOp, result: Enqueued) -> Value {
+    let (status, id) = match result {
+        Enqueued::Created(id) => ("created", id),
+        Enqueued::Existing(id) => ("existing", id),
+        Enqueued::AlreadyPending(id) => ("already_pending", id),
+    };
+    let stored = state.queue().get(id).await.ok().flatten();
+    let estimate = match result {
+        Enqueued::Created(_) => state
+            .dispatcher()
+            .estimate(&op.kind, op.priority)
+            .await
+            .ok()
+            .flatten(),
+        _ => None,
+    };
+    let mut answer = json!({ "status": status, "id": id, "op": stored });
+    if let Some(estimate) = estimate {
+        answer["estimate"] = json!(estimate);
+    }
+    if matches!(result, Enqueued::AlreadyPending(_)) {
+        answer["error"] = json!({
+            "code": "coalesced",
+            "message": format!("op {id} with this coalesce key is already pending; nothing enqueued"),
+        });
+    }
+    answer
+}

@@ -1,0 +1,214 @@
+//! The operator-surface commands: API keys (`laneway api-keys`), pauses
+//! (`laneway pause|resume|pauses`) and the audit log (`laneway audit`), and
+//! the audit record every CLI write leaves (actor `cli:$USER`).
+
+use std::io::Write;
+
+use clap::{Args, Subcommand};
+use serde_json::Value;
+
+use super::{render, CliError};
+use crate::api::auth;
+use crate::queue::{NewAuditEntry, PauseScope, Queue};
+
+/// `laneway api-keys …` (keys for the HTTP API; `laneway keys` shows the
+/// signing keys the host holds).
+#[derive(Debug, Subcommand)]
+pub enum ApiKeysCommand {
+    /// Make a key; its secret is printed once and stored only as a hash.
+    New(ApiKeyNewArgs),
+    /// Every key (never a secret).
+    List(super::JsonArg),
+    /// Revoke a key by name; requests with it get 401 from then on.
+    Revoke(ApiKeyNameArgs),
+}
+
+/// `laneway api-keys new`
+#[derive(Debug, Args)]
+pub struct ApiKeyNewArgs {
+    /// Its name (who or what uses it), unique.
+    #[arg(long)]
+    pub name: String,
+    /// Comma-separated: ops:write, outbox:read, outbox:write, plugins:admin, metrics:read.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub scopes: Vec<String>,
+}
+
+/// A key's name.
+#[derive(Debug, Args)]
+pub struct ApiKeyNameArgs {
+    /// The key's name.
+    pub name: String,
+}
+
+/// `laneway pause` / `laneway resume`
+#[derive(Debug, Args)]
+pub struct PauseArgs {
+    /// kind, outbox or destination (an inbox's host, e.g. social.example).
+    pub scope: String,
+    /// The kind, outbox or host.
+    pub target: String,
+    /// Why, for the record (pause only).
+    #[arg(long)]
+    pub reason: Option<String>,
+}
+
+/// `laneway audit`
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    /// Entries before this id (paging).
+    #[arg(long)]
+    pub before: Option<i64>,
+    /// How many.
+    #[arg(long, default_value_t = 50)]
+    pub limit: u32,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Who the CLI acts as in the audit log.
+pub fn cli_actor() -> String {
+    format!("cli:{}", std::env::var("USER").unwrap_or_else(|_| "unknown".to_owned()))
+}
+
+/// Records a CLI write.
+pub async fn audit(
+    queue: &dyn Queue,
+    action: &str,
+    target: String,
+    before: Option<Value>,
+    after: Option<Value>,
+) -> Result<(), CliError> {
+    queue
+        .record_audit(&NewAuditEntry {
+            actor: cli_actor(),
+            action: action.to_owned(),
+            target,
+            before,
+            after,
+        })
+        .await?;
+    Ok(())
+}
+
+fn scope(text: &str) -> Result<PauseScope, CliError> {
+    PauseScope::parse(text)
+        .ok_or_else(|| CliError::Input(format!("expected kind, outbox or destination, got {text:?}")))
+}
+
+pub(super) async fn api_keys_cmd(queue: &dyn Queue, command: ApiKeysCommand, out: &mut dyn Write) -> Result<(), CliError> {
+    match command {
+        ApiKeysCommand::New(args) => {
+            let minted = auth::mint(&args.name, &args.scopes).map_err(CliError::Input)?;
+            let key = queue.create_api_key(&minted.stored).await?;
+            audit(
+                queue,
+                "api_key.new",
+                format!("api_key:{}", key.name),
+                None,
+                Some(serde_json::json!({ "id": key.id, "scopes": key.scopes })),
+            )
+            .await?;
+            writeln!(out, "{}", minted.secret)?;
+            writeln!(
+                out,
+                "# key {:?} ({}); shown once: store it now (send it as Authorization: Bearer …)",
+                key.name,
+                key.scopes.join(", ")
+            )?;
+            Ok(())
+        }
+        ApiKeysCommand::List(args) => {
+            let keys = queue.api_keys().await?;
+            if args.json {
+                return render::json(out, &keys);
+            }
+            for key in keys {
+                let state = key.revoked_at.map_or_else(|| "live".to_owned(), |at| format!("revoked {at}"));
+                writeln!(out, "{}\tlw_{}_…\t{}\t{}", key.name, key.id, key.scopes.join(","), state)?;
+            }
+            Ok(())
+        }
+        ApiKeysCommand::Revoke(args) => {
+            if !queue.revoke_api_key(&args.name).await? {
+                return Err(CliError::Input(format!("no live API key named {:?}", args.name)));
+            }
+            audit(queue, "api_key.revoke", format!("api_key:{}", args.name), None, None).await?;
+            writeln!(out, "API key {:?} revoked", args.name)?;
+            Ok(())
+        }
+    }
+}
+
+pub(super) async fn pause_cmd(queue: &dyn Queue, args: PauseArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    let scope = scope(&args.scope)?;
+    if args.target.trim().is_empty() {
+        return Err(CliError::Input("the target must not be empty".to_owned()));
+    }
+    if queue.pause(scope, &args.target, args.reason.as_deref(), &cli_actor()).await? {
+        audit(
+            queue,
+            "pause",
+            format!("{}:{}", scope.as_str(), args.target),
+            None,
+            Some(serde_json::json!({ "reason": args.reason })),
+        )
+        .await?;
+        writeln!(
+            out,
+            "{} {} paused: its ops wait, using no attempts, on every host within its poll",
+            scope.as_str(),
+            args.target
+        )?;
+    } else {
+        writeln!(out, "{} {} was already paused", scope.as_str(), args.target)?;
+    }
+    Ok(())
+}
+
+pub(super) async fn resume_cmd(queue: &dyn Queue, args: PauseArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    let scope = scope(&args.scope)?;
+    if !queue.resume(scope, &args.target).await? {
+        return Err(CliError::Input(format!("{} {:?} is not paused", scope.as_str(), args.target)));
+    }
+    audit(queue, "resume", format!("{}:{}", scope.as_str(), args.target), None, None).await?;
+    writeln!(out, "{} {} resumed", scope.as_str(), args.target)?;
+    Ok(())
+}
+
+pub(super) async fn pauses_cmd(queue: &dyn Queue, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
+    let pauses = queue.pauses().await?;
+    if json {
+        return render::json(out, &pauses);
+    }
+    if pauses.is_empty() {
+        writeln!(out, "nothing is paused")?;
+    }
+    for p in pauses {
+        writeln!(
+            out,
+            "{}\t{}\tby {} since {}\t{}",
+            p.scope.as_str(),
+            p.target,
+            p.actor,
+            p.paused_at,
+            p.reason.unwrap_or_default()
+        )?;
+    }
+    Ok(())
+}
+
+pub(super) async fn audit_cmd(queue: &dyn Queue, args: AuditArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    if !(1..=10_000).contains(&args.limit) {
+        return Err(CliError::Input(format!("--limit: expected 1 to 10000, got {}", args.limit)));
+    }
+    let entries = queue.audit_log(args.before, args.limit).await?;
+    if args.json {
+        return render::json(out, &entries);
+    }
+    for e in entries {
+        writeln!(out, "{}\t{}\t{}\t{}\t{}", e.id, e.at, e.actor, e.action, e.target)?;
+    }
+    Ok(())
+}
