@@ -112,17 +112,24 @@ impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::default();
         let ops = Family::<OpLabels, Counter>::default();
-        registry.register("outbox_ops", "Attempts settled, by outcome (confirmed, retry, failed)", ops.clone());
-        let latency = Family::<KindLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(LATENCY_BUCKETS.iter().copied())
-        });
+        registry.register(
+            "outbox_ops",
+            "Attempts settled, by outcome (confirmed, retry, failed)",
+            ops.clone(),
+        );
+        let latency =
+            Family::<KindLabels, Histogram>::new_with_constructor(|| Histogram::new(LATENCY_BUCKETS.iter().copied()));
         registry.register(
             "outbox_op_latency_seconds",
             "From an op's creation to its confirmation",
             latency.clone(),
         );
         let fee_bumps = Family::<KindLabels, Counter>::default();
-        registry.register("outbox_fee_bump", "Retries that resubmit with a bumped fee", fee_bumps.clone());
+        registry.register(
+            "outbox_fee_bump",
+            "Retries that resubmit with a bumped fee",
+            fee_bumps.clone(),
+        );
         let dead_letters = Family::<DeadLetterLabels, Counter>::default();
         registry.register(
             "outbox_dead_letters",
@@ -162,11 +169,19 @@ impl Metrics {
             stuck_submitted.clone(),
         );
         let lanes_held = Gauge::default();
-        registry.register("outbox_lanes_held", "Strict lanes held by a dead letter", lanes_held.clone());
+        registry.register(
+            "outbox_lanes_held",
+            "Strict lanes held by a dead letter",
+            lanes_held.clone(),
+        );
         let subjects_halted = Gauge::default();
         registry.register("outbox_subjects_halted", "Subjects halted", subjects_halted.clone());
         let paused = Family::<ScopeLabels, Gauge>::default();
-        registry.register("outbox_paused_targets", "Paused kinds, outboxes and destinations", paused.clone());
+        registry.register(
+            "outbox_paused_targets",
+            "Paused kinds, outboxes and destinations",
+            paused.clone(),
+        );
         let breakers_open = Gauge::default();
         registry.register(
             "outbox_breakers_open",
@@ -481,7 +496,12 @@ impl Priced<'_> {
     /// Logs and counts it.
     pub fn emit(&self, metrics: &Metrics) {
         match self {
-            Self::Capped { op, kind, priority, fee } => {
+            Self::Capped {
+                op,
+                kind,
+                priority,
+                fee,
+            } => {
                 error!(op, kind = %kind, priority = %priority, fee, alert = "max-fee-hit", "Fee reached the absolute cap; submitting at the cap.");
                 metrics
                     .max_fee_hit
@@ -559,7 +579,13 @@ mod tests {
             ..Snapshot::default()
         });
         let text = metrics.render();
-        assert!(text.contains("outbox_queue_depth{status=\"failed\",priority=\"low\"} 2"), "{text}");
-        assert!(!text.contains("status=\"pending\""), "a status gone from the queue leaves the gauge:\n{text}");
+        assert!(
+            text.contains("outbox_queue_depth{status=\"failed\",priority=\"low\"} 2"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("status=\"pending\""),
+            "a status gone from the queue leaves the gauge:\n{text}"
+        );
     }
 }

@@ -5,6 +5,7 @@
 //! is unreachable.
 
 mod activitypub;
+mod api;
 mod backend_specific;
 mod checks;
 mod cli;

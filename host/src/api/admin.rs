@@ -132,7 +132,13 @@ async fn retry(
     let op = state.queue().force_retry(id).await?;
     state.dispatcher().trigger(&op.outbox);
     state
-        .audit(&actor, "op.retry", format!("op:{id}"), before.map(|o| json!(o)), Some(json!(op)))
+        .audit(
+            &actor,
+            "op.retry",
+            format!("op:{id}"),
+            before.map(|o| json!(o)),
+            Some(json!(op)),
+        )
         .await?;
     Ok(Json(json!({ "op": op })))
 }
@@ -147,7 +153,13 @@ async fn cancel(
     let before = state.queue().get(id).await?;
     let op = state.queue().cancel(id).await?;
     state
-        .audit(&actor, "op.cancel", format!("op:{id}"), before.map(|o| json!(o)), Some(json!(op)))
+        .audit(
+            &actor,
+            "op.cancel",
+            format!("op:{id}"),
+            before.map(|o| json!(o)),
+            Some(json!(op)),
+        )
         .await?;
     Ok(Json(json!({ "op": op })))
 }
@@ -187,7 +199,9 @@ async fn recover(
     let Json(body) = body?;
     let limit = body.limit.unwrap_or(MAX_RECOVER);
     if !(1..=MAX_RECOVER).contains(&limit) {
-        return Err(ApiError::invalid(format!("limit: expected 1 to {MAX_RECOVER}, got {limit}")));
+        return Err(ApiError::invalid(format!(
+            "limit: expected 1 to {MAX_RECOVER}, got {limit}"
+        )));
     }
     if let (Some(a), Some(b)) = (body.failed_after, body.failed_before) {
         if a >= b {
@@ -239,26 +253,41 @@ async fn recover(
         .unwrap_or(1)
         .max(1);
     let now = Utc::now();
+    let due_at = |i: usize| now + chrono::Duration::seconds(i64::try_from(i / rate).unwrap_or(i64::MAX / 1000));
     let mut recovered = Vec::with_capacity(ids.len());
     let mut skipped = Vec::new();
     let mut outboxes = HashSet::new();
-    for (i, (id, outbox)) in chosen.iter().enumerate() {
-        match state.queue().force_retry(*id).await {
-            Ok(_) => {}
-            // Retried or cancelled by someone else since the listing.
-            Err(crate::queue::QueueError::Illegal { .. } | crate::queue::QueueError::Conflict { .. }) => {
-                skipped.push(*id);
+    // A thousand per transaction: one commit each, bounded lock time.
+    for (c, chunk) in chosen.chunks(1000).enumerate() {
+        let due: Vec<(OpId, DateTime<Utc>)> = chunk
+            .iter()
+            .enumerate()
+            .map(|(j, (id, _))| (*id, due_at(c * 1000 + j)))
+            .collect();
+        let retried: HashSet<OpId> = state.queue().retry_dead_letters(&due).await?.into_iter().collect();
+        for (j, (id, outbox)) in chunk.iter().enumerate() {
+            if retried.contains(id) {
+                recovered.push(*id);
+                outboxes.insert(outbox.clone());
                 continue;
             }
-            Err(e) => return Err(e.into()),
+            // Not retried in the batch: a coalesce key (whose retry may
+            // conflict with a pending op) or a change since the listing.
+            match state.queue().force_retry(*id).await {
+                Ok(_) => {
+                    let at = due_at(c * 1000 + j);
+                    if at > now {
+                        state.queue().defer(*id, at).await?;
+                    }
+                    recovered.push(*id);
+                    outboxes.insert(outbox.clone());
+                }
+                Err(crate::queue::QueueError::Illegal { .. } | crate::queue::QueueError::Conflict { .. }) => {
+                    skipped.push(*id);
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
-        let second = i / rate;
-        if second > 0 {
-            let at = now + chrono::Duration::seconds(i64::try_from(second).unwrap_or(i64::MAX / 1000));
-            state.queue().defer(*id, at).await?;
-        }
-        recovered.push(*id);
-        outboxes.insert(outbox.clone());
     }
     for outbox in &outboxes {
         state.dispatcher().trigger(outbox);
@@ -334,7 +363,10 @@ async fn resume(
     let scope = PauseScope::parse(&scope)
         .ok_or_else(|| ApiError::invalid(format!("scope: expected kind, outbox or destination, got {scope:?}")))?;
     if !state.queue().resume(scope, &target).await? {
-        return Err(ApiError::not_found(format!("{} {target:?} is not paused", scope.as_str())));
+        return Err(ApiError::not_found(format!(
+            "{} {target:?} is not paused",
+            scope.as_str()
+        )));
     }
     state
         .audit(&actor, "resume", format!("{}:{target}", scope.as_str()), None, None)
@@ -407,7 +439,10 @@ async fn halt_subject(
     if body.subject.trim().is_empty() {
         return Err(ApiError::invalid("subject: expected a non-empty string"));
     }
-    state.queue().halt_subject(&body.subject, body.reason.as_deref()).await?;
+    state
+        .queue()
+        .halt_subject(&body.subject, body.reason.as_deref())
+        .await?;
     state
         .audit(
             &actor,
@@ -431,7 +466,13 @@ async fn unhalt_subject(
         return Err(ApiError::not_found(format!("subject {:?} is not halted", body.subject)));
     }
     state
-        .audit(&actor, "subject.unhalt", format!("subject:{}", body.subject), None, None)
+        .audit(
+            &actor,
+            "subject.unhalt",
+            format!("subject:{}", body.subject),
+            None,
+            None,
+        )
         .await?;
     Ok(Json(json!({ "unhalted": true })))
 }

@@ -13,7 +13,13 @@ use super::error::ApiError;
 use crate::queue::{NewApiKey, Queue};
 
 /// Every scope a key may carry.
-pub const SCOPES: [&str; 5] = ["ops:write", "outbox:read", "outbox:write", "plugins:admin", "metrics:read"];
+pub const SCOPES: [&str; 5] = [
+    "ops:write",
+    "outbox:read",
+    "outbox:write",
+    "plugins:admin",
+    "metrics:read",
+];
 
 /// A freshly made key: what to store, and the whole key to show once.
 #[derive(Debug)]
@@ -34,11 +40,17 @@ pub fn mint(name: &str, scopes: &[String]) -> Result<Minted, String> {
         return Err("a key needs a name of 1 to 100 characters".to_owned());
     }
     if scopes.is_empty() {
-        return Err(format!("a key needs at least one scope (one of: {})", SCOPES.join(", ")));
+        return Err(format!(
+            "a key needs at least one scope (one of: {})",
+            SCOPES.join(", ")
+        ));
     }
     for scope in scopes {
         if !SCOPES.contains(&scope.as_str()) {
-            return Err(format!("unknown scope {scope:?} (expected one of: {})", SCOPES.join(", ")));
+            return Err(format!(
+                "unknown scope {scope:?} (expected one of: {})",
+                SCOPES.join(", ")
+            ));
         }
     }
     let mut id = [0u8; 6];
@@ -115,14 +127,20 @@ mod tests {
             .expect("lw_<id>_<secret>");
         assert_eq!(id, minted.stored.id);
         assert_eq!(minted.stored.secret_hash, Sha256::digest(secret.as_bytes()).to_vec());
-        assert!(!minted.stored.secret_hash.windows(secret.len()).any(|w| w == secret.as_bytes()));
+        assert!(!minted
+            .stored
+            .secret_hash
+            .windows(secret.len())
+            .any(|w| w == secret.as_bytes()));
         let again = mint("ci", &["outbox:read".to_owned()]).expect("valid");
         assert_ne!(again.secret, minted.secret);
     }
 
     #[test]
     fn unknown_scopes_and_empty_names_are_refused() {
-        assert!(mint("x", &["outbox:delete".to_owned()]).unwrap_err().contains("unknown scope"));
+        assert!(mint("x", &["outbox:delete".to_owned()])
+            .unwrap_err()
+            .contains("unknown scope"));
         assert!(mint("x", &[]).is_err());
         assert!(mint(" ", &["outbox:read".to_owned()]).is_err());
     }

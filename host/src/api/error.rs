@@ -104,7 +104,11 @@ impl From<JsonRejection> for ApiError {
             _ => "invalid_json",
         };
         // A 422 from axum is a body of the wrong shape: still bad input.
-        let status = if status.is_client_error() { status } else { StatusCode::BAD_REQUEST };
+        let status = if status.is_client_error() {
+            status
+        } else {
+            StatusCode::BAD_REQUEST
+        };
         Self::new(status, code, e.body_text())
     }
 }

@@ -191,7 +191,10 @@ async fn metrics(State(state): State<ApiState>, headers: HeaderMap) -> Result<Re
     let metrics = state.dispatcher().metrics();
     metrics.observe(&snapshot);
     Ok((
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         metrics.render(),
     )
         .into_response())

@@ -49,9 +49,7 @@ struct OpBody {
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 enum Body {
-    Batch {
-        ops: Vec<OpBody>,
-    },
+    Batch { ops: Vec<OpBody> },
     One(Box<OpBody>),
 }
 
@@ -102,7 +100,10 @@ pub(super) async fn enqueue(
         }
     };
     if bodies.is_empty() || bodies.len() > MAX_BATCH {
-        return Err(ApiError::invalid(format!("expected 1 to {MAX_BATCH} ops, got {}", bodies.len())));
+        return Err(ApiError::invalid(format!(
+            "expected 1 to {MAX_BATCH} ops, got {}",
+            bodies.len()
+        )));
     }
     let config = state.dispatcher().config();
     let mut ops = Vec::with_capacity(bodies.len());
@@ -189,12 +190,7 @@ async fn answer(state: &ApiState, op: &NewOp, result: Enqueued) -> Value {
     };
     let stored = state.queue().get(id).await.ok().flatten();
     let estimate = match result {
-        Enqueued::Created(_) => state
-            .dispatcher()
-            .estimate(&op.kind, op.priority)
-            .await
-            .ok()
-            .flatten(),
+        Enqueued::Created(_) => state.dispatcher().estimate(&op.kind, op.priority).await.ok().flatten(),
         _ => None,
     };
     let mut answer = json!({ "status": status, "id": id, "op": stored });

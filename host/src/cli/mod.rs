@@ -391,10 +391,14 @@ pub async fn run(cli: Cli, io: Io<'_>) -> Result<(), CliError> {
         Command::Lanes(command) => lanes_cmd(&config, command, io.stdout).await,
         Command::Subjects(command) => subjects_cmd(&config, command, io.stdout).await,
         Command::Keys(KeysCommand::Show(args)) => keys_show(&config, &args, io.stdout),
-        Command::ApiKeys(command) => operator::api_keys_cmd(open_checked(&config).await?.as_ref(), command, io.stdout).await,
+        Command::ApiKeys(command) => {
+            operator::api_keys_cmd(open_checked(&config).await?.as_ref(), command, io.stdout).await
+        }
         Command::Pause(args) => operator::pause_cmd(open_checked(&config).await?.as_ref(), args, io.stdout).await,
         Command::Resume(args) => operator::resume_cmd(open_checked(&config).await?.as_ref(), args, io.stdout).await,
-        Command::Pauses(args) => operator::pauses_cmd(open_checked(&config).await?.as_ref(), args.json, io.stdout).await,
+        Command::Pauses(args) => {
+            operator::pauses_cmd(open_checked(&config).await?.as_ref(), args.json, io.stdout).await
+        }
         Command::Audit(args) => operator::audit_cmd(open_checked(&config).await?.as_ref(), args, io.stdout).await,
     }
 }
@@ -851,7 +855,14 @@ async fn subjects_cmd(config: &Config, command: SubjectsCommand, out: &mut dyn W
             if !queue.unhalt_subject(&args.subject).await? {
                 return Err(CliError::Input(format!("subject {:?} is not halted", args.subject)));
             }
-            operator::audit(queue.as_ref(), "subject.unhalt", format!("subject:{}", args.subject), None, None).await?;
+            operator::audit(
+                queue.as_ref(),
+                "subject.unhalt",
+                format!("subject:{}", args.subject),
+                None,
+                None,
+            )
+            .await?;
             writeln!(out, "subject {} resumed", args.subject)?;
         }
         SubjectsCommand::List(args) => {

@@ -97,7 +97,11 @@ fn scope(text: &str) -> Result<PauseScope, CliError> {
         .ok_or_else(|| CliError::Input(format!("expected kind, outbox or destination, got {text:?}")))
 }
 
-pub(super) async fn api_keys_cmd(queue: &dyn Queue, command: ApiKeysCommand, out: &mut dyn Write) -> Result<(), CliError> {
+pub(super) async fn api_keys_cmd(
+    queue: &dyn Queue,
+    command: ApiKeysCommand,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
     match command {
         ApiKeysCommand::New(args) => {
             let minted = auth::mint(&args.name, &args.scopes).map_err(CliError::Input)?;
@@ -125,8 +129,17 @@ pub(super) async fn api_keys_cmd(queue: &dyn Queue, command: ApiKeysCommand, out
                 return render::json(out, &keys);
             }
             for key in keys {
-                let state = key.revoked_at.map_or_else(|| "live".to_owned(), |at| format!("revoked {at}"));
-                writeln!(out, "{}\tlw_{}_…\t{}\t{}", key.name, key.id, key.scopes.join(","), state)?;
+                let state = key
+                    .revoked_at
+                    .map_or_else(|| "live".to_owned(), |at| format!("revoked {at}"));
+                writeln!(
+                    out,
+                    "{}\tlw_{}_…\t{}\t{}",
+                    key.name,
+                    key.id,
+                    key.scopes.join(","),
+                    state
+                )?;
             }
             Ok(())
         }
@@ -146,7 +159,10 @@ pub(super) async fn pause_cmd(queue: &dyn Queue, args: PauseArgs, out: &mut dyn 
     if args.target.trim().is_empty() {
         return Err(CliError::Input("the target must not be empty".to_owned()));
     }
-    if queue.pause(scope, &args.target, args.reason.as_deref(), &cli_actor()).await? {
+    if queue
+        .pause(scope, &args.target, args.reason.as_deref(), &cli_actor())
+        .await?
+    {
         audit(
             queue,
             "pause",
@@ -170,9 +186,20 @@ pub(super) async fn pause_cmd(queue: &dyn Queue, args: PauseArgs, out: &mut dyn 
 pub(super) async fn resume_cmd(queue: &dyn Queue, args: PauseArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let scope = scope(&args.scope)?;
     if !queue.resume(scope, &args.target).await? {
-        return Err(CliError::Input(format!("{} {:?} is not paused", scope.as_str(), args.target)));
+        return Err(CliError::Input(format!(
+            "{} {:?} is not paused",
+            scope.as_str(),
+            args.target
+        )));
     }
-    audit(queue, "resume", format!("{}:{}", scope.as_str(), args.target), None, None).await?;
+    audit(
+        queue,
+        "resume",
+        format!("{}:{}", scope.as_str(), args.target),
+        None,
+        None,
+    )
+    .await?;
     writeln!(out, "{} {} resumed", scope.as_str(), args.target)?;
     Ok(())
 }
@@ -201,7 +228,10 @@ pub(super) async fn pauses_cmd(queue: &dyn Queue, json: bool, out: &mut dyn Writ
 
 pub(super) async fn audit_cmd(queue: &dyn Queue, args: AuditArgs, out: &mut dyn Write) -> Result<(), CliError> {
     if !(1..=10_000).contains(&args.limit) {
-        return Err(CliError::Input(format!("--limit: expected 1 to 10000, got {}", args.limit)));
+        return Err(CliError::Input(format!(
+            "--limit: expected 1 to 10000, got {}",
+            args.limit
+        )));
     }
     let entries = queue.audit_log(args.before, args.limit).await?;
     if args.json {

@@ -668,8 +668,9 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
     for key in table.keys() {
         problems.push(Problem {
             path: key.clone(),
-            message: "unknown key (expected one of: database, queue, dispatch, runtime, api, plugins, keys, oracles, kinds)"
-                .to_owned(),
+            message:
+                "unknown key (expected one of: database, queue, dispatch, runtime, api, plugins, keys, oracles, kinds)"
+                    .to_owned(),
         });
     }
     if let (Some(database), Some(queue), Some(dispatch), Some(runtime), Some(api)) =
@@ -846,7 +847,10 @@ fn validate(config: &Config) -> Vec<Problem> {
     if !api.listen.is_empty() && api.listen.parse::<std::net::SocketAddr>().is_err() {
         bad(
             "api.listen",
-            format!("expected HOST:PORT with an IP address (e.g. 127.0.0.1:7480) or \"\" for no API, got {:?}", api.listen),
+            format!(
+                "expected HOST:PORT with an IP address (e.g. 127.0.0.1:7480) or \"\" for no API, got {:?}",
+                api.listen
+            ),
         );
     }
     for (path, value, max) in [

@@ -254,7 +254,11 @@ impl Dispatcher {
     /// until when.
     pub fn breakers_open(&self) -> Vec<(String, chrono::DateTime<chrono::Utc>)> {
         let now = self.inner.clock.now();
-        self.inner.breakers.lock().unwrap_or_else(PoisonError::into_inner).open(now)
+        self.inner
+            .breakers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .open(now)
     }
 
     /// The lease owner name this dispatcher claims under.

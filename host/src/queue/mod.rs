@@ -655,6 +655,13 @@ pub trait Queue: Send + Sync + std::fmt::Debug {
     /// An oracle's latest snapshot (JSON) and when it was sampled.
     async fn fee_snapshot(&self, oracle: &str) -> Result<Option<(String, DateTime<Utc>)>, QueueError>;
 
+    /// Force-retries dead letters in one transaction, each due at its time
+    /// (a bulk recover spreads them). Each is a compare-and-set on the
+    /// failed status (`Transition::ForceRetry`); ops with a coalesce key are
+    /// skipped (their retry may conflict: use [`Queue::force_retry`]).
+    /// Returns the ids retried.
+    async fn retry_dead_letters(&self, due: &[(OpId, DateTime<Utc>)]) -> Result<Vec<OpId>, QueueError>;
+
     /// Stores a new API key; [`QueueError::Conflict`] if its name is taken.
     async fn create_api_key(&self, key: &NewApiKey) -> Result<ApiKey, QueueError>;
 

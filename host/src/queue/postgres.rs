@@ -930,6 +930,31 @@ impl Queue for PgQueue {
             .transpose()
     }
 
+    async fn retry_dead_letters(&self, due: &[(OpId, DateTime<Utc>)]) -> Result<Vec<OpId>, QueueError> {
+        let t = Transition::ForceRetry;
+        let ids: Vec<OpId> = due.iter().map(|(id, _)| *id).collect();
+        let ats: Vec<DateTime<Utc>> = due.iter().map(|(_, at)| *at).collect();
+        let mut tx = self.pool.begin().await?;
+        let retried: Vec<OpId> = sqlx::query_scalar(
+            "UPDATE ops SET status = $1, attempt_floor = attempts, next_attempt_at = d.at, updated_at = $2, \
+             finished_at = NULL FROM UNNEST($3::bigint[], $4::timestamptz[]) AS d(id, at) \
+             WHERE ops.id = d.id AND ops.status = $5 AND ops.coalesce_key IS NULL RETURNING ops.id",
+        )
+        .bind(t.to().as_str())
+        .bind(self.now())
+        .bind(&ids)
+        .bind(&ats)
+        .bind(t.from().as_str())
+        .fetch_all(&mut *tx)
+        .await?;
+        sqlx::query("DELETE FROM lane_halts WHERE op_id = ANY($1)")
+            .bind(&retried)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(retried)
+    }
+
     async fn create_api_key(&self, key: &NewApiKey) -> Result<ApiKey, QueueError> {
         let now = self.now();
         let done =

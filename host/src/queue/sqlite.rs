@@ -1398,6 +1398,35 @@ impl Queue for SqliteQueue {
         .transpose()
     }
 
+    async fn retry_dead_letters(&self, due: &[(OpId, DateTime<Utc>)]) -> Result<Vec<OpId>, QueueError> {
+        let now = ms(self.now());
+        let t = Transition::ForceRetry;
+        let mut tx = self.write().await?;
+        let mut retried = Vec::with_capacity(due.len());
+        for (id, at) in due {
+            let done = sqlx::query(
+                "UPDATE ops SET status = ?, attempt_floor = attempts, next_attempt_at = ?, updated_at = ?, \
+                 finished_at = NULL WHERE id = ? AND status = ? AND coalesce_key IS NULL",
+            )
+            .bind(t.to().as_str())
+            .bind(ms(*at))
+            .bind(now)
+            .bind(id)
+            .bind(t.from().as_str())
+            .execute(&mut *tx)
+            .await?;
+            if done.rows_affected() == 1 {
+                sqlx::query("DELETE FROM lane_halts WHERE op_id = ?")
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                retried.push(*id);
+            }
+        }
+        tx.commit().await?;
+        Ok(retried)
+    }
+
     async fn create_api_key(&self, key: &NewApiKey) -> Result<ApiKey, QueueError> {
         let now = self.now();
         let mut tx = self.write().await?;
