@@ -26,10 +26,18 @@ fn main() -> ExitCode {
             };
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_env("LANEWAY_LOG").unwrap_or_else(|_| EnvFilter::new("info")))
+    let filter = EnvFilter::try_from_env("LANEWAY_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colours only for a person at a terminal; LANEWAY_LOG_FORMAT=json for
+    // log shippers.
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .init();
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    if std::env::var("LANEWAY_LOG_FORMAT").is_ok_and(|f| f == "json") {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -227,6 +227,30 @@ async fn the_producer_route_enqueues_once_per_key_and_refuses_bad_input(db: Test
             "{path}: {status} {answer}"
         );
     }
+    let (status, answer) = served
+        .call(
+            "POST",
+            "/api/admin/outbox/recover",
+            Some(&admin),
+            Some(r#"{"dry_run":true,"colour":1}"#),
+        )
+        .await?;
+    ensure!(
+        status == 400 && code(&answer) == "invalid_request",
+        "recover, unknown field: {status} {answer}"
+    );
+    let (status, answer) = served
+        .call(
+            "POST",
+            "/api/admin/pauses",
+            Some(&admin),
+            Some(r#"{"scope":"planet","target":"x"}"#),
+        )
+        .await?;
+    ensure!(
+        status == 400 && code(&answer) == "invalid_request",
+        "pause, bad scope: {status} {answer}"
+    );
     // A subject filter that looks like SQL is only a string that matches nothing.
     let (status, answer) = served
         .call(

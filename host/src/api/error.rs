@@ -97,17 +97,14 @@ impl From<EnqueueError> for ApiError {
 
 impl From<JsonRejection> for ApiError {
     fn from(e: JsonRejection) -> Self {
-        let status = e.status();
-        let code = match status {
-            StatusCode::PAYLOAD_TOO_LARGE => "body_too_large",
-            StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
-            _ => "invalid_json",
-        };
-        // A 422 from axum is a body of the wrong shape: still bad input.
-        let status = if status.is_client_error() {
-            status
-        } else {
-            StatusCode::BAD_REQUEST
+        // axum answers a body of the wrong shape (a missing or unknown
+        // field, a wrong type) with 422; here that is a 400 like any request
+        // that does not fit, so one code means one thing.
+        let (status, code) = match e.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
+            StatusCode::UNPROCESSABLE_ENTITY => (StatusCode::BAD_REQUEST, "invalid_request"),
+            _ => (StatusCode::BAD_REQUEST, "invalid_json"),
         };
         Self::new(status, code, e.body_text())
     }

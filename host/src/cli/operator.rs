@@ -69,7 +69,10 @@ pub struct AuditArgs {
 
 /// Who the CLI acts as in the audit log.
 pub fn cli_actor() -> String {
-    format!("cli:{}", std::env::var("USER").unwrap_or_else(|_| "unknown".to_owned()))
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| "unknown".to_owned());
+    format!("cli:{user}")
 }
 
 /// Records a CLI write.

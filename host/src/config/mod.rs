@@ -22,7 +22,7 @@ pub const DEFAULTS: &str = include_str!("../../../config/default.toml");
 pub const ENV_PREFIX: &str = "LANEWAY_";
 
 /// `LANEWAY_*` variables that are not config keys.
-const ENV_RESERVED: [&str; 2] = ["LANEWAY_CONFIG", "LANEWAY_LOG"];
+const ENV_RESERVED: [&str; 3] = ["LANEWAY_CONFIG", "LANEWAY_LOG", "LANEWAY_LOG_FORMAT"];
 
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -525,12 +525,38 @@ pub fn load(file: &FileSource, env: impl IntoIterator<Item = (String, String)>) 
         let table = parse_table(&text, &path.display().to_string(), &mut problems);
         merge(&mut merged, table);
     }
-    merge(&mut merged, env_table(env, &mut problems));
+    let env: Vec<(String, String)> = env.into_iter().collect();
+    merge(&mut merged, env_table(env.clone(), &mut problems));
 
     if !problems.is_empty() {
         return Err(ConfigError::Invalid(problems));
     }
-    from_table(merged)
+    from_table(merged).map_err(|e| name_env_vars(e, &env))
+}
+
+/// A problem with a key an environment variable set names the variable, so
+/// a stray or misspelt `LANEWAY_*` is found by its own name.
+fn name_env_vars(error: ConfigError, env: &[(String, String)]) -> ConfigError {
+    let ConfigError::Invalid(problems) = error;
+    let from_env: Vec<(String, &str)> = env
+        .iter()
+        .filter(|(name, _)| !ENV_RESERVED.contains(&name.as_str()))
+        .filter_map(|(name, _)| {
+            let rest = name.strip_prefix(ENV_PREFIX)?;
+            let path: Vec<String> = rest.split("__").map(str::to_ascii_lowercase).collect();
+            Some((path.join("."), name.as_str()))
+        })
+        .collect();
+    let problems = problems
+        .into_iter()
+        .map(|mut p| {
+            if let Some((_, name)) = from_env.iter().find(|(path, _)| *path == p.path) {
+                p.message = format!("{} (set by the environment variable {name})", p.message);
+            }
+            p
+        })
+        .collect();
+    ConfigError::Invalid(problems)
 }
 
 /// Loads only the defaults plus a TOML string (tests, examples).
@@ -1092,6 +1118,25 @@ mod tests {
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    #[test]
+    fn a_stray_environment_variable_is_named_in_its_error() {
+        let err = load(
+            &FileSource::Default(PathBuf::from("/nonexistent/laneway.toml")),
+            env(&[
+                ("LANEWAY_DATABASE_URL", "postgres://u@h/db"),
+                ("LANEWAY_LOG_FORMAT", "json"),
+            ]),
+        )
+        .unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("database_url"), "{text}");
+        assert!(text.contains("LANEWAY_DATABASE_URL"), "{text}");
+        assert!(
+            !text.contains("LANEWAY_LOG_FORMAT"),
+            "a reserved variable is not a key: {text}"
+        );
     }
 
     #[test]
