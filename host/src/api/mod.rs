@@ -51,7 +51,8 @@ impl ApiState {
         Self {
             inner: Arc::new(StateInner {
                 dispatcher,
-                public_bucket: Mutex::new((0.0, Instant::now())),
+                // Full at start (the first refill clamps it to the rate).
+                public_bucket: Mutex::new((f64::MAX, Instant::now())),
             }),
         }
     }

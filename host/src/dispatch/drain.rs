@@ -203,6 +203,14 @@ impl Pass {
                         self.inner.wake_at(&self.slot.outbox, at);
                         break;
                     }
+                    // A starved pass is woken when permits free; a timer as
+                    // well, so a wake-up lost in a race with another drain
+                    // costs a recheck, not the wait for the poll.
+                    _ if self.starved && !stopping => {
+                        self.inner
+                            .wake_at(&self.slot.outbox, Instant::now() + PARKED_RECHECK.min(poll));
+                        break;
+                    }
                     _ => break,
                 }
             }
