@@ -44,6 +44,43 @@ struct State {
     failures: u32,
     open_until: Option<DateTime<Utc>>,
     trial_out: bool,
+    /// The first failure of the current run.
+    first_failure: Option<DateTime<Utc>>,
+    /// Why the last failed attempt failed.
+    last_error: Option<String>,
+    /// Opened by an operator: stays open until closed by hand.
+    manual: bool,
+}
+
+/// Where a breaker stands, for operators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BreakerState {
+    /// Failures counted, still letting ops through.
+    Closed,
+    /// Holding ops until `next_trial`.
+    Open,
+    /// The cool-off is over: the next op is (or is out as) the trial.
+    HalfOpen,
+    /// Opened by an operator; holds until closed by hand.
+    ForcedOpen,
+}
+
+/// One destination's breaker, for operators.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct BreakerView {
+    /// The destination (a URL authority).
+    pub destination: String,
+    /// Where it stands.
+    pub state: BreakerState,
+    /// Consecutive failures.
+    pub failures: u32,
+    /// When the current run of failures began.
+    pub first_failure_at: Option<DateTime<Utc>>,
+    /// Why the last failed attempt failed.
+    pub last_error: Option<String>,
+    /// When the next trial may go (open breakers).
+    pub next_trial_at: Option<DateTime<Utc>>,
 }
 
 /// All breakers of one host process.
@@ -66,6 +103,7 @@ impl Breakers {
     pub fn peek(&self, destination: &str, now: DateTime<Utc>) -> Admission {
         match self.states.get(destination) {
             None => Admission::Allow,
+            Some(s) if s.manual => Admission::Hold,
             Some(s) => match s.open_until {
                 None => Admission::Allow,
                 Some(_) if s.trial_out => Admission::Hold,
@@ -87,26 +125,68 @@ impl Breakers {
     }
 
     /// Records how an admitted attempt went. `None` (an executor fault that
-    /// says nothing about the destination) only ends a trial.
-    pub fn record(&mut self, destination: &str, failed: Option<bool>, now: DateTime<Utc>) {
+    /// says nothing about the destination) only ends a trial. An attempt
+    /// that was already out when an operator forced the breaker open does
+    /// not close it.
+    pub fn record(&mut self, destination: &str, failed: Option<bool>, error: Option<&str>, now: DateTime<Utc>) {
         let threshold = self.config.threshold;
         let cool_off = crate::clock::chrono_duration(self.config.cool_off);
         let s = self.states.entry(destination.to_owned()).or_default();
         let was_trial = s.trial_out;
         s.trial_out = false;
         match failed {
+            Some(false) if s.manual => {}
             Some(false) => *s = State::default(),
             Some(true) => {
                 s.failures = s.failures.saturating_add(1);
-                if was_trial || s.failures >= threshold {
+                s.first_failure.get_or_insert(now);
+                s.last_error = error.map(|e| e.chars().take(500).collect());
+                if !s.manual && (was_trial || s.failures >= threshold) {
                     s.open_until = Some(now + cool_off);
                 }
             }
             None => {}
         }
-        if s.failures == 0 && s.open_until.is_none() {
+        if s.failures == 0 && s.open_until.is_none() && !s.manual {
             self.states.remove(destination);
         }
+    }
+
+    /// Opens a destination's breaker by hand: it holds every op until
+    /// [`Breakers::close`].
+    pub fn force_open(&mut self, destination: &str) {
+        let s = self.states.entry(destination.to_owned()).or_default();
+        s.manual = true;
+        s.trial_out = false;
+    }
+
+    /// Closes a destination's breaker by hand, forgetting its failures.
+    /// Returns whether there was anything to close or forget.
+    pub fn close(&mut self, destination: &str) -> bool {
+        self.states.remove(destination).is_some()
+    }
+
+    /// Every destination with a failure counted or a breaker open.
+    pub fn list(&self, now: DateTime<Utc>) -> Vec<BreakerView> {
+        let mut out: Vec<BreakerView> = self
+            .states
+            .iter()
+            .map(|(destination, s)| BreakerView {
+                destination: destination.clone(),
+                state: match s.open_until {
+                    _ if s.manual => BreakerState::ForcedOpen,
+                    None => BreakerState::Closed,
+                    Some(until) if now >= until || s.trial_out => BreakerState::HalfOpen,
+                    Some(_) => BreakerState::Open,
+                },
+                failures: s.failures,
+                first_failure_at: s.first_failure,
+                last_error: s.last_error.clone(),
+                next_trial_at: if s.manual { None } else { s.open_until },
+            })
+            .collect();
+        out.sort_by(|a, b| a.destination.cmp(&b.destination));
+        out
     }
 
     /// Destinations whose breaker is open now, for operators.
@@ -114,7 +194,13 @@ impl Breakers {
         let mut open: Vec<_> = self
             .states
             .iter()
-            .filter_map(|(d, s)| s.open_until.filter(|u| *u > now).map(|u| (d.clone(), u)))
+            .filter_map(|(d, s)| {
+                if s.manual {
+                    // Held until closed by hand.
+                    return Some((d.clone(), DateTime::<Utc>::MAX_UTC));
+                }
+                s.open_until.filter(|u| *u > now).map(|u| (d.clone(), u))
+            })
             .collect();
         open.sort();
         open
@@ -148,10 +234,10 @@ mod tests {
         });
         for i in 0..2 {
             assert_eq!(b.admit("inbox.example", t(i)), Admission::Allow);
-            b.record("inbox.example", Some(true), t(i));
+            b.record("inbox.example", Some(true), None, t(i));
         }
         assert_eq!(b.peek("inbox.example", t(2)), Admission::Allow);
-        b.record("inbox.example", Some(true), t(2));
+        b.record("inbox.example", Some(true), None, t(2));
         assert_eq!(b.admit("inbox.example", t(3)), Admission::Hold);
         assert_eq!(b.admit("other.example", t(3)), Admission::Allow);
         assert_eq!(b.open(t(3)), vec![("inbox.example".to_owned(), t(62))]);
@@ -162,10 +248,10 @@ mod tests {
             "only one trial at a time"
         );
         // A failed trial re-opens at once.
-        b.record("inbox.example", Some(true), t(63));
+        b.record("inbox.example", Some(true), None, t(63));
         assert_eq!(b.admit("inbox.example", t(64)), Admission::Hold);
         assert_eq!(b.admit("inbox.example", t(123)), Admission::Trial);
-        b.record("inbox.example", Some(false), t(124));
+        b.record("inbox.example", Some(false), None, t(124));
         assert_eq!(b.admit("inbox.example", t(124)), Admission::Allow);
         assert!(b.open(t(124)).is_empty());
     }
@@ -176,10 +262,48 @@ mod tests {
             threshold: 2,
             cool_off: Duration::from_secs(60),
         });
-        b.record("d", Some(true), t(0));
-        b.record("d", Some(false), t(1));
-        b.record("d", Some(true), t(2));
+        b.record("d", Some(true), Some("503"), t(0));
+        b.record("d", Some(false), Some("503"), t(1));
+        b.record("d", Some(true), Some("503"), t(2));
         assert_eq!(b.admit("d", t(3)), Admission::Allow);
+    }
+
+    #[test]
+    fn an_operator_holds_a_destination_until_closing_it_by_hand() {
+        let mut b = Breakers::new(BreakerConfig {
+            threshold: 2,
+            cool_off: Duration::from_secs(60),
+        });
+        b.record("d", Some(true), Some("503 busy"), t(0));
+        let view = b.list(t(1));
+        assert_eq!(view.len(), 1);
+        assert_eq!(view[0].state, BreakerState::Closed);
+        assert_eq!(view[0].failures, 1);
+        assert_eq!(view[0].first_failure_at, Some(t(0)));
+        assert_eq!(view[0].last_error.as_deref(), Some("503 busy"));
+        b.force_open("d");
+        assert_eq!(b.admit("d", t(500)), Admission::Hold, "no cool-off ends a forced open");
+        // An attempt already out when it was forced open does not close it.
+        b.record("d", Some(false), None, t(501));
+        assert_eq!(b.admit("d", t(502)), Admission::Hold);
+        assert_eq!(b.list(t(502))[0].state, BreakerState::ForcedOpen);
+        assert_eq!(b.open(t(502)).len(), 1);
+        assert!(b.close("d"));
+        assert_eq!(b.admit("d", t(503)), Admission::Allow);
+        assert!(b.list(t(503)).is_empty());
+        assert!(!b.close("d"), "nothing left to close");
+    }
+
+    #[test]
+    fn the_view_shows_open_then_half_open_with_the_next_trial() {
+        let mut b = Breakers::new(BreakerConfig {
+            threshold: 1,
+            cool_off: Duration::from_secs(60),
+        });
+        b.record("d", Some(true), Some("timeout"), t(0));
+        let open = &b.list(t(10))[0];
+        assert_eq!((open.state, open.next_trial_at), (BreakerState::Open, Some(t(60))));
+        assert_eq!(b.list(t(60))[0].state, BreakerState::HalfOpen);
     }
 
     #[test]

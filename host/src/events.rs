@@ -71,6 +71,40 @@ struct ScopeLabels {
     scope: String,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct DueLabels {
+    kind: String,
+    outbox: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CallLabels {
+    plugin: String,
+    kind: String,
+    class: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct PluginLabels {
+    plugin: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ResultLabels {
+    outcome: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct BoundLabels {
+    bound: String,
+}
+
+/// Seconds a plugin call takes: from a no-op's microseconds to a chain
+/// submission that waits for its ledger.
+const CALL_BUCKETS: [f64; 12] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0,
+];
+
 /// Seconds from creation to confirmation: from a few milliseconds (a local
 /// inbox) to hours (a receiver down for a while).
 const LATENCY_BUCKETS: [f64; 14] = [
@@ -94,6 +128,13 @@ pub struct Metrics {
     subjects_halted: Gauge,
     paused: Family<ScopeLabels, Gauge>,
     breakers_open: Gauge,
+    oldest_due: Family<DueLabels, Gauge<f64, AtomicU64>>,
+    plugin_calls: Family<CallLabels, Counter>,
+    plugin_duration: Family<PluginLabels, Histogram>,
+    plugin_reloads: Family<ResultLabels, Counter>,
+    plugin_quarantined: Family<PluginLabels, Gauge>,
+    oracle_polls: Family<ResultLabels, Counter>,
+    oracle_clamps: Family<BoundLabels, Counter>,
     oracle_recommended: Family<OracleLabels, Gauge>,
     oracle_aggressive: Family<OracleLabels, Gauge>,
     oracle_capacity: Family<OracleLabels, Gauge<f64, AtomicU64>>,
@@ -188,6 +229,49 @@ impl Metrics {
             "Destinations whose breaker holds their ops (this host)",
             breakers_open.clone(),
         );
+        let oldest_due = Family::<DueLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "outbox_oldest_due_age_seconds",
+            "How long the oldest due pending op has waited past its due time, by kind and outbox",
+            oldest_due.clone(),
+        );
+        let plugin_calls = Family::<CallLabels, Counter>::default();
+        registry.register(
+            "plugin_calls",
+            "Executor calls by plugin, kind and outcome class (confirmed, retryable, permanent, or the fault: timeout, crashed, resource_limit, denied, no_executor)",
+            plugin_calls.clone(),
+        );
+        let plugin_duration =
+            Family::<PluginLabels, Histogram>::new_with_constructor(|| Histogram::new(CALL_BUCKETS.iter().copied()));
+        registry.register(
+            "plugin_call_duration_seconds",
+            "How long an executor call took",
+            plugin_duration.clone(),
+        );
+        let plugin_reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "plugin_reloads",
+            "Configuration and plugin reloads, by outcome (loaded, refused)",
+            plugin_reloads.clone(),
+        );
+        let plugin_quarantined = Family::<PluginLabels, Gauge>::default();
+        registry.register(
+            "plugin_quarantined",
+            "1 while a plugin is quarantined after repeated crashes",
+            plugin_quarantined.clone(),
+        );
+        let oracle_polls = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "fee_oracle_polls",
+            "Fee oracle polls, by outcome (stored, failed)",
+            oracle_polls.clone(),
+        );
+        let oracle_clamps = Family::<BoundLabels, Counter>::default();
+        registry.register(
+            "fee_oracle_clamp",
+            "Samples whose fees a bound clamped (min, max)",
+            oracle_clamps.clone(),
+        );
         let oracle_recommended = Family::<OracleLabels, Gauge>::default();
         registry.register(
             "fee_oracle_recommended_base_fee",
@@ -234,6 +318,13 @@ impl Metrics {
             subjects_halted,
             paused,
             breakers_open,
+            oldest_due,
+            plugin_calls,
+            plugin_duration,
+            plugin_reloads,
+            plugin_quarantined,
+            oracle_polls,
+            oracle_clamps,
             oracle_recommended,
             oracle_aggressive,
             oracle_capacity,
@@ -268,6 +359,10 @@ pub struct Snapshot {
     pub paused: Vec<(String, i64)>,
     /// Breakers holding ops on this host.
     pub breakers_open: i64,
+    /// `(kind, outbox, seconds)` the oldest due pending op has waited.
+    pub oldest_due: Vec<(String, String, f64)>,
+    /// `(plugin, quarantined)` for every loaded plugin.
+    pub plugins: Vec<(String, bool)>,
     /// Per oracle: recommended, aggressive, capacity usage, congestion
     /// level, seconds since its sample.
     pub oracles: Vec<OracleGauges>,
@@ -315,6 +410,21 @@ impl Metrics {
                 .set(count);
         }
         self.breakers_open.set(snapshot.breakers_open);
+        self.oldest_due.clear();
+        for (kind, outbox, seconds) in &snapshot.oldest_due {
+            self.oldest_due
+                .get_or_create(&DueLabels {
+                    kind: kind.clone(),
+                    outbox: outbox.clone(),
+                })
+                .set(*seconds);
+        }
+        self.plugin_quarantined.clear();
+        for (plugin, quarantined) in &snapshot.plugins {
+            self.plugin_quarantined
+                .get_or_create(&PluginLabels { plugin: plugin.clone() })
+                .set(i64::from(*quarantined));
+        }
         for o in &snapshot.oracles {
             let labels = OracleLabels {
                 oracle: o.oracle.clone(),
@@ -524,6 +634,120 @@ impl Priced<'_> {
                 metrics.low_deferred.inc();
             }
         }
+    }
+}
+
+/// An executor call returned (or was cut off).
+pub struct PluginCalled<'a> {
+    /// The op's kind.
+    pub kind: &'a str,
+    /// The plugin serving it (`None`: no plugin configured).
+    pub plugin: Option<&'a str>,
+    /// What it reported.
+    pub outcome: &'a crate::outcome::Outcome,
+    /// How long it ran.
+    pub seconds: f64,
+}
+
+impl PluginCalled<'_> {
+    /// Counts it (the settle that follows logs it).
+    pub fn emit(&self, metrics: &Metrics) {
+        let plugin = self.plugin.unwrap_or("").to_owned();
+        metrics
+            .plugin_calls
+            .get_or_create(&CallLabels {
+                plugin: plugin.clone(),
+                kind: self.kind.to_owned(),
+                class: self.outcome.label().to_owned(),
+            })
+            .inc();
+        metrics
+            .plugin_duration
+            .get_or_create(&PluginLabels { plugin })
+            .observe(self.seconds);
+    }
+}
+
+/// A configuration reload finished.
+pub enum Reloaded<'a> {
+    /// The new config and plugins are in service.
+    Loaded,
+    /// Refused; the previous ones stay.
+    Refused {
+        /// Why.
+        error: &'a str,
+    },
+}
+
+impl Reloaded<'_> {
+    /// Logs and counts it.
+    pub fn emit(&self, metrics: Option<&Metrics>) {
+        let outcome = match self {
+            Self::Loaded => {
+                info!("Configuration reloaded.");
+                "loaded"
+            }
+            Self::Refused { error } => {
+                error!(error = %error, "Reload refused; the previous configuration and plugins stay in service.");
+                "refused"
+            }
+        };
+        if let Some(metrics) = metrics {
+            metrics
+                .plugin_reloads
+                .get_or_create(&ResultLabels {
+                    outcome: outcome.to_owned(),
+                })
+                .inc();
+        }
+    }
+}
+
+/// A fee oracle poll finished.
+pub enum OraclePolled<'a> {
+    /// A snapshot was stored.
+    Stored {
+        /// The oracle.
+        oracle: &'a str,
+        /// What was stored.
+        snapshot: &'a crate::fees::FeeSnapshot,
+    },
+    /// Nothing was stored; the snapshot goes stale.
+    Failed {
+        /// The oracle.
+        oracle: &'a str,
+        /// Why.
+        error: &'a str,
+    },
+}
+
+impl OraclePolled<'_> {
+    /// Logs and counts it.
+    pub fn emit(&self, metrics: &Metrics) {
+        let outcome = match self {
+            Self::Stored { oracle, snapshot } => {
+                debug!(oracle = %oracle, congestion = ?snapshot.congestion, recommended = snapshot.recommended_base_fee, "Fee snapshot stored.");
+                for bound in snapshot.clamped.split(',').map(str::trim).filter(|b| !b.is_empty()) {
+                    metrics
+                        .oracle_clamps
+                        .get_or_create(&BoundLabels {
+                            bound: bound.to_owned(),
+                        })
+                        .inc();
+                }
+                "stored"
+            }
+            Self::Failed { oracle, error } => {
+                warn!(oracle = %oracle, error = %error, "Fee oracle poll failed; the snapshot will go stale.");
+                "failed"
+            }
+        };
+        metrics
+            .oracle_polls
+            .get_or_create(&ResultLabels {
+                outcome: outcome.to_owned(),
+            })
+            .inc();
     }
 }
 

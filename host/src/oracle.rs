@@ -215,6 +215,7 @@ impl FeeOracle {
         every: Duration,
         stop: impl std::future::Future<Output = ()>,
         settings: impl Fn() -> Option<String>,
+        metrics: &crate::events::Metrics,
     ) {
         tokio::pin!(stop);
         loop {
@@ -222,12 +223,16 @@ impl FeeOracle {
                 self.config.store(Arc::new(json));
             }
             match self.poll_once().await {
-                Ok(s) => {
-                    tracing::debug!(oracle = %self.name, congestion = ?s.congestion, recommended = s.recommended_base_fee, "Fee snapshot stored.")
+                Ok(snapshot) => crate::events::OraclePolled::Stored {
+                    oracle: &self.name,
+                    snapshot: &snapshot,
                 }
-                Err(e) => {
-                    tracing::warn!(oracle = %self.name, error = %e, "Fee oracle poll failed; the snapshot will go stale.")
+                .emit(metrics),
+                Err(e) => crate::events::OraclePolled::Failed {
+                    oracle: &self.name,
+                    error: &e.to_string(),
                 }
+                .emit(metrics),
             }
             tokio::select! {
                 () = &mut stop => return,

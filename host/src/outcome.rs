@@ -116,6 +116,20 @@ impl Outcome {
         }
     }
 
+    /// The metrics label of this outcome: its class, and for a fault which
+    /// fault (`timeout`, `crashed`, `resource_limit`, `denied`,
+    /// `no_executor`).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Fault(Fault::Timeout) => "timeout",
+            Outcome::Fault(Fault::Crashed(_)) => "crashed",
+            Outcome::Fault(Fault::ResourceLimit(_)) => "resource_limit",
+            Outcome::Fault(Fault::Denied(_)) => "denied",
+            Outcome::Fault(Fault::NoExecutor) => "no_executor",
+            other => other.class().as_str(),
+        }
+    }
+
     /// Human-readable error text, for failures.
     pub fn error(&self) -> Option<String> {
         match self {

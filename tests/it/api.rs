@@ -1,14 +1,18 @@
-//! The HTTP API over a running dispatcher, on both backends: the auth
-//! matrix, the producer route, bad input (a 4xx with a code, never a 5xx,
-//! never a changed row), pauses, bulk recover and `/metrics`.
+//! The HTTP API over a running dispatcher, on both backends: the OpenAPI
+//! document against the routes and their scopes, the auth matrix, the
+//! producer and fan-out routes, filters and stats, bad input (a 4xx with a
+//! code, never a 5xx, never a changed row), pauses, breakers by hand, the
+//! plugin routes, bulk recover and `/metrics`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context};
 use laneway::api::{self, auth, ApiState};
+use laneway::config::FileSource;
 use laneway::op::Status;
 use laneway::queue::{OpFilter, Queue};
+use laneway::runtime::host::PluginHost;
 use serde_json::Value;
 
 use crate::dispatch::harness::{fast_config, settle, to, Running, Scripted, Step};
@@ -20,6 +24,10 @@ crate::on_both_backends!(
     a_paused_kind_resumes_where_it_stopped_with_no_attempt_used,
     a_bulk_recover_of_ten_thousand_dead_letters_is_spread_and_audited,
     metrics_after_a_workload_carry_the_seed_names_and_labels,
+    the_openapi_document_names_every_route_and_each_asks_for_its_scope,
+    the_fanout_route_and_the_list_filters_find_what_was_enqueued,
+    a_breaker_opened_by_hand_holds_its_destination_until_closed,
+    the_plugin_routes_show_digests_and_a_refused_reload_changes_nothing,
 );
 
 /// A dispatcher and its API on a free local port.
@@ -33,10 +41,19 @@ struct Served {
 impl Served {
     async fn start(db: &TestDb, exec: &Scripted, extra: &str) -> anyhow::Result<Self> {
         let config = fast_config(extra)?;
-        let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), config);
+        Self::over(db, exec.registry(&["activitypub"]), config, None).await
+    }
+
+    async fn over(
+        db: &TestDb,
+        executors: Arc<laneway::executor::Registry>,
+        config: laneway::config::Config,
+        plugins: Option<(Arc<PluginHost>, FileSource)>,
+    ) -> anyhow::Result<Self> {
+        let running = Running::start(db.queue.clone(), executors, config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let base = format!("http://{}", listener.local_addr()?);
-        let state = ApiState::new(running.dispatcher.clone());
+        let state = ApiState::new(running.dispatcher.clone(), plugins);
         let stop = running.dispatcher.clone();
         tokio::spawn(async move { api::serve(listener, state, async move { stop.cancelled().await }).await });
         Ok(Self {
@@ -573,5 +590,425 @@ async fn metrics_after_a_workload_carry_the_seed_names_and_labels(db: TestDb) ->
     ] {
         ensure!(text.contains(&format!("# TYPE {name} ")), "{name} missing\n{text}");
     }
+    served.running.stop().await
+}
+
+/// Every route the API must serve, as (method, OpenAPI path).
+const ROUTES: [(&str, &str); 29] = [
+    ("get", "/healthz"),
+    ("get", "/readyz"),
+    ("get", "/metrics"),
+    ("get", "/api/v1/network/conditions"),
+    ("get", "/api/openapi.json"),
+    ("post", "/api/v1/ops"),
+    ("post", "/api/v1/activitypub/deliveries"),
+    ("get", "/api/admin/outbox"),
+    ("get", "/api/admin/outbox/stats"),
+    ("post", "/api/admin/outbox/recover"),
+    ("get", "/api/admin/outbox/{id}"),
+    ("post", "/api/admin/outbox/{id}/retry"),
+    ("post", "/api/admin/outbox/{id}/cancel"),
+    ("get", "/api/admin/audit"),
+    ("get", "/api/admin/pauses"),
+    ("post", "/api/admin/pauses"),
+    ("delete", "/api/admin/pauses/{scope}/{target}"),
+    ("get", "/api/admin/lanes"),
+    ("post", "/api/admin/lanes/skip"),
+    ("get", "/api/admin/subjects"),
+    ("post", "/api/admin/subjects/halt"),
+    ("post", "/api/admin/subjects/unhalt"),
+    ("get", "/api/admin/breakers"),
+    ("post", "/api/admin/breakers/{destination}/open"),
+    ("post", "/api/admin/breakers/{destination}/close"),
+    ("get", "/api/admin/plugins"),
+    ("post", "/api/admin/plugins/reload"),
+    // Not routes of their own: the same paths' other methods are 405s, and
+    // listed here so the count above is every (method, path) served.
+    ("get", "/api/admin/outbox/{id}/retry"),
+    ("get", "/api/admin/outbox/{id}/cancel"),
+];
+
+async fn the_openapi_document_names_every_route_and_each_asks_for_its_scope(db: TestDb) -> anyhow::Result<()> {
+    let exec = Scripted::new(0);
+    let served = Served::start(&db, &exec, "").await?;
+    let (status, doc) = served.call("GET", "/api/openapi.json", None, None).await?;
+    ensure!(status == 200, "{status} {doc}");
+    ensure!(
+        doc["openapi"].as_str().is_some_and(|v| v.starts_with("3.")),
+        "{}",
+        doc["openapi"]
+    );
+    let paths = doc["paths"].as_object().context("paths")?;
+    let mut documented: Vec<(String, String)> = Vec::new();
+    for (path, item) in paths {
+        for (method, _) in item.as_object().context("a path item")? {
+            documented.push((method.clone(), path.clone()));
+        }
+    }
+    documented.sort();
+    let mut want: Vec<(String, String)> = ROUTES[..27]
+        .iter()
+        .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
+        .collect();
+    want.sort();
+    ensure!(documented == want, "documented {documented:?}\nwanted {want:?}");
+    // Each documented operation is served (not the fallback's 404), and the
+    // scope it names is the one it asks for.
+    let mut keys = std::collections::HashMap::new();
+    for scope in auth::SCOPES {
+        keys.insert(scope, served.key(&format!("only-{scope}"), &[scope]).await?);
+    }
+    let concrete = |p: &str| {
+        p.replace("{id}", "1")
+            .replace("{scope}", "kind")
+            .replace("{target}", "x")
+            .replace("{destination}", "x.example")
+    };
+    for (method, path) in &want {
+        let op = &paths[path][method];
+        let url = concrete(path);
+        let verb = method.to_uppercase();
+        let (status, answer) = served.call(&verb, &url, None, Some("{}")).await?;
+        ensure!(
+            !(status == 404 && answer["error"]["message"] == "no such route") && status != 405,
+            "{verb} {path} is documented but not served: {status} {answer}"
+        );
+        let scopes: Vec<&str> = op["security"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|req| req["bearer"].as_array())
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        let optional = op["security"].as_array().is_some_and(|reqs| {
+            reqs.iter()
+                .any(|r| r.as_object().is_some_and(serde_json::Map::is_empty))
+        });
+        match scopes.as_slice() {
+            [] => ensure!(status != 401 && status != 403, "{verb} {path} is public: {status}"),
+            [scope] if optional => ensure!(status == 200, "{verb} {path}: the key is optional ({scope})"),
+            [scope] => {
+                ensure!(status == 401, "{verb} {path} without a key: {status} {answer}");
+                for (other, key) in &keys {
+                    let (status, answer) = served.call(&verb, &url, Some(key), Some("{}")).await?;
+                    if other == scope {
+                        ensure!(
+                            status != 401 && status != 403,
+                            "{verb} {path} with {scope}: {status} {answer}"
+                        );
+                    } else {
+                        ensure!(
+                            status == 403 && code(&answer) == "forbidden",
+                            "{verb} {path} with only {other}: {status} {answer}"
+                        );
+                    }
+                }
+            }
+            more => anyhow::bail!("{verb} {path} names several scopes: {more:?}"),
+        }
+    }
+    // A method a path does not serve is refused, not answered.
+    for (method, path) in &ROUTES[27..] {
+        let (status, _) = served.call(&method.to_uppercase(), &concrete(path), None, None).await?;
+        ensure!(status == 405, "{method} {path}: {status}");
+    }
+    served.running.stop().await
+}
+
+async fn the_fanout_route_and_the_list_filters_find_what_was_enqueued(db: TestDb) -> anyhow::Result<()> {
+    let exec = Scripted::new(0);
+    let served = Served::start(&db, &exec, "").await?;
+    let producer = served.key("producer", &["ops:write"]).await?;
+    let admin = served.key("admin", &["outbox:read", "outbox:write"]).await?;
+    // Held, so the stats see due ops waiting.
+    served
+        .queue
+        .pause(laneway::queue::PauseScope::Kind, "activitypub", None, "test")
+        .await?;
+    let before = chrono::Utc::now() - chrono::Duration::seconds(1);
+    let body = r#"{
+        "outbox": "https://me.example/users/alice",
+        "activity": {"id": "https://me.example/a/1", "type": "Create",
+                     "object": {"id": "https://me.example/ledger/7", "type": "CaseLedgerEntry"}},
+        "recipients": [
+            "https://a.example/users/x/inbox",
+            {"inbox": "https://b.example/users/y/inbox", "shared_inbox": "https://b.example/inbox"},
+            {"inbox": "https://b.example/users/z/inbox", "shared_inbox": "https://b.example/inbox"}
+        ]
+    }"#;
+    let (status, answer) = served
+        .call("POST", "/api/v1/activitypub/deliveries", Some(&producer), Some(body))
+        .await?;
+    ensure!(status == 200 && answer["created"] == 2, "{status} {answer}");
+    let inboxes: Vec<&str> = answer["deliveries"]
+        .as_array()
+        .context("deliveries")?
+        .iter()
+        .filter_map(|d| d["inbox"].as_str())
+        .collect();
+    ensure!(
+        inboxes == ["https://a.example/users/x/inbox", "https://b.example/inbox"],
+        "one op per delivery inbox: {inboxes:?}"
+    );
+    let (status, again) = served
+        .call("POST", "/api/v1/activitypub/deliveries", Some(&producer), Some(body))
+        .await?;
+    ensure!(
+        status == 200 && again["existing"] == 2 && again["created"] == 0,
+        "{status} {again}"
+    );
+    // Bad fan-outs change nothing.
+    for (bad, want_status, want_code) in [
+        (
+            r#"{"outbox":"o","activity":{"id":"x"},"recipients":["ftp://c.example/inbox"]}"#,
+            422,
+            "invalid_activity",
+        ),
+        (
+            r#"{"outbox":"o","activity":{"id":"x"},"recipients":[]}"#,
+            422,
+            "invalid_activity",
+        ),
+        (
+            r#"{"outbox":"o","activity":[1],"recipients":["https://c.example/inbox"]}"#,
+            422,
+            "invalid_activity",
+        ),
+        (
+            r#"{"kind":"teleport","outbox":"o","activity":{},"recipients":["https://c.example/inbox"]}"#,
+            422,
+            "unknown_kind",
+        ),
+        (
+            r#"{"outbox":"o","activity":{},"recipients":[7]}"#,
+            400,
+            "invalid_request",
+        ),
+    ] {
+        let (status, answer) = served
+            .call("POST", "/api/v1/activitypub/deliveries", Some(&producer), Some(bad))
+            .await?;
+        ensure!(
+            status == want_status && code(&answer) == want_code,
+            "{bad}: {status} {answer}"
+        );
+    }
+    let list = |query: String| {
+        let served = &served;
+        let admin = admin.clone();
+        async move {
+            let (status, answer) = served
+                .call("GET", &format!("/api/admin/outbox?{query}"), Some(&admin), None)
+                .await?;
+            ensure!(status == 200, "{query}: {status} {answer}");
+            Ok::<usize, anyhow::Error>(answer["ops"].as_array().map_or(0, Vec::len))
+        }
+    };
+    let enc = |s: &str| s.replace(':', "%3A").replace('/', "%2F");
+    ensure!(list("".to_owned()).await? == 2);
+    ensure!(list(format!("lane={}", enc("https://b.example/inbox"))).await? == 1);
+    ensure!(list(format!("lane={}", enc("https://b.example/users/y/inbox"))).await? == 0);
+    ensure!(list(format!("correlation_id={}", enc("https://me.example/ledger/7"))).await? == 2);
+    ensure!(list("correlation_id=other".to_owned()).await? == 0);
+    let at = |t: chrono::DateTime<chrono::Utc>| enc(&t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
+    let later = chrono::Utc::now() + chrono::Duration::seconds(60);
+    ensure!(list(format!("created_after={}", at(before))).await? == 2);
+    ensure!(list(format!("created_after={}", at(later))).await? == 0);
+    ensure!(list(format!("created_before={}", at(before))).await? == 0);
+    ensure!(list(format!("created_after={}&created_before={}", at(before), at(later))).await? == 2);
+    let (status, answer) = served
+        .call("GET", "/api/admin/outbox?created_after=yesterday", Some(&admin), None)
+        .await?;
+    ensure!(status == 400 && code(&answer) == "invalid_query", "{status} {answer}");
+    // Stats: depth by kind, and the oldest due op's wait.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, stats) = served
+        .call("GET", "/api/admin/outbox/stats", Some(&admin), None)
+        .await?;
+    ensure!(status == 200, "{status} {stats}");
+    ensure!(
+        stats["depth"].as_array().is_some_and(|d| d
+            .iter()
+            .any(|r| r["kind"] == "activitypub" && r["status"] == "pending" && r["count"] == 2)),
+        "{stats}"
+    );
+    let oldest = &stats["oldest_due"][0];
+    ensure!(
+        oldest["kind"] == "activitypub"
+            && oldest["outbox"] == "https://me.example/users/alice"
+            && oldest["age_seconds"].as_f64().is_some_and(|a| a >= 0.1),
+        "{stats}"
+    );
+    served.running.stop().await
+}
+
+async fn a_breaker_opened_by_hand_holds_its_destination_until_closed(db: TestDb) -> anyhow::Result<()> {
+    let exec = Scripted::new(0);
+    let served = Served::start(&db, &exec, "").await?;
+    let admin = served.key("admin", &["outbox:read", "outbox:write"]).await?;
+    let (status, answer) = served
+        .call("POST", "/api/admin/breakers/a.example/open", Some(&admin), None)
+        .await?;
+    ensure!(
+        status == 200 && answer["breaker"]["state"] == "forced_open",
+        "{status} {answer}"
+    );
+    let ops = [
+        to("o", "https://a.example/inbox", 1),
+        to("o", "https://b.example/inbox", 2),
+    ];
+    let ids: Vec<i64> = served
+        .running
+        .dispatcher
+        .enqueue(&ops)
+        .await?
+        .into_iter()
+        .map(laneway::queue::Enqueued::id)
+        .collect();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let delivered: Vec<i64> = exec.delivered().iter().map(|e| e.op).collect();
+    ensure!(delivered == [ids[1]], "only b.example's op ran: {delivered:?}");
+    let held = served.queue.get(ids[0]).await?.context("the held op")?;
+    ensure!(
+        held.status == Status::Pending && held.attempts == 0,
+        "held, no attempt used: {held:?}"
+    );
+    let (_, listed) = served.call("GET", "/api/admin/breakers", Some(&admin), None).await?;
+    ensure!(
+        listed["breakers"][0]["destination"] == "a.example" && listed["breakers"][0]["state"] == "forced_open",
+        "{listed}"
+    );
+    for bad in ["/api/admin/breakers/a%20b/open", "/api/admin/breakers/a%2Fb/close"] {
+        let (status, answer) = served.call("POST", bad, Some(&admin), None).await?;
+        ensure!(
+            status == 400 && code(&answer) == "invalid_request",
+            "{bad}: {status} {answer}"
+        );
+    }
+    let (status, _) = served
+        .call("POST", "/api/admin/breakers/a.example/close", Some(&admin), None)
+        .await?;
+    ensure!(status == 200);
+    settle(served.queue.as_ref(), Duration::from_secs(5)).await?;
+    let done = served.queue.get(ids[0]).await?.context("the op")?;
+    ensure!(done.status == Status::Confirmed && done.attempts == 1, "{done:?}");
+    let (status, answer) = served
+        .call("POST", "/api/admin/breakers/a.example/close", Some(&admin), None)
+        .await?;
+    ensure!(
+        status == 404 && code(&answer) == "not_found",
+        "closing twice: {status} {answer}"
+    );
+    let actions: Vec<String> = served
+        .queue
+        .audit_log(None, 10)
+        .await?
+        .into_iter()
+        .map(|e| format!("{} {}", e.action, e.target))
+        .collect();
+    ensure!(
+        actions
+            == [
+                "breaker.close destination:a.example",
+                "breaker.open destination:a.example"
+            ],
+        "{actions:?}"
+    );
+    served.running.stop().await
+}
+
+async fn the_plugin_routes_show_digests_and_a_refused_reload_changes_nothing(db: TestDb) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let plugin_path = dir.path().join("noop.wasm");
+    std::fs::copy(crate::runtime::wasm("noop")?, &plugin_path)?;
+    let config_path = dir.path().join("laneway.toml");
+    let good = format!(
+        "[dispatch]\npoll_ms = 25\n[plugins.noop]\npath = {:?}\n[kinds.noop]\nplugin = \"noop\"\nlanes = \"optional\"\n",
+        plugin_path.display().to_string()
+    );
+    std::fs::write(&config_path, &good)?;
+    let source = FileSource::Explicit(config_path.clone());
+    let config = laneway::config::load(&source, Vec::new())?;
+    let host = Arc::new(PluginHost::new(&config)?);
+    host.apply(&config).await?;
+    let served = Served::over(&db, host.registry(), config, Some((host.clone(), source))).await?;
+    let admin = served.key("plugins", &["plugins:admin"]).await?;
+    let (status, first) = served.call("GET", "/api/admin/plugins", Some(&admin), None).await?;
+    ensure!(status == 200, "{status} {first}");
+    let digest = first["plugins"][0]["digest"].as_str().context("a digest")?.to_owned();
+    ensure!(
+        first["plugins"][0]["name"] == "noop" && first["plugins"][0]["quarantined"] == false && digest.len() >= 16,
+        "{first}"
+    );
+    // A config mistake: refused with the key path, nothing changes.
+    std::fs::write(&config_path, format!("{good}[kinds.noop.retry]\ncolour = 1\n"))?;
+    let (status, answer) = served
+        .call("POST", "/api/admin/plugins/reload", Some(&admin), None)
+        .await?;
+    ensure!(status == 422 && code(&answer) == "reload_refused", "{status} {answer}");
+    ensure!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("kinds.noop")),
+        "names the key: {answer}"
+    );
+    let (_, after) = served.call("GET", "/api/admin/plugins", Some(&admin), None).await?;
+    ensure!(after["plugins"][0]["digest"] == digest.as_str(), "{after}");
+    ensure!(
+        after["reloads"]["failures"] == 1 && after["reloads"]["last_error"].is_string(),
+        "{after}"
+    );
+    served
+        .running
+        .dispatcher
+        .enqueue(&[laneway::queue::NewOp::new("o", "noop", "{}")])
+        .await?;
+    settle(served.queue.as_ref(), Duration::from_secs(10)).await?;
+    // A new version: loaded, with its own digest.
+    std::fs::copy(crate::runtime::wasm("noop-v2")?, &plugin_path)?;
+    std::fs::write(&config_path, &good)?;
+    let (status, answer) = served
+        .call("POST", "/api/admin/plugins/reload", Some(&admin), None)
+        .await?;
+    ensure!(status == 200, "{status} {answer}");
+    ensure!(
+        answer["plugins"][0]["digest"].as_str().is_some_and(|d| d != digest),
+        "a new digest: {answer}"
+    );
+    let entries = served.queue.audit_log(None, 10).await?;
+    ensure!(
+        entries.iter().filter(|e| e.action == "plugins.reload").count() == 2,
+        "{entries:?}"
+    );
+    let text = served
+        .http
+        .get(format!("{}/metrics", served.base))
+        .send()
+        .await?
+        .text()
+        .await?;
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).context("parse")?;
+    let value = |name: &str, label: &str, want: &str| -> f64 {
+        scrape
+            .samples
+            .iter()
+            .filter(|s| s.metric == name && s.labels.get(label) == Some(want))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                _ => 0.0,
+            })
+            .sum()
+    };
+    ensure!(value("plugin_reloads_total", "outcome", "refused") == 1.0, "{text}");
+    ensure!(value("plugin_reloads_total", "outcome", "loaded") == 1.0, "{text}");
+    ensure!(value("plugin_calls_total", "class", "confirmed") == 1.0, "{text}");
+    ensure!(value("plugin_quarantined", "plugin", "noop") == 0.0, "{text}");
+    ensure!(
+        text.contains("plugin_call_duration_seconds_count{plugin=\"noop\"} 1"),
+        "{text}"
+    );
     served.running.stop().await
 }

@@ -1,42 +1,24 @@
-//! The admin routes: seed 003's `/api/admin/outbox` (list, stats, one op,
-//! retry, cancel) plus bulk recover, pauses, lanes held by dead letters,
-//! halted subjects, breakers and the audit log. Reads need `outbox:read`,
-//! writes `outbox:write`; every write is audited with the state before and
-//! after.
+//! The outbox routes: seed 003's `/api/admin/outbox` (list, stats, one op,
+//! retry, cancel), bulk recover, and the audit log. Reads need
+//! `outbox:read`, writes `outbox:write`; every write is audited with the
+//! state before and after.
 
 use std::collections::HashSet;
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
-use axum::routing::{delete, get, post};
-use axum::{Json, Router};
+use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{ApiError, ApiState};
-use crate::op::{OpId, Priority, Status};
-use crate::queue::{OpFilter, PauseScope};
+use utoipa::{IntoParams, ToSchema};
 
-pub(super) fn routes() -> Router<ApiState> {
-    Router::new()
-        .route("/api/admin/outbox", get(list))
-        .route("/api/admin/outbox/stats", get(stats))
-        .route("/api/admin/outbox/recover", post(recover))
-        .route("/api/admin/outbox/{id}", get(show))
-        .route("/api/admin/outbox/{id}/retry", post(retry))
-        .route("/api/admin/outbox/{id}/cancel", post(cancel))
-        .route("/api/admin/pauses", get(pauses).post(pause))
-        .route("/api/admin/pauses/{scope}/{target}", delete(resume))
-        .route("/api/admin/lanes", get(lanes))
-        .route("/api/admin/lanes/skip", post(skip_lane))
-        .route("/api/admin/subjects", get(subjects))
-        .route("/api/admin/subjects/halt", post(halt_subject))
-        .route("/api/admin/subjects/unhalt", post(unhalt_subject))
-        .route("/api/admin/breakers", get(breakers))
-        .route("/api/admin/audit", get(audit))
-}
+use super::error::Refusals;
+use super::{ApiError, ApiState, ErrorBody};
+use crate::op::{OpId, Priority, Status};
+use crate::queue::OpFilter;
 
 fn op_id(path: Result<Path<String>, PathRejection>) -> Result<OpId, ApiError> {
     let Path(id) = path?;
@@ -46,14 +28,27 @@ fn op_id(path: Result<Path<String>, PathRejection>) -> Result<OpId, ApiError> {
         .ok_or_else(|| ApiError::invalid(format!("op id: expected a positive integer, got {id:?}")))
 }
 
-#[derive(Debug, Deserialize)]
+/// The list's filters; each given one narrows it.
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
-struct ListQuery {
+#[into_params(parameter_in = Query)]
+pub(super) struct ListQuery {
+    /// pending, submitted, confirmed, failed or cancelled.
+    #[param(value_type = Option<String>)]
     status: Option<Status>,
     kind: Option<String>,
+    /// critical, normal or low.
+    #[param(value_type = Option<String>)]
     priority: Option<Priority>,
     subject: Option<String>,
     outbox: Option<String>,
+    /// Only ops in this lane (a recipient's inbox, a signer account).
+    lane: Option<String>,
+    correlation_id: Option<String>,
+    /// Only ops enqueued at or after this time (RFC 3339).
+    created_after: Option<DateTime<Utc>>,
+    /// Only ops enqueued before this time (RFC 3339).
+    created_before: Option<DateTime<Utc>>,
     /// The cursor: the `next` of the previous page.
     after: Option<OpId>,
     limit: Option<u32>,
@@ -61,7 +56,12 @@ struct ListQuery {
     order: Option<String>,
 }
 
-async fn list(
+/// Ops matching the filters, in id order, a page at a time.
+#[utoipa::path(get, path = "/api/admin/outbox", tag = "outbox",
+    params(ListQuery),
+    security(("bearer" = ["outbox:read"])),
+    responses((status = 200, description = "`ops` (a page) and `next` (the cursor for `after`, null on the last page)", body = Value), Refusals))]
+pub(super) async fn list(
     State(state): State<ApiState>,
     headers: HeaderMap,
     query: Result<Query<ListQuery>, QueryRejection>,
@@ -86,6 +86,10 @@ async fn list(
             priority: q.priority,
             subject: q.subject,
             outbox: q.outbox,
+            lane: q.lane,
+            correlation_id: q.correlation_id,
+            created_after: q.created_after,
+            created_before: q.created_before,
             after_id: q.after,
             limit,
             newest_first,
@@ -99,13 +103,42 @@ async fn list(
     Ok(Json(json!({ "ops": ops, "next": next })))
 }
 
-async fn stats(State(state): State<ApiState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+/// Queue depth by status, priority and kind, and per kind and outbox how
+/// long the oldest due op has waited.
+#[utoipa::path(get, path = "/api/admin/outbox/stats", tag = "outbox",
+    security(("bearer" = ["outbox:read"])),
+    responses((status = 200, description = "`depth` ({status, priority, kind, count}), `oldest_due` ({kind, outbox, due_at, age_seconds}), `stuck_submitted`, `lanes_held`, `subjects_halted`", body = Value), Refusals))]
+pub(super) async fn stats(State(state): State<ApiState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     state.authorize(&headers, "outbox:read").await?;
     let depth = state.queue().depth().await?;
-    Ok(Json(json!({ "depth": depth })))
+    let gauges = state.queue().gauges().await?;
+    let now = Utc::now();
+    let oldest: Vec<Value> = gauges
+        .oldest_due
+        .iter()
+        .map(|d| {
+            let age = (now - d.due_at).num_milliseconds().max(0);
+            #[allow(clippy::cast_precision_loss)]
+            let age_seconds = age as f64 / 1000.0;
+            json!({ "kind": d.kind, "outbox": d.outbox, "due_at": d.due_at, "age_seconds": age_seconds })
+        })
+        .collect();
+    Ok(Json(json!({
+        "depth": depth,
+        "oldest_due": oldest,
+        "stuck_submitted": gauges.stuck_submitted,
+        "lanes_held": gauges.lanes_held,
+        "subjects_halted": gauges.subjects_halted,
+    })))
 }
 
-async fn show(
+/// One op: the row, its lanes, and every attempt.
+#[utoipa::path(get, path = "/api/admin/outbox/{id}", tag = "outbox",
+    params(("id" = i64, Path, description = "The op id")),
+    security(("bearer" = ["outbox:read"])),
+    responses((status = 200, description = "`op` and `attempts` (oldest first)", body = Value),
+        (status = 404, description = "`not_found`", body = ErrorBody), Refusals))]
+pub(super) async fn show(
     State(state): State<ApiState>,
     headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
@@ -121,7 +154,14 @@ async fn show(
     Ok(Json(json!({ "op": op, "attempts": attempts })))
 }
 
-async fn retry(
+/// Puts a dead letter back to pending with a fresh attempt budget.
+#[utoipa::path(post, path = "/api/admin/outbox/{id}/retry", tag = "outbox",
+    params(("id" = i64, Path, description = "The op id")),
+    security(("bearer" = ["outbox:write"])),
+    responses((status = 200, description = "`op`, pending again", body = Value),
+        (status = 404, description = "`not_found`", body = ErrorBody),
+        (status = 409, description = "`illegal_transition` (not failed), `conflict` (its coalesce key is pending again)", body = ErrorBody), Refusals))]
+pub(super) async fn retry(
     State(state): State<ApiState>,
     headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
@@ -143,7 +183,14 @@ async fn retry(
     Ok(Json(json!({ "op": op })))
 }
 
-async fn cancel(
+/// Cancels a pending op.
+#[utoipa::path(post, path = "/api/admin/outbox/{id}/cancel", tag = "outbox",
+    params(("id" = i64, Path, description = "The op id")),
+    security(("bearer" = ["outbox:write"])),
+    responses((status = 200, description = "`op`, cancelled", body = Value),
+        (status = 404, description = "`not_found`", body = ErrorBody),
+        (status = 409, description = "`illegal_transition` (not pending), `in_doubt` (a receipt is not proven)", body = ErrorBody), Refusals))]
+pub(super) async fn cancel(
     State(state): State<ApiState>,
     headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
@@ -167,9 +214,10 @@ async fn cancel(
 /// Most dead letters one recover puts back.
 const MAX_RECOVER: usize = 100_000;
 
-#[derive(Debug, Deserialize)]
+/// Which dead letters to recover.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct RecoverBody {
+pub(super) struct RecoverBody {
     kind: Option<String>,
     outbox: Option<String>,
     /// Only dead letters that failed at or after this time.
@@ -190,7 +238,11 @@ struct RecoverBody {
 /// Bulk retry of dead letters by filter and time window. The first
 /// `recover_per_second` are due at once, the rest spread over the seconds
 /// after, so a redrive cannot stampede a receiver that just came back.
-async fn recover(
+#[utoipa::path(post, path = "/api/admin/outbox/recover", tag = "outbox",
+    request_body = RecoverBody,
+    security(("bearer" = ["outbox:write"])),
+    responses((status = 200, description = "`recovered`, `skipped` (changed meanwhile or coalesce conflict), `unknown_left_out`, `over_seconds`; with `dry_run`, `would_recover`", body = Value), Refusals))]
+pub(super) async fn recover(
     State(state): State<ApiState>,
     headers: HeaderMap,
     body: Result<Json<RecoverBody>, JsonRejection>,
@@ -312,190 +364,22 @@ async fn recover(
     })))
 }
 
-async fn pauses(State(state): State<ApiState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
-    state.authorize(&headers, "outbox:read").await?;
-    Ok(Json(json!({ "pauses": state.queue().pauses().await? })))
-}
-
-#[derive(Debug, Deserialize)]
+/// A page of the audit log, newest first.
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
-struct PauseBody {
-    scope: PauseScope,
-    target: String,
-    reason: Option<String>,
-}
-
-async fn pause(
-    State(state): State<ApiState>,
-    headers: HeaderMap,
-    body: Result<Json<PauseBody>, JsonRejection>,
-) -> Result<Json<Value>, ApiError> {
-    let actor = state.authorize(&headers, "outbox:write").await?;
-    let Json(body) = body?;
-    if body.target.trim().is_empty() || body.target.len() > 1000 {
-        return Err(ApiError::invalid("target: expected 1 to 1000 characters"));
-    }
-    let paused = state
-        .queue()
-        .pause(body.scope, &body.target, body.reason.as_deref(), &actor.0)
-        .await?;
-    if paused {
-        state
-            .audit(
-                &actor,
-                "pause",
-                format!("{}:{}", body.scope.as_str(), body.target),
-                None,
-                Some(json!({ "reason": body.reason })),
-            )
-            .await?;
-    }
-    Ok(Json(json!({ "paused": paused })))
-}
-
-async fn resume(
-    State(state): State<ApiState>,
-    headers: HeaderMap,
-    path: Result<Path<(String, String)>, PathRejection>,
-) -> Result<Json<Value>, ApiError> {
-    let actor = state.authorize(&headers, "outbox:write").await?;
-    let Path((scope, target)) = path?;
-    let scope = PauseScope::parse(&scope)
-        .ok_or_else(|| ApiError::invalid(format!("scope: expected kind, outbox or destination, got {scope:?}")))?;
-    if !state.queue().resume(scope, &target).await? {
-        return Err(ApiError::not_found(format!(
-            "{} {target:?} is not paused",
-            scope.as_str()
-        )));
-    }
-    state
-        .audit(&actor, "resume", format!("{}:{target}", scope.as_str()), None, None)
-        .await?;
-    // The next full read of every host sees it; this host's outbox at once.
-    if scope == PauseScope::Outbox {
-        state.dispatcher().trigger(&target);
-    }
-    Ok(Json(json!({ "resumed": true })))
-}
-
-async fn lanes(State(state): State<ApiState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
-    state.authorize(&headers, "outbox:read").await?;
-    Ok(Json(json!({ "held": state.queue().lane_halts(None).await? })))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LaneBody {
-    outbox: String,
-    lane: String,
-}
-
-async fn skip_lane(
-    State(state): State<ApiState>,
-    headers: HeaderMap,
-    body: Result<Json<LaneBody>, JsonRejection>,
-) -> Result<Json<Value>, ApiError> {
-    let actor = state.authorize(&headers, "outbox:write").await?;
-    let Json(body) = body?;
-    let released = state.queue().skip_lane(&body.outbox, &body.lane).await?;
-    if released == 0 {
-        return Err(ApiError::not_found(format!(
-            "lane {:?} of outbox {:?} is not held",
-            body.lane, body.outbox
-        )));
-    }
-    state.dispatcher().trigger(&body.outbox);
-    state
-        .audit(
-            &actor,
-            "lane.skip",
-            format!("lane:{}:{}", body.outbox, body.lane),
-            None,
-            Some(json!({ "released": released })),
-        )
-        .await?;
-    Ok(Json(json!({ "released": released })))
-}
-
-async fn subjects(State(state): State<ApiState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
-    state.authorize(&headers, "outbox:read").await?;
-    Ok(Json(json!({ "halted": state.queue().halted_subjects().await? })))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SubjectBody {
-    subject: String,
-    reason: Option<String>,
-}
-
-async fn halt_subject(
-    State(state): State<ApiState>,
-    headers: HeaderMap,
-    body: Result<Json<SubjectBody>, JsonRejection>,
-) -> Result<Json<Value>, ApiError> {
-    let actor = state.authorize(&headers, "outbox:write").await?;
-    let Json(body) = body?;
-    if body.subject.trim().is_empty() {
-        return Err(ApiError::invalid("subject: expected a non-empty string"));
-    }
-    state
-        .queue()
-        .halt_subject(&body.subject, body.reason.as_deref())
-        .await?;
-    state
-        .audit(
-            &actor,
-            "subject.halt",
-            format!("subject:{}", body.subject),
-            None,
-            Some(json!({ "reason": body.reason })),
-        )
-        .await?;
-    Ok(Json(json!({ "halted": true })))
-}
-
-async fn unhalt_subject(
-    State(state): State<ApiState>,
-    headers: HeaderMap,
-    body: Result<Json<SubjectBody>, JsonRejection>,
-) -> Result<Json<Value>, ApiError> {
-    let actor = state.authorize(&headers, "outbox:write").await?;
-    let Json(body) = body?;
-    if !state.queue().unhalt_subject(&body.subject).await? {
-        return Err(ApiError::not_found(format!("subject {:?} is not halted", body.subject)));
-    }
-    state
-        .audit(
-            &actor,
-            "subject.unhalt",
-            format!("subject:{}", body.subject),
-            None,
-            None,
-        )
-        .await?;
-    Ok(Json(json!({ "unhalted": true })))
-}
-
-async fn breakers(State(state): State<ApiState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
-    state.authorize(&headers, "outbox:read").await?;
-    let open: Vec<Value> = state
-        .dispatcher()
-        .breakers_open()
-        .into_iter()
-        .map(|(destination, until)| json!({ "destination": destination, "open_until": until }))
-        .collect();
-    Ok(Json(json!({ "open": open })))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AuditQuery {
+#[into_params(parameter_in = Query)]
+pub(super) struct AuditQuery {
+    /// The cursor: the `next` of the previous page.
     before: Option<i64>,
     limit: Option<u32>,
 }
 
-async fn audit(
+/// Every operator write (API and CLI): who, what, on what, before and after.
+#[utoipa::path(get, path = "/api/admin/audit", tag = "outbox",
+    params(AuditQuery),
+    security(("bearer" = ["outbox:read"])),
+    responses((status = 200, description = "`entries` (newest first) and `next` (the cursor for `before`)", body = Value), Refusals))]
+pub(super) async fn audit(
     State(state): State<ApiState>,
     headers: HeaderMap,
     query: Result<Query<AuditQuery>, QueryRejection>,

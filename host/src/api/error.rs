@@ -7,7 +7,7 @@ use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
+use serde::Serialize;
 
 use crate::enqueue::EnqueueError;
 use crate::queue::QueueError;
@@ -60,9 +60,49 @@ impl IntoResponse for ApiError {
         if self.status.is_server_error() {
             tracing::error!(code = self.code, error = %self.message, "API request failed.");
         }
-        let body = json!({ "error": { "code": self.code, "message": self.message } });
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_owned(),
+                message: self.message,
+            },
+        };
         (self.status, Json(body)).into_response()
     }
+}
+
+/// The document every refusal answers, `{"error": {"code", "message"}}`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: ErrorDetail,
+}
+
+/// An error's code and sentence.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    /// Stable, for programs (`invalid_request`, `forbidden`, `not_found`, …).
+    pub code: String,
+    /// For people.
+    pub message: String,
+}
+
+/// The refusals every keyed route may answer, for the OpenAPI document.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub(super) enum Refusals {
+    /// `invalid_request`, `invalid_json`, `invalid_query` or `invalid_path`:
+    /// the request does not fit; nothing changed.
+    #[response(status = 400)]
+    BadRequest(ErrorBody),
+    /// `unauthorized`: no key, or an unknown or revoked one.
+    #[response(status = 401)]
+    Unauthorized(ErrorBody),
+    /// `forbidden`: the key lacks the operation's scope.
+    #[response(status = 403)]
+    Forbidden(ErrorBody),
+    /// `database_unavailable` or `schema_mismatch`.
+    #[response(status = 503)]
+    Unavailable(ErrorBody),
 }
 
 impl From<QueueError> for ApiError {

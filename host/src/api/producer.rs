@@ -1,7 +1,9 @@
-//! `POST /api/v1/ops` (scope `ops:write`): one op, or a batch, through the
-//! same preparation as `laneway enqueue` (the kind's rules, the plugin's
-//! lanes when none are given, the queue's payload checks), then the
-//! dispatcher's enqueue, which wakes the outbox at once.
+//! The producer routes (scope `ops:write`): `POST /api/v1/ops`, one op or a
+//! batch, through the same preparation as `laneway enqueue` (the kind's
+//! rules, the plugin's lanes when none are given, the queue's payload
+//! checks); and `POST /api/v1/activitypub/deliveries`, an activity and its
+//! recipients through the same fan-out plan as `laneway fanout`. Both end in
+//! the dispatcher's enqueue, which wakes the outbox at once.
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
@@ -11,8 +13,10 @@ use axum::Json;
 use chrono::Utc;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use utoipa::ToSchema;
 
-use super::{ApiError, ApiState};
+use super::error::Refusals;
+use super::{ApiError, ApiState, ErrorBody};
 use crate::enqueue::{self, EnqueueRequest};
 use crate::op::Priority;
 use crate::queue::{self, Enqueued, NewOp};
@@ -21,13 +25,17 @@ use crate::queue::{self, Enqueued, NewOp};
 const MAX_BATCH: usize = 1000;
 
 /// One op as a producer posts it.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct OpBody {
+pub(super) struct OpBody {
     kind: String,
     outbox: String,
+    /// critical, normal or low (the kind's default when absent).
     #[serde(default)]
+    #[schema(value_type = Option<String>)]
     priority: Option<Priority>,
+    /// Recipients or signer accounts to order it in; the kind's plugin
+    /// names them when absent.
     #[serde(default)]
     lanes: Vec<String>,
     /// Any JSON; stored as its text.
@@ -53,6 +61,20 @@ enum Body {
     One(Box<OpBody>),
 }
 
+/// Enqueues one op, or a batch (`{"ops": [...]}`, all or nothing). An
+/// `Idempotency-Key` header (or the field) makes a repeat answer the op
+/// already made.
+#[utoipa::path(post, path = "/api/v1/ops", tag = "producer",
+    request_body(content = OpBody, description = "One op, or `{\"ops\": [OpBody, ...]}` (1 to 1000)"),
+    params(("Idempotency-Key" = Option<String>, Header, description = "One op's idempotency key")),
+    security(("bearer" = ["ops:write"])),
+    responses(
+        (status = 201, description = "`status: created`, `id`, `op`, and for a priced kind `estimate`", body = Value),
+        (status = 200, description = "`status: existing` (a repeated key: the op it made), or for a batch `results` in order", body = Value),
+        (status = 409, description = "`status: already_pending`: an op with this coalesce key is pending; nothing enqueued", body = Value),
+        (status = 422, description = "`unknown_kind`, `lanes_required`, `invalid_op`, `plugin_refused`", body = ErrorBody),
+        Refusals,
+    ))]
 pub(super) async fn enqueue(
     State(state): State<ApiState>,
     headers: HeaderMap,
@@ -204,4 +226,119 @@ async fn answer(state: &ApiState, op: &NewOp, result: Enqueued) -> Value {
         });
     }
     answer
+}
+
+/// Most recipients one fan-out may name.
+const MAX_RECIPIENTS: usize = 100_000;
+
+/// An addressee: its inbox, or `{inbox, shared_inbox}`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum RecipientBody {
+    /// Just the actor's inbox.
+    Inbox(String),
+    /// The actor's inbox and its server's shared inbox.
+    Actor {
+        /// The actor's own inbox.
+        inbox: String,
+        /// The shared inbox, which de-duplicates deliveries to one server.
+        #[serde(default)]
+        shared_inbox: Option<String>,
+    },
+}
+
+/// An activity and whom to deliver it to.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DeliveriesBody {
+    /// The executor kind; `activitypub` when absent.
+    #[serde(default)]
+    kind: Option<String>,
+    /// The sending actor (the outbox the ops go in).
+    outbox: String,
+    /// The activity, sent verbatim (its `id` makes the fan-out idempotent
+    /// per inbox).
+    activity: Value,
+    /// One op per distinct delivery inbox (shared inboxes de-duplicate).
+    recipients: Vec<RecipientBody>,
+    /// critical, normal or low (the kind's default when absent).
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    priority: Option<Priority>,
+    /// The user the deliveries act for.
+    #[serde(default)]
+    subject: Option<String>,
+}
+
+/// Fans an activity out: one op per distinct delivery inbox, each in that
+/// inbox's lane, all or nothing.
+#[utoipa::path(post, path = "/api/v1/activitypub/deliveries", tag = "producer",
+    request_body = DeliveriesBody,
+    security(("bearer" = ["ops:write"])),
+    responses(
+        (status = 200, description = "`deliveries` ({inbox, status: created|existing|already_pending, id}) in recipient order, and the count of each status", body = Value),
+        (status = 422, description = "`unknown_kind`, `invalid_activity`, `invalid_op`", body = ErrorBody),
+        Refusals,
+    ))]
+pub(super) async fn deliveries(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    body: Result<Json<DeliveriesBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    state.authorize(&headers, "ops:write").await?;
+    let Json(body) = body?;
+    if body.recipients.len() > MAX_RECIPIENTS {
+        return Err(ApiError::invalid(format!(
+            "recipients: expected at most {MAX_RECIPIENTS}, got {}",
+            body.recipients.len()
+        )));
+    }
+    let config = state.dispatcher().config();
+    let kind_name = body.kind.unwrap_or_else(|| "activitypub".to_owned());
+    let kind = config
+        .kind(&kind_name)
+        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_kind", e))?;
+    let request = crate::fanout::FanOut {
+        kind: kind_name.clone(),
+        actor: body.outbox,
+        activity: body.activity.to_string(),
+        recipients: body
+            .recipients
+            .into_iter()
+            .map(|r| match r {
+                RecipientBody::Inbox(inbox) => crate::fanout::Recipient {
+                    inbox,
+                    shared_inbox: None,
+                },
+                RecipientBody::Actor { inbox, shared_inbox } => crate::fanout::Recipient { inbox, shared_inbox },
+            })
+            .collect(),
+        priority: body.priority,
+        subject: body.subject,
+    };
+    let ops = crate::fanout::plan(&request, &kind.correlate_types(), kind.priority)
+        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_activity", e.to_string()))?;
+    for op in &ops {
+        queue::validate_new_op(op, config.limits())?;
+    }
+    let results = state.dispatcher().enqueue(&ops).await?;
+    let mut counts = [0usize; 3];
+    let deliveries: Vec<Value> = ops
+        .iter()
+        .zip(&results)
+        .map(|(op, result)| {
+            let (status, id, slot) = match *result {
+                Enqueued::Created(id) => ("created", id, 0),
+                Enqueued::Existing(id) => ("existing", id, 1),
+                Enqueued::AlreadyPending(id) => ("already_pending", id, 2),
+            };
+            counts[slot] += 1;
+            json!({ "inbox": op.lanes.first(), "status": status, "id": id })
+        })
+        .collect();
+    Ok(Json(json!({
+        "deliveries": deliveries,
+        "created": counts[0], "existing": counts[1], "already_pending": counts[2],
+    }))
+    .into_response())
 }

@@ -270,6 +270,12 @@ pub struct ListArgs {
     /// Only this outbox.
     #[arg(long)]
     pub outbox: Option<String>,
+    /// Only ops in this lane.
+    #[arg(long)]
+    pub lane: Option<String>,
+    /// Only ops with this correlation id.
+    #[arg(long)]
+    pub correlation: Option<String>,
     /// Only ops after this id (before it with --newest).
     #[arg(long)]
     pub after: Option<OpId>,
@@ -639,9 +645,12 @@ async fn ops_cmd(config: &Config, command: OpsCommand, out: &mut dyn Write) -> R
                 priority: parse_priority(args.priority.as_deref())?,
                 subject: args.subject,
                 outbox: args.outbox,
+                lane: args.lane,
+                correlation_id: args.correlation,
                 after_id: args.after,
                 limit: args.limit,
                 newest_first: args.newest,
+                ..OpFilter::default()
             };
             let ops = queue.list(&filter).await?;
             if args.json {
@@ -740,12 +749,13 @@ async fn run_cmd(config: Config, source: FileSource) -> Result<(), CliError> {
                     .get(&name)
                     .map(crate::config::OracleConfig::config_json)
             };
+            let metrics = stop.metrics().clone();
             fee_oracle
-                .run(every, async move { stop.cancelled().await }, settings)
+                .run(every, async move { stop.cancelled().await }, settings, &metrics)
                 .await;
         });
     }
-    plugins.watch(source, dispatcher.clone(), debounce);
+    plugins.watch(source.clone(), dispatcher.clone(), debounce);
     let listen = dispatcher.config().api.listen.clone();
     if !listen.is_empty() {
         // A port in use is the operator's to fix, before anything runs.
@@ -753,7 +763,7 @@ async fn run_cmd(config: Config, source: FileSource) -> Result<(), CliError> {
             .await
             .map_err(|e| CliError::Input(format!("api.listen: cannot listen on {listen}: {e}")))?;
         tracing::info!(listen = %listen, "HTTP API listening (/api/v1, /api/admin, /metrics, /healthz, /readyz).");
-        let state = crate::api::ApiState::new(dispatcher.clone());
+        let state = crate::api::ApiState::new(dispatcher.clone(), Some((plugins.clone(), source.clone())));
         let stop = dispatcher.clone();
         tokio::spawn(async move {
             if let Err(e) = crate::api::serve(listener, state, async move { stop.cancelled().await }).await {

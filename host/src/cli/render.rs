@@ -137,9 +137,14 @@ pub fn depth_table(out: &mut dyn Write, depth: &[Depth]) -> Result<(), CliError>
         writeln!(out, "the queue is empty")?;
         return Ok(());
     }
-    let mut t = table(&["status", "priority", "ops"]);
+    let mut t = table(&["status", "priority", "kind", "ops"]);
     for d in depth {
-        t.add_row(vec![d.status.to_string(), d.priority.to_string(), d.count.to_string()]);
+        t.add_row(vec![
+            d.status.to_string(),
+            d.priority.to_string(),
+            cut(&d.kind),
+            d.count.to_string(),
+        ]);
     }
     writeln!(out, "{t}")?;
     Ok(())

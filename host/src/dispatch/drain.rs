@@ -454,7 +454,7 @@ impl Pass {
             let mut breakers = self.inner.breakers();
             for (id, dest) in trials.iter().filter(|(id, _)| !claimed_ids.contains(id)) {
                 debug!(op = id, "Breaker trial op was not claimable.");
-                breakers.record(dest, None, now);
+                breakers.record(dest, None, None, now);
             }
         }
         if !claimed.is_empty() {
@@ -817,8 +817,21 @@ impl Pass {
                 self.stalled.insert(op.id);
             }
             if let Some(dest) = &f.destination {
-                self.inner.breakers().record(dest, f.outcome.destination_failed(), now);
+                let error = f.outcome.error();
+                self.inner
+                    .breakers()
+                    .record(dest, f.outcome.destination_failed(), error.as_deref(), now);
             }
+            crate::events::PluginCalled {
+                kind: &op.kind,
+                plugin: kind.and_then(|k| k.plugin.as_deref()),
+                outcome: &f.outcome,
+                seconds: (f.finished_at - f.started_at)
+                    .to_std()
+                    .unwrap_or_default()
+                    .as_secs_f64(),
+            }
+            .emit(&self.inner.metrics);
             let finish = match &decision {
                 Decision::Confirm { receipt } => Finish::Confirm {
                     receipt: receipt.clone(),

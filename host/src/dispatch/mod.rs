@@ -261,6 +261,47 @@ impl Dispatcher {
             .open(now)
     }
 
+    /// This host's breakers, for operators.
+    pub fn breakers(&self, now: chrono::DateTime<chrono::Utc>) -> Vec<crate::breaker::BreakerView> {
+        self.inner.breakers().list(now)
+    }
+
+    /// One destination's breaker on this host, if it has any state.
+    pub fn breaker(
+        &self,
+        destination: &str,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Option<crate::breaker::BreakerView> {
+        self.inner
+            .breakers()
+            .list(now)
+            .into_iter()
+            .find(|b| b.destination == destination)
+    }
+
+    /// Holds a destination's ops on this host until [`Self::close_breaker`].
+    pub fn force_open_breaker(&self, destination: &str) {
+        self.inner.breakers().force_open(destination);
+    }
+
+    /// Closes a destination's breaker on this host and wakes every outbox
+    /// with due work, so its held ops go now rather than at the next poll.
+    /// Returns whether it had any state.
+    pub fn close_breaker(&self, destination: &str) -> bool {
+        let closed = self.inner.breakers().close(destination);
+        if closed {
+            let queue = self.inner.queue.clone();
+            let me = self.clone();
+            tokio::spawn(async move {
+                match queue.due_outboxes(1000).await {
+                    Ok(outboxes) => outboxes.iter().for_each(|o| me.trigger(o)),
+                    Err(e) => warn!(error = %e, "Could not wake outboxes after closing a breaker; the poll will."),
+                }
+            });
+        }
+        closed
+    }
+
     /// The lease owner name this dispatcher claims under.
     pub fn owner(&self) -> &str {
         &self.inner.owner

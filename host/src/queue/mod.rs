@@ -28,7 +28,7 @@ use crate::lanes::LaneRules;
 use crate::op::{Attempt, AttemptRecord, IllegalTransition, Lease, Op, OpId, Priority, Status};
 
 pub use common::validate_new_op;
-pub use operator::{ApiKey, AuditEntry, NewApiKey, NewAuditEntry, Pause, PauseScope};
+pub use operator::{ApiKey, AuditEntry, Latency, NewApiKey, NewAuditEntry, OldestDue, Pause, PauseScope, QueueGauges};
 
 /// Which database a queue lives in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -436,6 +436,14 @@ pub struct OpFilter {
     pub subject: Option<String>,
     /// Only this outbox.
     pub outbox: Option<String>,
+    /// Only ops in this lane.
+    pub lane: Option<String>,
+    /// Only ops with this correlation id.
+    pub correlation_id: Option<String>,
+    /// Only ops enqueued at or after this time.
+    pub created_after: Option<DateTime<Utc>>,
+    /// Only ops enqueued before this time.
+    pub created_before: Option<DateTime<Utc>>,
     /// Only ops with an id greater than this (paging).
     pub after_id: Option<OpId>,
     /// At most this many (newest first when `newest_first`).
@@ -444,13 +452,15 @@ pub struct OpFilter {
     pub newest_first: bool,
 }
 
-/// Queue depth for one (status, priority) pair.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// Queue depth for one (status, priority, kind).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Depth {
     /// Status.
     pub status: Status,
     /// Tier.
     pub priority: Priority,
+    /// Kind.
+    pub kind: String,
     /// How many ops.
     pub count: i64,
 }
@@ -695,6 +705,13 @@ pub trait Queue: Send + Sync + std::fmt::Debug {
 
     /// Every pause, by scope and target.
     async fn pauses(&self) -> Result<Vec<Pause>, QueueError>;
+
+    /// The counts `/metrics` and `/stats` show, by aggregate queries.
+    async fn gauges(&self) -> Result<QueueGauges, QueueError>;
+
+    /// Creation-to-confirmation times of the newest `limit` ops confirmed
+    /// since `since`, newest first.
+    async fn recent_latencies(&self, since: DateTime<Utc>, limit: u32) -> Result<Vec<Latency>, QueueError>;
 }
 
 /// Opens the queue named by the config's database URL.

@@ -1,6 +1,7 @@
 //! What the queue stores for operators beside the ops: API keys (as hashes),
 //! the audit log of every operator write, and pauses of kinds, outboxes and
-//! destinations. Types only; each backend stores them.
+//! destinations; and the counts `/metrics` and `/stats` read. Types only;
+//! each backend stores and counts them.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -114,4 +115,41 @@ pub struct Pause {
     pub actor: String,
     /// Since when.
     pub paused_at: DateTime<Utc>,
+}
+
+/// What `/metrics` and `/stats` count at read time, each by one aggregate
+/// query (never by listing rows).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct QueueGauges {
+    /// Submitted ops whose lease has expired unsettled.
+    pub stuck_submitted: i64,
+    /// Strict lanes held by a dead letter.
+    pub lanes_held: i64,
+    /// Halted subjects.
+    pub subjects_halted: i64,
+    /// Per kind and outbox, the due time of the oldest pending op that is
+    /// due now (paused or breaker-held ops included: they are late too).
+    pub oldest_due: Vec<OldestDue>,
+}
+
+/// The oldest due pending op of one kind in one outbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OldestDue {
+    /// The kind.
+    pub kind: String,
+    /// The outbox.
+    pub outbox: String,
+    /// When it became due.
+    pub due_at: DateTime<Utc>,
+}
+
+/// How long one recently confirmed op took, creation to confirmation.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Latency {
+    /// Its kind.
+    pub kind: String,
+    /// Its tier.
+    pub priority: crate::op::Priority,
+    /// Seconds.
+    pub seconds: f64,
 }

@@ -31,7 +31,7 @@ use super::{
     HaltedSubject, HostShare, LaneHalt, LeaseSpec, Limits, NewOp, Occupant, OpFilter, Queue, QueueError, SlotLease,
     Subscription,
 };
-use super::{ApiKey, AuditEntry, NewApiKey, NewAuditEntry, Pause, PauseScope};
+use super::{ApiKey, AuditEntry, Latency, NewApiKey, NewAuditEntry, OldestDue, Pause, PauseScope, QueueGauges};
 use crate::clock::Clock;
 use crate::config::DatabaseConfig;
 use crate::lanes::LaneRules;
@@ -629,6 +629,20 @@ impl Queue for PgQueue {
         if let Some(outbox) = &filter.outbox {
             q.push(" AND outbox = ").push_bind(outbox.clone());
         }
+        if let Some(lane) = &filter.lane {
+            q.push(" AND id IN (SELECT op_id FROM op_lanes WHERE lane = ")
+                .push_bind(lane.clone())
+                .push(")");
+        }
+        if let Some(correlation) = &filter.correlation_id {
+            q.push(" AND correlation_id = ").push_bind(correlation.clone());
+        }
+        if let Some(t) = &filter.created_after {
+            q.push(" AND created_at >= ").push_bind(*t);
+        }
+        if let Some(t) = &filter.created_before {
+            q.push(" AND created_at < ").push_bind(*t);
+        }
         if let Some(after) = filter.after_id {
             q.push(if filter.newest_first {
                 " AND id < "
@@ -649,7 +663,8 @@ impl Queue for PgQueue {
 
     async fn depth(&self) -> Result<Vec<Depth>, QueueError> {
         let rows = sqlx::query(
-            "SELECT status, priority, COUNT(*) AS n FROM ops GROUP BY status, priority ORDER BY status, priority",
+            "SELECT status, priority, kind, COUNT(*) AS n FROM ops GROUP BY status, priority, kind \
+             ORDER BY status, priority, kind",
         )
         .fetch_all(&self.pool)
         .await?;
@@ -660,6 +675,7 @@ impl Queue for PgQueue {
                 Ok(Depth {
                     status: parse_status(0, &status)?,
                     priority: parse_priority(0, i64::from(priority))?,
+                    kind: row.try_get("kind")?,
                     count: row.try_get("n")?,
                 })
             })
@@ -1086,6 +1102,62 @@ impl Queue for PgQueue {
                     reason: row.try_get("reason")?,
                     actor: row.try_get("actor")?,
                     paused_at: row.try_get("paused_at")?,
+                })
+            })
+            .collect()
+    }
+    async fn gauges(&self) -> Result<QueueGauges, QueueError> {
+        let now = self.now();
+        let row = sqlx::query(
+            "SELECT (SELECT COUNT(*) FROM ops WHERE status = 'submitted' AND lease_until < $1) AS stuck, \
+             (SELECT COUNT(*) FROM lane_halts) AS held, (SELECT COUNT(*) FROM halted_subjects) AS halted",
+        )
+        .bind(now)
+        .fetch_one(&self.pool)
+        .await?;
+        let rows = sqlx::query(
+            "SELECT kind, outbox, MIN(next_attempt_at) AS due FROM ops \
+             WHERE status = 'pending' AND next_attempt_at <= $1 GROUP BY kind, outbox ORDER BY kind, outbox",
+        )
+        .bind(now)
+        .fetch_all(&self.pool)
+        .await?;
+        let oldest_due = rows
+            .iter()
+            .map(|r| {
+                Ok(OldestDue {
+                    kind: r.try_get("kind")?,
+                    outbox: r.try_get("outbox")?,
+                    due_at: r.try_get("due")?,
+                })
+            })
+            .collect::<Result<_, QueueError>>()?;
+        Ok(QueueGauges {
+            stuck_submitted: row.try_get("stuck")?,
+            lanes_held: row.try_get("held")?,
+            subjects_halted: row.try_get("halted")?,
+            oldest_due,
+        })
+    }
+
+    async fn recent_latencies(&self, since: DateTime<Utc>, limit: u32) -> Result<Vec<Latency>, QueueError> {
+        let rows = sqlx::query(
+            "SELECT id, kind, priority, EXTRACT(EPOCH FROM finished_at - created_at)::float8 AS seconds FROM ops \
+             WHERE status = 'confirmed' AND finished_at >= $1 ORDER BY id DESC LIMIT $2",
+        )
+        .bind(since)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let id: i64 = r.try_get("id")?;
+                let priority: i16 = r.try_get("priority")?;
+                let seconds: f64 = r.try_get("seconds")?;
+                Ok(Latency {
+                    kind: r.try_get("kind")?,
+                    priority: parse_priority(id, i64::from(priority))?,
+                    seconds: seconds.max(0.0),
                 })
             })
             .collect()

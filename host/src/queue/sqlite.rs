@@ -35,7 +35,7 @@ use super::{
     Finish, HaltedSubject, HostShare, LaneHalt, LeaseSpec, Limits, NewOp, Occupant, OpFilter, Queue, QueueError,
     SlotLease, Subscription,
 };
-use super::{ApiKey, AuditEntry, NewApiKey, NewAuditEntry, Pause, PauseScope};
+use super::{ApiKey, AuditEntry, Latency, NewApiKey, NewAuditEntry, OldestDue, Pause, PauseScope, QueueGauges};
 use crate::clock::Clock;
 use crate::config::{DatabaseConfig, Synchronous};
 use crate::lanes::LaneRules;
@@ -1062,6 +1062,20 @@ impl Queue for SqliteQueue {
         if let Some(outbox) = &filter.outbox {
             q.push(" AND outbox = ").push_bind(outbox.clone());
         }
+        if let Some(lane) = &filter.lane {
+            q.push(" AND id IN (SELECT op_id FROM op_lanes WHERE lane = ")
+                .push_bind(lane.clone())
+                .push(")");
+        }
+        if let Some(correlation) = &filter.correlation_id {
+            q.push(" AND correlation_id = ").push_bind(correlation.clone());
+        }
+        if let Some(t) = &filter.created_after {
+            q.push(" AND created_at >= ").push_bind(ms(*t));
+        }
+        if let Some(t) = &filter.created_before {
+            q.push(" AND created_at < ").push_bind(ms(*t));
+        }
         if let Some(after) = filter.after_id {
             if filter.newest_first {
                 q.push(" AND id < ").push_bind(after);
@@ -1081,7 +1095,8 @@ impl Queue for SqliteQueue {
 
     async fn depth(&self) -> Result<Vec<Depth>, QueueError> {
         let rows = sqlx::query(
-            "SELECT status, priority, COUNT(*) AS n FROM ops GROUP BY status, priority ORDER BY status, priority",
+            "SELECT status, priority, kind, COUNT(*) AS n FROM ops GROUP BY status, priority, kind \
+             ORDER BY status, priority, kind",
         )
         .fetch_all(&self.reader)
         .await?;
@@ -1092,6 +1107,7 @@ impl Queue for SqliteQueue {
                 Ok(Depth {
                     status: parse_status(0, &status)?,
                     priority: parse_priority(0, priority)?,
+                    kind: row.try_get("kind")?,
                     count: row.try_get("n")?,
                 })
             })
@@ -1568,6 +1584,62 @@ impl Queue for SqliteQueue {
                     reason: row.try_get("reason")?,
                     actor: row.try_get("actor")?,
                     paused_at: from_ms(0, "pauses.paused_at", row.try_get("paused_at")?)?,
+                })
+            })
+            .collect()
+    }
+    async fn gauges(&self) -> Result<QueueGauges, QueueError> {
+        let now = ms(self.now());
+        let row = sqlx::query(
+            "SELECT (SELECT COUNT(*) FROM ops WHERE status = 'submitted' AND lease_until < ?1) AS stuck, \
+             (SELECT COUNT(*) FROM lane_halts) AS held, (SELECT COUNT(*) FROM halted_subjects) AS halted",
+        )
+        .bind(now)
+        .fetch_one(&self.reader)
+        .await?;
+        let rows = sqlx::query(
+            "SELECT kind, outbox, MIN(next_attempt_at) AS due FROM ops \
+             WHERE status = 'pending' AND next_attempt_at <= ? GROUP BY kind, outbox ORDER BY kind, outbox",
+        )
+        .bind(now)
+        .fetch_all(&self.reader)
+        .await?;
+        let oldest_due = rows
+            .iter()
+            .map(|r| {
+                Ok(OldestDue {
+                    kind: r.try_get("kind")?,
+                    outbox: r.try_get("outbox")?,
+                    due_at: from_ms(0, "ops.next_attempt_at", r.try_get("due")?)?,
+                })
+            })
+            .collect::<Result<_, QueueError>>()?;
+        Ok(QueueGauges {
+            stuck_submitted: row.try_get("stuck")?,
+            lanes_held: row.try_get("held")?,
+            subjects_halted: row.try_get("halted")?,
+            oldest_due,
+        })
+    }
+
+    async fn recent_latencies(&self, since: DateTime<Utc>, limit: u32) -> Result<Vec<Latency>, QueueError> {
+        let rows = sqlx::query(
+            "SELECT id, kind, priority, finished_at - created_at AS ms FROM ops \
+             WHERE status = 'confirmed' AND finished_at >= ? ORDER BY id DESC LIMIT ?",
+        )
+        .bind(ms(since))
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let id: i64 = r.try_get("id")?;
+                let millis: i64 = r.try_get("ms")?;
+                Ok(Latency {
+                    kind: r.try_get("kind")?,
+                    priority: parse_priority(id, r.try_get("priority")?)?,
+                    #[allow(clippy::cast_precision_loss)]
+                    seconds: millis.max(0) as f64 / 1000.0,
                 })
             })
             .collect()

@@ -342,15 +342,16 @@ impl PluginHost {
             Ok::<(), LoadError>(())
         }
         .await;
+        let metrics = dispatcher.map(|d| d.metrics().as_ref());
         match &result {
-            Ok(()) => tracing::info!("Configuration reloaded."),
+            Ok(()) => crate::events::Reloaded::Loaded.emit(metrics),
             Err(e) => {
                 if matches!(e, LoadError::Config(_)) {
                     let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
                     status.failures += 1;
                     status.last_error = Some(e.to_string());
                 }
-                tracing::error!(error = %e, "Reload refused; the previous configuration and plugins stay in service.");
+                crate::events::Reloaded::Refused { error: &e.to_string() }.emit(metrics);
             }
         }
         result

@@ -87,7 +87,9 @@ async fn a_running_oracle_takes_reloaded_policy_settings_at_its_next_sample(db: 
     let (running, current) = (oracle.clone(), settings.clone());
     let task = tokio::spawn(async move {
         let read = move || current.lock().ok().map(|s| s.clone());
-        running.run(Duration::from_millis(50), stop, read).await;
+        running
+            .run(Duration::from_millis(50), stop, read, &laneway::events::Metrics::new())
+            .await;
     });
     let wait_for = |want: u64| {
         let oracle = oracle.clone();
