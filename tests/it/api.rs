@@ -28,6 +28,7 @@ crate::on_both_backends!(
     the_fanout_route_and_the_list_filters_find_what_was_enqueued,
     a_breaker_opened_by_hand_holds_its_destination_until_closed,
     the_plugin_routes_show_digests_and_a_refused_reload_changes_nothing,
+    the_cli_acts_through_the_api_with_a_key_and_no_database,
 );
 
 /// A dispatcher and its API on a free local port.
@@ -1010,5 +1011,96 @@ async fn the_plugin_routes_show_digests_and_a_refused_reload_changes_nothing(db:
         text.contains("plugin_call_duration_seconds_count{plugin=\"noop\"} 1"),
         "{text}"
     );
+    served.running.stop().await
+}
+
+/// Runs the CLI in-process with `env` and no config file.
+async fn cli(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Result<String, laneway::cli::CliError>> {
+    let mut argv = vec!["laneway".to_owned()];
+    argv.extend(args.iter().map(|a| (*a).to_owned()));
+    let parsed = laneway::cli::parse(argv.into_iter().map(Into::into)).context("arguments")?;
+    let mut input: &[u8] = b"";
+    let mut output = Vec::new();
+    let result = laneway::cli::run(
+        parsed,
+        laneway::cli::Io {
+            env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+            stdin: &mut input,
+            stdout: &mut output,
+        },
+    )
+    .await;
+    Ok(result.map(|()| String::from_utf8_lossy(&output).into_owned()))
+}
+
+async fn the_cli_acts_through_the_api_with_a_key_and_no_database(db: TestDb) -> anyhow::Result<()> {
+    let exec = Scripted::new(0);
+    let served = Served::start(&db, &exec, "").await?;
+    let admin = served.key("oncall", &["outbox:read", "outbox:write"]).await?;
+    let reader = served.key("viewer", &["outbox:read"]).await?;
+    let url = served.base.clone();
+    let lane = "https://a.example/inbox?x=1&y";
+    let ids: Vec<i64> = served
+        .running
+        .dispatcher
+        .enqueue(&[to("o", lane, 1), to("o", "https://b.example/inbox", 2)])
+        .await?
+        .into_iter()
+        .map(laneway::queue::Enqueued::id)
+        .collect();
+    settle(served.queue.as_ref(), Duration::from_secs(10)).await?;
+    // A stray LANEWAY_* variable and no config file: remote mode reads neither.
+    let env = [("LW_API_KEY", admin.as_str()), ("LANEWAY_NOT_A_KEY", "1")];
+    let listed = cli(&["--url", &url, "ops", "list", "--lane", lane, "--json"], &env)
+        .await?
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let listed: Value = serde_json::from_str(listed.trim())?;
+    let found: Vec<i64> = listed["ops"]
+        .as_array()
+        .context("ops")?
+        .iter()
+        .filter_map(|o| o["id"].as_i64())
+        .collect();
+    ensure!(found == [ids[0]], "the lane filter through the API: {listed}");
+    let paused = cli(
+        &["--url", &url, "pause", "kind", "activitypub", "--reason", "drill"],
+        &env,
+    )
+    .await?
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    ensure!(paused.contains("\"paused\": true"), "{paused}");
+    let pauses = served.queue.pauses().await?;
+    ensure!(pauses.len() == 1 && pauses[0].actor == "key:oncall", "{pauses:?}");
+    cli(&["--url", &url, "resume", "kind", "activitypub"], &env)
+        .await?
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    ensure!(served.queue.pauses().await?.is_empty());
+    let audit = cli(&["--url", &url, "audit", "--json"], &env)
+        .await?
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    ensure!(audit.contains("key:oncall") && audit.contains("\"resume\""), "{audit}");
+    // Refusals come back as the API's code; nothing changes.
+    match cli(
+        &["--url", &url, "pause", "kind", "activitypub"],
+        &[("LW_API_KEY", reader.as_str())],
+    )
+    .await?
+    {
+        Err(laneway::cli::CliError::Remote { status: 403, code, .. }) if code == "forbidden" => {}
+        other => anyhow::bail!("a reader pausing: {other:?}"),
+    }
+    match cli(&["--url", &url, "ops", "cancel", &ids[1].to_string()], &env).await? {
+        Err(laneway::cli::CliError::Remote { status: 409, .. }) => {}
+        other => anyhow::bail!("cancelling a confirmed op: {other:?}"),
+    }
+    ensure!(served.queue.pauses().await?.is_empty());
+    match cli(&["--url", &url, "ops", "stats"], &[]).await? {
+        Err(e) => ensure!(e.to_string().contains("LW_API_KEY"), "{e}"),
+        Ok(out) => anyhow::bail!("no key, yet: {out}"),
+    }
+    match cli(&["--url", &url, "migrate"], &env).await? {
+        Err(e) => ensure!(e.to_string().contains("--url applies to"), "{e}"),
+        Ok(out) => anyhow::bail!("migrate over the API: {out}"),
+    }
     served.running.stop().await
 }

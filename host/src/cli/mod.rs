@@ -5,6 +5,7 @@
 //! them in-process and read what an operator would see.
 
 mod operator;
+mod remote;
 mod render;
 
 use std::ffi::OsString;
@@ -30,6 +31,11 @@ pub struct Cli {
     /// Config file (default: ./laneway.toml if it exists).
     #[arg(long, global = true, env = "LANEWAY_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Act through a running host's HTTP API (e.g. http://127.0.0.1:7480)
+    /// instead of the database: ops, lanes, subjects, pause, resume, pauses
+    /// and audit. The API key is read from LW_API_KEY.
+    #[arg(long, global = true, value_name = "URL")]
+    pub url: Option<String>,
     /// The command.
     #[command(subcommand)]
     pub command: Command,
@@ -332,6 +338,16 @@ pub enum CliError {
     /// Plugins could not be loaded.
     #[error(transparent)]
     Plugins(#[from] LoadError),
+    /// The API refused a remote command.
+    #[error("the API answered {status} {code}: {message}")]
+    Remote {
+        /// The HTTP status.
+        status: u16,
+        /// The API's error code.
+        code: String,
+        /// Its sentence.
+        message: String,
+    },
     /// `plugin check` refused a component.
     #[error("{file}: {reason}")]
     Refused {
@@ -359,6 +375,10 @@ pub struct Io<'a> {
 /// [`CliError`] for anything the operator must fix. Usage errors come from
 /// [`parse`] before this runs.
 pub async fn run(cli: Cli, io: Io<'_>) -> Result<(), CliError> {
+    // Remote mode needs no config file or database: only the API and a key.
+    if let Some(url) = &cli.url {
+        return remote::run(url, cli.command, &io.env, io.stdout).await;
+    }
     let file = match &cli.config {
         Some(path) => FileSource::Explicit(path.clone()),
         None => FileSource::default_path(),

@@ -1,0 +1,232 @@
+//! Remote mode: with `--url`, the operator commands (`ops`, `lanes`,
+//! `subjects`, `pause`, `resume`, `pauses`, `audit`) go to a running host's
+//! HTTP API instead of the database, so an operator needs an API key, not
+//! database credentials, and every write is audited under the key's name.
+//!
+//! The key comes from [`KEY_VAR`], outside the `LANEWAY_*` names (each of
+//! which the config loader reads as a config key). Answers are printed as
+//! the API's JSON, pretty unless `--json` asks for one line.
+
+use std::io::Write;
+
+use serde_json::{json, Value};
+
+use super::{CliError, Command, LanesCommand, OpsCommand, SubjectsCommand};
+
+/// The variable remote mode reads the API key from.
+pub const KEY_VAR: &str = "LW_API_KEY";
+
+/// A request to make: method, path (with its query), body.
+struct Call {
+    method: reqwest::Method,
+    path: String,
+    body: Option<Value>,
+    json: bool,
+}
+
+impl Call {
+    fn get(path: String, json: bool) -> Self {
+        Self {
+            method: reqwest::Method::GET,
+            path,
+            body: None,
+            json,
+        }
+    }
+
+    fn post(path: String, body: Option<Value>, json: bool) -> Self {
+        Self {
+            method: reqwest::Method::POST,
+            path,
+            body,
+            json,
+        }
+    }
+}
+
+/// Percent-encodes one path segment or query value.
+fn enc(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn query(pairs: &[(&str, Option<String>)]) -> String {
+    let parts: Vec<String> = pairs
+        .iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", enc(v))))
+        .collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", parts.join("&"))
+    }
+}
+
+/// The API call a command makes, or why it has none.
+fn call_for(command: Command) -> Result<Call, CliError> {
+    Ok(match command {
+        Command::Ops(OpsCommand::List(a)) => Call::get(
+            format!(
+                "/api/admin/outbox{}",
+                query(&[
+                    ("status", a.status),
+                    ("kind", a.kind),
+                    ("priority", a.priority),
+                    ("subject", a.subject),
+                    ("outbox", a.outbox),
+                    ("lane", a.lane),
+                    ("correlation_id", a.correlation),
+                    ("after", a.after.map(|v| v.to_string())),
+                    ("limit", Some(a.limit.to_string())),
+                    ("order", a.newest.then(|| "desc".to_owned())),
+                ])
+            ),
+            a.json,
+        ),
+        Command::Ops(OpsCommand::Show(a)) => Call::get(format!("/api/admin/outbox/{}", a.id), a.json),
+        Command::Ops(OpsCommand::Retry(a)) => Call::post(format!("/api/admin/outbox/{}/retry", a.id), None, a.json),
+        Command::Ops(OpsCommand::Cancel(a)) => Call::post(format!("/api/admin/outbox/{}/cancel", a.id), None, a.json),
+        Command::Ops(OpsCommand::Stats(a)) => Call::get("/api/admin/outbox/stats".to_owned(), a.json),
+        Command::Lanes(LanesCommand::List(a)) => {
+            if a.outbox.is_some() {
+                return Err(CliError::Input(
+                    "lanes list --outbox is not available with --url; the API lists every held lane".to_owned(),
+                ));
+            }
+            Call::get("/api/admin/lanes".to_owned(), a.json)
+        }
+        Command::Lanes(LanesCommand::Skip(a)) => Call::post(
+            "/api/admin/lanes/skip".to_owned(),
+            Some(json!({ "outbox": a.outbox, "lane": a.lane })),
+            false,
+        ),
+        Command::Subjects(SubjectsCommand::Halt(a)) => Call::post(
+            "/api/admin/subjects/halt".to_owned(),
+            Some(json!({ "subject": a.subject, "reason": a.reason })),
+            false,
+        ),
+        Command::Subjects(SubjectsCommand::Unhalt(a)) => Call::post(
+            "/api/admin/subjects/unhalt".to_owned(),
+            Some(json!({ "subject": a.subject })),
+            false,
+        ),
+        Command::Subjects(SubjectsCommand::List(a)) => Call::get("/api/admin/subjects".to_owned(), a.json),
+        Command::Pause(a) => Call::post(
+            "/api/admin/pauses".to_owned(),
+            Some(json!({ "scope": a.scope, "target": a.target, "reason": a.reason })),
+            false,
+        ),
+        Command::Resume(a) => Call {
+            method: reqwest::Method::DELETE,
+            path: format!("/api/admin/pauses/{}/{}", enc(&a.scope), enc(&a.target)),
+            body: None,
+            json: false,
+        },
+        Command::Pauses(a) => Call::get("/api/admin/pauses".to_owned(), a.json),
+        Command::Audit(a) => Call::get(
+            format!(
+                "/api/admin/audit{}",
+                query(&[
+                    ("before", a.before.map(|v| v.to_string())),
+                    ("limit", Some(a.limit.to_string())),
+                ])
+            ),
+            a.json,
+        ),
+        _ => {
+            return Err(CliError::Input(
+                "--url applies to ops, lanes, subjects, pause, resume, pauses and audit; \
+                 other commands work on the database or the config"
+                    .to_owned(),
+            ))
+        }
+    })
+}
+
+/// Runs `command` against the API at `base`.
+///
+/// # Errors
+///
+/// [`CliError::Input`] for a command remote mode does not serve, a missing
+/// key or an unreachable host; [`CliError::Remote`] for the API's refusal.
+pub async fn run(base: &str, command: Command, env: &[(String, String)], out: &mut dyn Write) -> Result<(), CliError> {
+    let call = call_for(command)?;
+    let key = env
+        .iter()
+        .find(|(k, _)| k == KEY_VAR)
+        .map(|(_, v)| v.clone())
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| {
+            CliError::Input(format!(
+                "--url needs an API key in {KEY_VAR} (see `laneway api-keys new`)"
+            ))
+        })?;
+    let base = base.trim_end_matches('/');
+    if !(base.starts_with("http://") || base.starts_with("https://")) {
+        return Err(CliError::Input(format!(
+            "--url: expected http:// or https://, got {base:?}"
+        )));
+    }
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(60))
+        .build()
+        .map_err(|e| CliError::Input(format!("cannot build an HTTP client: {e}")))?;
+    let mut request = client
+        .request(call.method.clone(), format!("{base}{}", call.path))
+        .bearer_auth(key);
+    if let Some(body) = &call.body {
+        request = request
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.to_string());
+    }
+    let response = request
+        .send()
+        .await
+        .map_err(|e| CliError::Input(format!("cannot reach {base}: {e}")))?;
+    let status = response.status();
+    let text = response
+        .text()
+        .await
+        .map_err(|e| CliError::Input(format!("reading the answer from {base}: {e}")))?;
+    let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    if !status.is_success() {
+        let code = body["error"]["code"].as_str().unwrap_or("").to_owned();
+        let message = body["error"]["message"]
+            .as_str()
+            .map_or_else(|| body.to_string(), str::to_owned);
+        return Err(CliError::Remote {
+            status: status.as_u16(),
+            code,
+            message,
+        });
+    }
+    let printed = if call.json {
+        body.to_string()
+    } else {
+        serde_json::to_string_pretty(&body).unwrap_or_else(|_| body.to_string())
+    };
+    writeln!(out, "{printed}")?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_are_encoded_so_a_lane_url_survives_the_query() {
+        assert_eq!(
+            query(&[("lane", Some("https://a.example/u/x?y=1&z".to_owned())), ("kind", None)]),
+            "?lane=https%3A%2F%2Fa.example%2Fu%2Fx%3Fy%3D1%26z"
+        );
+        assert_eq!(query(&[("kind", None)]), "");
+        assert_eq!(enc("josé"), "jos%C3%A9");
+    }
+}
