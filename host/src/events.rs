@@ -792,6 +792,62 @@ mod tests {
     }
 
     #[test]
+    fn fee_events_carry_the_seed_labels() {
+        let metrics = Metrics::new();
+        Priced::Capped {
+            op: 1,
+            kind: "withdraw",
+            priority: Priority::Critical,
+            fee: 100_000,
+        }
+        .emit(&metrics);
+        Priced::Aggressive {
+            op: 2,
+            kind: "withdraw",
+            fee: 900,
+        }
+        .emit(&metrics);
+        Priced::Deferred {
+            op: 3,
+            kind: "rebalance",
+            priority: Priority::Low,
+            until: chrono::DateTime::UNIX_EPOCH,
+        }
+        .emit(&metrics);
+        let snapshot = crate::fees::FeeSnapshot {
+            recommended_base_fee: 100,
+            aggressive_base_fee: 5000,
+            congestion: crate::fees::Congestion::High,
+            ledger_capacity_usage: 0.9,
+            sampled_at_ms: 0,
+            congestion_since_ms: 0,
+            clamped: "min,max".to_owned(),
+        };
+        OraclePolled::Stored {
+            oracle: "stellar",
+            snapshot: &snapshot,
+        }
+        .emit(&metrics);
+        OraclePolled::Failed {
+            oracle: "stellar",
+            error: "timeout",
+        }
+        .emit(&metrics);
+        let text = metrics.render();
+        for line in [
+            "outbox_max_fee_hit_total{priority=\"critical\"} 1",
+            "outbox_aggressive_fee_used_total 1",
+            "outbox_low_deferred_total 1",
+            "fee_oracle_clamp_total{bound=\"min\"} 1",
+            "fee_oracle_clamp_total{bound=\"max\"} 1",
+            "fee_oracle_polls_total{outcome=\"stored\"} 1",
+            "fee_oracle_polls_total{outcome=\"failed\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+    }
+
+    #[test]
     fn gauges_show_what_the_last_scrape_saw() {
         let metrics = Metrics::new();
         metrics.observe(&Snapshot {

@@ -572,6 +572,18 @@ async fn metrics_after_a_workload_carry_the_seed_names_and_labels(db: TestDb) ->
             .any(|s| s.metric.starts_with("outbox_op_latency_seconds") && s.labels.get("kind") == Some("activitypub")),
         "latency\n{text}"
     );
+    ensure!(
+        samples("outbox_dead_letters_total")
+            .any(|s| s.labels.get("kind") == Some("activitypub") && s.labels.get("reason") == Some("permanent")),
+        "dead letters by kind and reason\n{text}"
+    );
+    for class in ["confirmed", "retryable", "permanent"] {
+        ensure!(
+            samples("plugin_calls_total")
+                .any(|s| s.labels.get("kind") == Some("activitypub") && s.labels.get("class") == Some(class)),
+            "plugin calls of class {class}\n{text}"
+        );
+    }
     // Every name of seed 003's list is exported (those with nothing to count
     // yet as their HELP and TYPE lines).
     for name in [
@@ -588,6 +600,15 @@ async fn metrics_after_a_workload_carry_the_seed_names_and_labels(db: TestDb) ->
         "outbox_low_deferred",
         "outbox_aggressive_fee_used",
         "outbox_max_fee_hit",
+        "fee_oracle_clamp",
+        "outbox_oldest_due_age_seconds",
+        "outbox_lanes_held",
+        "outbox_paused_targets",
+        "outbox_breakers_open",
+        "plugin_calls",
+        "plugin_call_duration_seconds",
+        "plugin_reloads",
+        "plugin_quarantined",
     ] {
         ensure!(text.contains(&format!("# TYPE {name} ")), "{name} missing\n{text}");
     }

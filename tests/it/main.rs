@@ -6,6 +6,7 @@
 
 mod activitypub;
 mod api;
+mod assets;
 mod backend_specific;
 mod checks;
 mod cli;
