@@ -32,15 +32,15 @@ crate::on_both_backends!(
 );
 
 /// A dispatcher and its API on a free local port.
-struct Served {
-    running: Running,
-    base: String,
-    http: reqwest::Client,
-    queue: Arc<dyn Queue>,
+pub(crate) struct Served {
+    pub(crate) running: Running,
+    pub(crate) base: String,
+    pub(crate) http: reqwest::Client,
+    pub(crate) queue: Arc<dyn Queue>,
 }
 
 impl Served {
-    async fn start(db: &TestDb, exec: &Scripted, extra: &str) -> anyhow::Result<Self> {
+    pub(crate) async fn start(db: &TestDb, exec: &Scripted, extra: &str) -> anyhow::Result<Self> {
         let config = fast_config(extra)?;
         Self::over(db, exec.registry(&["activitypub"]), config, None).await
     }
@@ -65,7 +65,7 @@ impl Served {
         })
     }
 
-    async fn key(&self, name: &str, scopes: &[&str]) -> anyhow::Result<String> {
+    pub(crate) async fn key(&self, name: &str, scopes: &[&str]) -> anyhow::Result<String> {
         let scopes: Vec<String> = scopes.iter().map(|s| (*s).to_owned()).collect();
         let minted = auth::mint(name, &scopes).map_err(anyhow::Error::msg)?;
         self.queue.create_api_key(&minted.stored).await?;
@@ -74,7 +74,7 @@ impl Served {
 
     /// Sends a request; returns the status and the JSON body (or the text
     /// as a JSON string when it is not JSON).
-    async fn call(
+    pub(crate) async fn call(
         &self,
         method: &str,
         path: &str,
@@ -102,7 +102,7 @@ impl Served {
     }
 }
 
-fn code(body: &Value) -> &str {
+pub(crate) fn code(body: &Value) -> &str {
     body["error"]["code"].as_str().unwrap_or("")
 }
 
@@ -616,7 +616,7 @@ async fn metrics_after_a_workload_carry_the_seed_names_and_labels(db: TestDb) ->
 }
 
 /// Every route the API must serve, as (method, OpenAPI path).
-const ROUTES: [(&str, &str); 29] = [
+const ROUTES: [(&str, &str); 30] = [
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),
@@ -624,6 +624,7 @@ const ROUTES: [(&str, &str); 29] = [
     ("get", "/api/openapi.json"),
     ("post", "/api/v1/ops"),
     ("post", "/api/v1/activitypub/deliveries"),
+    ("get", "/api/v1/outcomes"),
     ("get", "/api/admin/outbox"),
     ("get", "/api/admin/outbox/stats"),
     ("post", "/api/admin/outbox/recover"),
@@ -668,7 +669,7 @@ async fn the_openapi_document_names_every_route_and_each_asks_for_its_scope(db: 
         }
     }
     documented.sort();
-    let mut want: Vec<(String, String)> = ROUTES[..27]
+    let mut want: Vec<(String, String)> = ROUTES[..28]
         .iter()
         .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
         .collect();
@@ -731,7 +732,7 @@ async fn the_openapi_document_names_every_route_and_each_asks_for_its_scope(db: 
         }
     }
     // A method a path does not serve is refused, not answered.
-    for (method, path) in &ROUTES[27..] {
+    for (method, path) in &ROUTES[28..] {
         let (status, _) = served.call(&method.to_uppercase(), &concrete(path), None, None).await?;
         ensure!(status == 405, "{method} {path}: {status}");
     }

@@ -413,3 +413,47 @@ async fn enqueue_of_a_priced_kind_reports_the_fee_estimate() -> anyhow::Result<(
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn api_keys_are_shown_once_listed_without_secrets_and_audited() -> anyhow::Result<()> {
+    let env = Env::new("")?;
+    env.ok(&["migrate"], "").await?;
+    let made = env
+        .ok(
+            &[
+                "api-keys",
+                "new",
+                "--name",
+                "oncall",
+                "--scopes",
+                "outbox:read,outbox:write",
+            ],
+            "",
+        )
+        .await?;
+    let secret = made.lines().next().context("the key")?.trim().to_owned();
+    ensure!(secret.starts_with("lw_") && secret.len() > 40, "{made}");
+    let listed = env.ok(&["api-keys", "list"], "").await?;
+    ensure!(listed.contains("oncall") && listed.contains("outbox:write"), "{listed}");
+    let hidden = secret.rsplit('_').next().context("the secret part")?;
+    ensure!(!listed.contains(hidden), "the list shows the secret: {listed}");
+    let again = env
+        .err(&["api-keys", "new", "--name", "oncall", "--scopes", "outbox:read"], "")
+        .await?;
+    ensure!(
+        again.contains("an API key named \"oncall\" already exists") && !again.contains("op 0"),
+        "{again}"
+    );
+    let bad = env
+        .err(&["api-keys", "new", "--name", "x", "--scopes", "outbox:everything"], "")
+        .await?;
+    ensure!(bad.contains("unknown scope") && bad.contains("outbox:read"), "{bad}");
+    env.ok(&["api-keys", "revoke", "oncall"], "").await?;
+    let audit = env.ok(&["audit", "--json"], "").await?;
+    ensure!(
+        audit.contains("\"cli:") && audit.contains("api_key.new") && audit.contains("api_key.revoke"),
+        "{audit}"
+    );
+    ensure!(!audit.contains(hidden), "the audit log holds the secret: {audit}");
+    Ok(())
+}

@@ -11,6 +11,7 @@ mod backend_specific;
 mod checks;
 mod cli;
 mod dispatch;
+mod lifecycle;
 mod queue_conformance;
 mod runtime;
 mod stellar;

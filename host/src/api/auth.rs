@@ -13,8 +13,9 @@ use super::error::ApiError;
 use crate::queue::{NewApiKey, Queue};
 
 /// Every scope a key may carry.
-pub const SCOPES: [&str; 5] = [
+pub const SCOPES: [&str; 6] = [
     "ops:write",
+    "outcomes:read",
     "outbox:read",
     "outbox:write",
     "plugins:admin",

@@ -111,9 +111,12 @@ impl From<QueueError> for ApiError {
         match e {
             QueueError::InvalidOp(_) => Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_op", message),
             QueueError::NotFound(_) => Self::not_found(message),
+            QueueError::BadCursor(_) => Self::invalid(message),
             QueueError::Illegal { .. } => Self::new(StatusCode::CONFLICT, "illegal_transition", message),
             QueueError::InDoubt(_) => Self::new(StatusCode::CONFLICT, "in_doubt", message),
-            QueueError::Conflict { .. } => Self::new(StatusCode::CONFLICT, "conflict", message),
+            QueueError::Conflict { .. } | QueueError::KeyNameTaken(_) => {
+                Self::new(StatusCode::CONFLICT, "conflict", message)
+            }
             QueueError::Unreachable { .. } | QueueError::Database(_) => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "database_unavailable", message)
             }

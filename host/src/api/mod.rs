@@ -14,6 +14,7 @@
 mod admin;
 pub mod auth;
 mod error;
+mod outcomes;
 mod plugins;
 mod producer;
 mod public;
@@ -133,7 +134,7 @@ impl ApiState {
     ),
     modifiers(&BearerScheme),
     tags(
-        (name = "producer", description = "Enqueue ops (scope ops:write)"),
+        (name = "producer", description = "Enqueue ops (scope ops:write) and follow their outcomes (outcomes:read)"),
         (name = "outbox", description = "Read and repair the queue (outbox:read, outbox:write)"),
         (name = "steering", description = "Pauses, held lanes, halted subjects, breakers (outbox:read, outbox:write)"),
         (name = "plugins", description = "Loaded plugins and reloads (plugins:admin)"),
@@ -169,6 +170,7 @@ fn api_router() -> OpenApiRouter<ApiState> {
         .routes(routes!(public::openapi_json))
         .routes(routes!(producer::enqueue))
         .routes(routes!(producer::deliveries))
+        .routes(routes!(outcomes::feed))
         .routes(routes!(admin::list))
         .routes(routes!(admin::stats))
         .routes(routes!(admin::recover))

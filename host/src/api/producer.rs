@@ -5,15 +5,15 @@
 //! recipients through the same fan-out plan as `laneway fanout`. Both end in
 //! the dispatcher's enqueue, which wakes the outbox at once.
 
-use axum::extract::rejection::JsonRejection;
-use axum::extract::State;
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::Utc;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use super::error::Refusals;
 use super::{ApiError, ApiState, ErrorBody};
@@ -61,16 +61,31 @@ enum Body {
     One(Box<OpBody>),
 }
 
+/// Most seconds `?wait=` may hold a request.
+const MAX_WAIT_SECONDS: f64 = 300.0;
+
+/// `?wait=SECONDS`: hold the answer until the op is terminal.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(super) struct WaitQuery {
+    /// Hold the answer up to this many seconds (one op only, ≤ 300) until
+    /// the op is terminal: 200 with its outcome, or 202 if it is still on
+    /// its way.
+    wait: Option<f64>,
+}
+
 /// Enqueues one op, or a batch (`{"ops": [...]}`, all or nothing). An
 /// `Idempotency-Key` header (or the field) makes a repeat answer the op
 /// already made.
 #[utoipa::path(post, path = "/api/v1/ops", tag = "producer",
     request_body(content = OpBody, description = "One op, or `{\"ops\": [OpBody, ...]}` (1 to 1000)"),
-    params(("Idempotency-Key" = Option<String>, Header, description = "One op's idempotency key")),
+    params(("Idempotency-Key" = Option<String>, Header, description = "One op's idempotency key"), WaitQuery),
     security(("bearer" = ["ops:write"])),
     responses(
         (status = 201, description = "`status: created`, `id`, `op`, and for a priced kind `estimate`", body = Value),
-        (status = 200, description = "`status: existing` (a repeated key: the op it made), or for a batch `results` in order", body = Value),
+        (status = 200, description = "`status: existing` (a repeated key: the op it made), or for a batch `results` in order; with `?wait=`, the op reached a terminal status: `outcome` ({status, attempts, receipt, last_error})", body = Value),
+        (status = 202, description = "With `?wait=`: the wait ended first; the op goes on (follow it in `/api/v1/outcomes`)", body = Value),
         (status = 409, description = "`status: already_pending`: an op with this coalesce key is pending; nothing enqueued", body = Value),
         (status = 422, description = "`unknown_kind`, `lanes_required`, `invalid_op`, `plugin_refused`", body = ErrorBody),
         Refusals,
@@ -78,9 +93,20 @@ enum Body {
 pub(super) async fn enqueue(
     State(state): State<ApiState>,
     headers: HeaderMap,
+    query: Result<Query<WaitQuery>, QueryRejection>,
     body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     state.authorize(&headers, "ops:write").await?;
+    let Query(WaitQuery { wait }) = query?;
+    let wait = match wait {
+        None => None,
+        Some(w) if w > 0.0 && w <= MAX_WAIT_SECONDS => Some(std::time::Duration::from_secs_f64(w)),
+        Some(w) => {
+            return Err(ApiError::invalid(format!(
+                "wait: expected more than 0 and at most {MAX_WAIT_SECONDS} seconds, got {w}"
+            )))
+        }
+    };
     let Json(body) = body?;
     // Untagged enums hide why a body did not fit; parse the single shape
     // directly so its error names the field.
@@ -100,6 +126,9 @@ pub(super) async fn enqueue(
         ),
         None => None,
     };
+    if batch && wait.is_some() {
+        return Err(ApiError::invalid("wait applies to one op, not a batch"));
+    }
     let bodies = match parsed {
         Body::One(mut one) => {
             if let Some(key) = header_key {
@@ -152,12 +181,25 @@ pub(super) async fn enqueue(
     if batch {
         return Ok((StatusCode::OK, Json(json!({ "results": answers }))).into_response());
     }
-    let status = match results.first() {
+    let mut status = match results.first() {
         Some(Enqueued::Created(_)) => StatusCode::CREATED,
         Some(Enqueued::Existing(_)) => StatusCode::OK,
         _ => StatusCode::CONFLICT,
     };
-    let body = answers.pop().unwrap_or(Value::Null);
+    let mut body = answers.pop().unwrap_or(Value::Null);
+    if let (Some(wait), Some(Enqueued::Created(id) | Enqueued::Existing(id))) = (wait, results.first()) {
+        match state.dispatcher().wait_terminal(*id, wait).await? {
+            Some(op) => {
+                status = StatusCode::OK;
+                body["outcome"] = json!({
+                    "status": op.status, "attempts": op.attempts,
+                    "receipt": op.receipt, "last_error": op.last_error,
+                });
+                body["op"] = json!(op);
+            }
+            None => status = StatusCode::ACCEPTED,
+        }
+    }
     Ok((status, Json(body)).into_response())
 }
 

@@ -261,6 +261,60 @@ impl Dispatcher {
             .open(now)
     }
 
+    /// Waits up to `wait` for op `id` to reach a terminal status, and
+    /// returns it then; `None` when the wait ends first (the op goes on).
+    /// It polls the op's row (every host's settles land there), starting
+    /// at 5 ms and backing off to 200 ms, so a fast op answers fast and a
+    /// slow one costs a few reads a second.
+    ///
+    /// # Errors
+    ///
+    /// The queue's error; [`QueueError::NotFound`] if there is no such op.
+    pub async fn wait_terminal(
+        &self,
+        id: crate::op::OpId,
+        wait: Duration,
+    ) -> Result<Option<crate::op::Op>, QueueError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut pause = Duration::from_millis(5);
+        loop {
+            let op = self.inner.queue.get(id).await?.ok_or(QueueError::NotFound(id))?;
+            if op.status.is_terminal() {
+                return Ok(Some(op));
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(pause.min(deadline - now)).await;
+            pause = (pause * 2).min(Duration::from_millis(200));
+        }
+    }
+
+    /// Enqueues one op and waits up to `wait` for its outcome: the
+    /// synchronous caller's enqueue. A repeated idempotency key waits for
+    /// the op it names.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::enqueue`] and [`Self::wait_terminal`].
+    pub async fn enqueue_and_wait(
+        &self,
+        op: &NewOp,
+        wait: Duration,
+    ) -> Result<(Enqueued, Option<crate::op::Op>), QueueError> {
+        let results = self.enqueue(std::slice::from_ref(op)).await?;
+        let result = results
+            .first()
+            .copied()
+            .ok_or_else(|| QueueError::InvalidOp("the queue returned no result".to_owned()))?;
+        let done = match result {
+            Enqueued::Created(id) | Enqueued::Existing(id) => self.wait_terminal(id, wait).await?,
+            Enqueued::AlreadyPending(_) => None,
+        };
+        Ok((result, done))
+    }
+
     /// This host's breakers, for operators.
     pub fn breakers(&self, now: chrono::DateTime<chrono::Utc>) -> Vec<crate::breaker::BreakerView> {
         self.inner.breakers().list(now)

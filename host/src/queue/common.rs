@@ -354,10 +354,7 @@ pub fn is_unique_violation(e: &sqlx::Error) -> bool {
 
 /// What a second key of the same name gets.
 pub fn api_key_name_taken(name: &str) -> QueueError {
-    QueueError::Conflict {
-        id: 0,
-        message: format!("an API key named {name:?} already exists"),
-    }
+    QueueError::KeyNameTaken(name.to_owned())
 }
 
 /// Scopes as stored: one space-separated column.

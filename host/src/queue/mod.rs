@@ -28,7 +28,9 @@ use crate::lanes::LaneRules;
 use crate::op::{Attempt, AttemptRecord, IllegalTransition, Lease, Op, OpId, Priority, Status};
 
 pub use common::validate_new_op;
-pub use operator::{ApiKey, AuditEntry, Latency, NewApiKey, NewAuditEntry, OldestDue, Pause, PauseScope, QueueGauges};
+pub use operator::{
+    ApiKey, AuditEntry, Latency, NewApiKey, NewAuditEntry, OldestDue, OutcomeEntry, Pause, PauseScope, QueueGauges,
+};
 
 /// Which database a queue lives in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -91,6 +93,12 @@ pub enum QueueError {
     /// so it cannot be cancelled; its executor reconciles it first.
     #[error("op {0}: an earlier attempt may have taken effect (its receipt is in doubt); it is reconciled on its next attempt and cannot be cancelled")]
     InDoubt(OpId),
+    /// A feed cursor this backend did not hand out.
+    #[error("cursor {0:?} is not one this queue handed out")]
+    BadCursor(String),
+    /// An API key of that name exists already.
+    #[error("an API key named {0:?} already exists")]
+    KeyNameTaken(String),
     /// The change conflicts with another op or a concurrent writer.
     #[error("op {id}: {message}")]
     Conflict {
@@ -712,6 +720,17 @@ pub trait Queue: Send + Sync + std::fmt::Debug {
     /// Creation-to-confirmation times of the newest `limit` ops confirmed
     /// since `since`, newest first.
     async fn recent_latencies(&self, since: DateTime<Utc>, limit: u32) -> Result<Vec<Latency>, QueueError>;
+
+    /// The outcome feed: terminal transitions after the cursor `after`
+    /// (from the start when `None`), oldest first, at most `limit`, each
+    /// with its op. A row is served only once no transaction that could
+    /// still write an earlier one is running, so paging by the last
+    /// entry's cursor never skips a transition.
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError::BadCursor`] for a cursor this backend did not make.
+    async fn outcomes(&self, after: Option<&str>, limit: u32) -> Result<Vec<OutcomeEntry>, QueueError>;
 }
 
 /// Opens the queue named by the config's database URL.

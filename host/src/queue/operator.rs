@@ -153,3 +153,16 @@ pub struct Latency {
     /// Seconds.
     pub seconds: f64,
 }
+
+/// One terminal transition from the outcome feed, with its op.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutcomeEntry {
+    /// Where the next page starts (opaque: pass it back as `after`).
+    pub cursor: String,
+    /// The status the op reached.
+    pub status: crate::op::Status,
+    /// When.
+    pub at: DateTime<Utc>,
+    /// The op as it is now (a retried op may have moved on since).
+    pub op: crate::op::Op,
+}

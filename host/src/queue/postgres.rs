@@ -31,7 +31,9 @@ use super::{
     HaltedSubject, HostShare, LaneHalt, LeaseSpec, Limits, NewOp, Occupant, OpFilter, Queue, QueueError, SlotLease,
     Subscription,
 };
-use super::{ApiKey, AuditEntry, Latency, NewApiKey, NewAuditEntry, OldestDue, Pause, PauseScope, QueueGauges};
+use super::{
+    ApiKey, AuditEntry, Latency, NewApiKey, NewAuditEntry, OldestDue, OutcomeEntry, Pause, PauseScope, QueueGauges,
+};
 use crate::clock::Clock;
 use crate::config::DatabaseConfig;
 use crate::lanes::LaneRules;
@@ -1158,6 +1160,42 @@ impl Queue for PgQueue {
                     kind: r.try_get("kind")?,
                     priority: parse_priority(id, i64::from(priority))?,
                     seconds: seconds.max(0.0),
+                })
+            })
+            .collect()
+    }
+    async fn outcomes(&self, after: Option<&str>, limit: u32) -> Result<Vec<OutcomeEntry>, QueueError> {
+        // The cursor is "xid.seq": see the migration for why both.
+        let (xid, seq): (i64, i64) = match after {
+            None => (0, 0),
+            Some(c) => c
+                .split_once('.')
+                .and_then(|(x, s)| Some((x.parse().ok()?, s.parse().ok()?)))
+                .ok_or_else(|| QueueError::BadCursor(c.to_owned()))?,
+        };
+        let rows = sqlx::query(&format!(
+            "SELECT f.seq, f.xid::text::bigint AS fxid, f.status AS fstatus, f.at AS fat, {OP_COLUMNS} FROM ops JOIN \
+             (SELECT seq, xid, op_id, status, at FROM outcomes \
+              WHERE xid < pg_snapshot_xmin(pg_current_snapshot()) AND (xid, seq) > ($1::text::xid8, $2) \
+              ORDER BY xid, seq LIMIT $3) f \
+             ON f.op_id = ops.id ORDER BY f.xid, f.seq"
+        ))
+        .bind(xid.to_string())
+        .bind(seq)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let op = op_from_row(r)?;
+                let seq: i64 = r.try_get("seq")?;
+                let xid: i64 = r.try_get("fxid")?;
+                let status: String = r.try_get("fstatus")?;
+                Ok(OutcomeEntry {
+                    cursor: format!("{xid}.{seq}"),
+                    status: parse_status(op.id, &status)?,
+                    at: r.try_get("fat")?,
+                    op,
                 })
             })
             .collect()

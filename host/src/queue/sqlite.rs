@@ -35,7 +35,9 @@ use super::{
     Finish, HaltedSubject, HostShare, LaneHalt, LeaseSpec, Limits, NewOp, Occupant, OpFilter, Queue, QueueError,
     SlotLease, Subscription,
 };
-use super::{ApiKey, AuditEntry, Latency, NewApiKey, NewAuditEntry, OldestDue, Pause, PauseScope, QueueGauges};
+use super::{
+    ApiKey, AuditEntry, Latency, NewApiKey, NewAuditEntry, OldestDue, OutcomeEntry, Pause, PauseScope, QueueGauges,
+};
 use crate::clock::Clock;
 use crate::config::{DatabaseConfig, Synchronous};
 use crate::lanes::LaneRules;
@@ -1640,6 +1642,35 @@ impl Queue for SqliteQueue {
                     priority: parse_priority(id, r.try_get("priority")?)?,
                     #[allow(clippy::cast_precision_loss)]
                     seconds: millis.max(0) as f64 / 1000.0,
+                })
+            })
+            .collect()
+    }
+    async fn outcomes(&self, after: Option<&str>, limit: u32) -> Result<Vec<OutcomeEntry>, QueueError> {
+        // One writer: the sequence is the commit order.
+        let after: i64 = match after {
+            None => 0,
+            Some(c) => c.parse().map_err(|_| QueueError::BadCursor(c.to_owned()))?,
+        };
+        let rows = sqlx::query(&format!(
+            "SELECT f.seq, f.fstatus, f.fat, {OP_COLUMNS} FROM ops JOIN \
+             (SELECT seq, op_id, status AS fstatus, at AS fat FROM outcomes WHERE seq > ? ORDER BY seq LIMIT ?) f \
+             ON f.op_id = ops.id ORDER BY f.seq"
+        ))
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let op = op_from_row(r)?;
+                let seq: i64 = r.try_get("seq")?;
+                let status: String = r.try_get("fstatus")?;
+                Ok(OutcomeEntry {
+                    cursor: seq.to_string(),
+                    status: parse_status(op.id, &status)?,
+                    at: from_ms(op.id, "outcomes.at", r.try_get("fat")?)?,
+                    op,
                 })
             })
             .collect()

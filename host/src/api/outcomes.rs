@@ -1,0 +1,70 @@
+//! The outcome feed for pollers (scope `outcomes:read`):
+//! `GET /api/v1/outcomes?after=CURSOR` pages through every transition of an
+//! op into a terminal status, in order, from a cursor that survives
+//! restarts (the `outcomes` table). A producer keeps the last `next` it
+//! processed and asks again from there; nothing is skipped or reordered.
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use utoipa::IntoParams;
+
+use super::error::Refusals;
+use super::{ApiError, ApiState};
+use crate::queue::OutcomeEntry;
+
+/// A page of the feed.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(super) struct FeedQuery {
+    /// The cursor: the `next` of the previous page (from the start when
+    /// absent).
+    after: Option<String>,
+    /// At most this many (≤ `api.max_page`; default 100).
+    limit: Option<u32>,
+}
+
+/// What a producer learns of one terminal transition (the payload stays
+/// out: the producer has it).
+pub(super) fn entry_json(e: &OutcomeEntry) -> Value {
+    let op = &e.op;
+    json!({
+        "cursor": e.cursor,
+        "status": e.status,
+        "at": e.at,
+        "op": {
+            "id": op.id, "kind": op.kind, "outbox": op.outbox, "lanes": op.lanes,
+            "priority": op.priority, "idempotency_key": op.idempotency_key,
+            "correlation_id": op.correlation_id, "subject": op.subject,
+            "status": op.status, "attempts": op.attempts, "receipt": op.receipt,
+            "last_error": op.last_error, "finished_at": op.finished_at,
+        },
+    })
+}
+
+/// Terminal transitions after the cursor, oldest first.
+#[utoipa::path(get, path = "/api/v1/outcomes", tag = "producer",
+    params(FeedQuery),
+    security(("bearer" = ["outcomes:read"])),
+    responses((status = 200, description = "`outcomes` ({cursor, status, at, op: {id, kind, outbox, lanes, idempotency_key, correlation_id, status, attempts, receipt, last_error, …}}) and `next`: the cursor to ask from next time (the same as `after` when nothing is new)", body = Value), Refusals))]
+pub(super) async fn feed(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    query: Result<Query<FeedQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    state.authorize(&headers, "outcomes:read").await?;
+    let Query(q) = query?;
+    let max = state.dispatcher().config().api.max_page;
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=max).contains(&limit) {
+        return Err(ApiError::invalid(format!("limit: expected 1 to {max}, got {limit}")));
+    }
+    let entries = state.queue().outcomes(q.after.as_deref(), limit).await?;
+    let next = entries.last().map(|e| e.cursor.clone()).or(q.after);
+    let outcomes: Vec<Value> = entries.iter().map(entry_json).collect();
+    Ok(Json(json!({ "outcomes": outcomes, "next": next })))
+}

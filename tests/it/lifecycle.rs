@@ -1,0 +1,212 @@
+//! What producers learn after enqueueing, on both backends: the outcome
+//! feed pages every terminal transition once and in order, `?wait=` answers
+//! a fast op's outcome and lets a slow one go on, and on PostgreSQL each
+//! transition is NOTIFYed and a transaction that commits late is not
+//! skipped by a cursor already past it.
+
+use std::time::Duration;
+
+use anyhow::{ensure, Context};
+use laneway::op::Status;
+use laneway::queue::{Enqueued, PauseScope};
+use serde_json::Value;
+
+use crate::api::{code, Served};
+use crate::dispatch::harness::{settle, to, Scripted, Step};
+use crate::support::{self, TestBackend, TestDb};
+
+crate::on_both_backends!(
+    live: the_outcome_feed_pages_every_terminal_transition_once_in_order,
+    wait_answers_a_fast_op_with_its_outcome_and_lets_a_slow_one_go_on,
+);
+
+async fn the_outcome_feed_pages_every_terminal_transition_once_in_order(db: TestDb) -> anyhow::Result<()> {
+    let exec = Scripted::new(0);
+    let served = Served::start(&db, &exec, "[kinds.activitypub]\nmax_attempts = 1\n").await?;
+    let reader = served.key("producer", &["outcomes:read"]).await?;
+    let ops = [
+        to("o", "https://a.example/inbox", 1),
+        to("o", "https://b.example/inbox", 2),
+    ];
+    let ids: Vec<i64> = served
+        .running
+        .dispatcher
+        .enqueue(&ops)
+        .await?
+        .into_iter()
+        .map(Enqueued::id)
+        .collect();
+    exec.script(ids[0], [Step::Ok]);
+    exec.script(ids[1], [Step::Permanent, Step::Ok]);
+    settle(served.queue.as_ref(), Duration::from_secs(10)).await?;
+    // A dead letter retried by hand that then confirms: a second entry.
+    served.queue.force_retry(ids[1]).await?;
+    served.running.dispatcher.trigger("o");
+    // A cancelled op, held by a pause so it cannot run first.
+    served.queue.pause(PauseScope::Outbox, "p", None, "test").await?;
+    let held = served
+        .running
+        .dispatcher
+        .enqueue(&[to("p", "https://c.example/inbox", 3)])
+        .await?[0]
+        .id();
+    served.queue.cancel(held).await?;
+    settle(served.queue.as_ref(), Duration::from_secs(10)).await?;
+    // Page two at a time from the start.
+    let mut seen: Vec<(i64, String)> = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..10 {
+        let path = match &cursor {
+            Some(c) => format!("/api/v1/outcomes?limit=2&after={c}"),
+            None => "/api/v1/outcomes?limit=2".to_owned(),
+        };
+        let (status, page) = served.call("GET", &path, Some(&reader), None).await?;
+        ensure!(status == 200, "{status} {page}");
+        let entries = page["outcomes"].as_array().context("outcomes")?;
+        if entries.is_empty() {
+            ensure!(
+                page["next"].as_str() == cursor.as_deref(),
+                "an empty page keeps the cursor: {page}"
+            );
+            break;
+        }
+        for e in entries {
+            ensure!(e["op"].get("payload").is_none(), "the feed leaves payloads out: {e}");
+            seen.push((
+                e["op"]["id"].as_i64().context("op id")?,
+                e["status"].as_str().context("status")?.to_owned(),
+            ));
+        }
+        cursor = page["next"].as_str().map(str::to_owned);
+    }
+    let want = vec![
+        (ids[0], "confirmed".to_owned()),
+        (ids[1], "failed".to_owned()),
+        (ids[1], "confirmed".to_owned()),
+        (held, "cancelled".to_owned()),
+    ];
+    // The settles of one drain round commit together; within the round
+    // their order is the round's. Compare as the feed's order per op.
+    let mut sorted_seen = seen.clone();
+    sorted_seen.sort();
+    let mut sorted_want = want.clone();
+    sorted_want.sort();
+    ensure!(sorted_seen == sorted_want, "every transition once: {seen:?}");
+    let second = seen.iter().position(|e| *e == (ids[1], "confirmed".to_owned()));
+    let first = seen.iter().position(|e| *e == (ids[1], "failed".to_owned()));
+    ensure!(first < second, "an op's transitions in order: {seen:?}");
+    // A cursor survives: asking again from the last one finds nothing new.
+    let last = cursor.context("a cursor")?;
+    let (_, again) = served
+        .call("GET", &format!("/api/v1/outcomes?after={last}"), Some(&reader), None)
+        .await?;
+    ensure!(again["outcomes"].as_array().is_some_and(Vec::is_empty), "{again}");
+    for bad in ["/api/v1/outcomes?after=yesterday", "/api/v1/outcomes?limit=0"] {
+        let (status, answer) = served.call("GET", bad, Some(&reader), None).await?;
+        ensure!(
+            status == 400 && code(&answer) == "invalid_request",
+            "{bad}: {status} {answer}"
+        );
+    }
+    served.running.stop().await
+}
+
+async fn wait_answers_a_fast_op_with_its_outcome_and_lets_a_slow_one_go_on(db: TestDb) -> anyhow::Result<()> {
+    let exec = Scripted::new(0);
+    let served = Served::start(&db, &exec, "").await?;
+    let producer = served.key("producer", &["ops:write"]).await?;
+    let fast = r#"{"kind":"activitypub","outbox":"o","lanes":["https://a.example/inbox"],"payload":{},"idempotency_key":"fast"}"#;
+    let (status, answer) = served
+        .call("POST", "/api/v1/ops?wait=10", Some(&producer), Some(fast))
+        .await?;
+    ensure!(
+        status == 200 && answer["outcome"]["status"] == "confirmed" && answer["status"] == "created",
+        "{status} {answer}"
+    );
+    // A repeat of the key answers the outcome at once.
+    let (status, again) = served
+        .call("POST", "/api/v1/ops?wait=10", Some(&producer), Some(fast))
+        .await?;
+    ensure!(
+        status == 200 && again["status"] == "existing" && again["outcome"]["status"] == "confirmed",
+        "{status} {again}"
+    );
+    // Slow: its outbox is paused, so it cannot finish within the wait.
+    served.queue.pause(PauseScope::Outbox, "slow", None, "test").await?;
+    let slow = r#"{"kind":"activitypub","outbox":"slow","lanes":["https://a.example/inbox"],"payload":{}}"#;
+    let started = std::time::Instant::now();
+    let (status, answer) = served
+        .call("POST", "/api/v1/ops?wait=0.5", Some(&producer), Some(slow))
+        .await?;
+    let took = started.elapsed();
+    ensure!(
+        status == 202 && answer["op"]["status"] == "pending",
+        "{status} {answer}"
+    );
+    ensure!(
+        took >= Duration::from_millis(450) && took < Duration::from_secs(5),
+        "held for the wait: {took:?}"
+    );
+    let id = answer["id"].as_i64().context("id")?;
+    served.queue.resume(PauseScope::Outbox, "slow").await?;
+    let done = served
+        .running
+        .dispatcher
+        .wait_terminal(id, Duration::from_secs(10))
+        .await?
+        .context("the slow op finishes after its wait")?;
+    ensure!(done.status == Status::Confirmed, "{done:?}");
+    for (path, body) in [
+        ("/api/v1/ops?wait=0", slow.to_owned()),
+        ("/api/v1/ops?wait=100000", slow.to_owned()),
+        ("/api/v1/ops?wait=soon", slow.to_owned()),
+        ("/api/v1/ops?wait=1", format!(r#"{{"ops":[{slow}]}}"#)),
+    ] {
+        let (status, answer) = served.call("POST", path, Some(&producer), Some(&body)).await?;
+        ensure!(status == 400, "{path}: {status} {answer}");
+    }
+    served.running.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_notifies_each_outcome_and_a_late_commit_is_not_skipped() -> anyhow::Result<()> {
+    let db = support::postgres_live().await?;
+    let TestBackend::Postgres(queue) = &db.kind else {
+        anyhow::bail!("not postgres")
+    };
+    let mut listener = sqlx::postgres::PgListener::connect_with(queue.pool()).await?;
+    listener.listen("laneway_outcomes").await?;
+    let ids: Vec<i64> = db
+        .queue
+        .enqueue(&[to("o", "a", 1), to("o", "b", 2), to("o", "c", 3)])
+        .await?
+        .into_iter()
+        .map(Enqueued::id)
+        .collect();
+    // A: cancels the first op and stays open, holding the smaller seq.
+    let mut late = queue.pool().begin().await?;
+    sqlx::query("UPDATE ops SET status = 'cancelled', finished_at = now(), updated_at = now() WHERE id = $1")
+        .bind(ids[0])
+        .execute(&mut *late)
+        .await?;
+    // B: cancels the second and commits.
+    db.queue.cancel(ids[1]).await?;
+    let note = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+        .await
+        .context("no NOTIFY within 5 s")??;
+    ensure!(note.payload() == format!("{} cancelled", ids[1]), "{}", note.payload());
+    // While A is open, the feed serves neither: B's row waits behind A.
+    let early = db.queue.outcomes(None, 100).await?;
+    ensure!(early.is_empty(), "served past a running transaction: {early:?}");
+    late.commit().await?;
+    let page = db.queue.outcomes(None, 100).await?;
+    let got: Vec<i64> = page.iter().map(|e| e.op.id).collect();
+    ensure!(got == [ids[0], ids[1]], "both, in commit order: {got:?}");
+    let cursor = page.last().context("a page")?.cursor.clone();
+    db.queue.cancel(ids[2]).await?;
+    let next = db.queue.outcomes(Some(&cursor), 100).await?;
+    ensure!(next.iter().map(|e| e.op.id).collect::<Vec<_>>() == [ids[2]], "{next:?}");
+    let value: Value = serde_json::json!(next[0].status);
+    ensure!(value == "cancelled");
+    Ok(())
+}
