@@ -1037,7 +1037,7 @@ async fn the_plugin_routes_show_digests_and_a_refused_reload_changes_nothing(db:
 }
 
 /// Runs the CLI in-process with `env` and no config file.
-async fn cli(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Result<String, laneway::cli::CliError>> {
+pub(crate) async fn cli(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Result<String, laneway::cli::CliError>> {
     let mut argv = vec!["laneway".to_owned()];
     argv.extend(args.iter().map(|a| (*a).to_owned()));
     let parsed = laneway::cli::parse(argv.into_iter().map(Into::into)).context("arguments")?;

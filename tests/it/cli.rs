@@ -457,3 +457,29 @@ async fn api_keys_are_shown_once_listed_without_secrets_and_audited() -> anyhow:
     ensure!(!audit.contains(hidden), "the audit log holds the secret: {audit}");
     Ok(())
 }
+
+#[tokio::test]
+async fn outcomes_prints_terminal_transitions_from_a_cursor() -> anyhow::Result<()> {
+    let env = Env::new("[kinds.note]\nlanes = \"optional\"\n")?;
+    env.ok(&["migrate"], "").await?;
+    let made = env
+        .ok(&["enqueue", "--kind", "note", "--outbox", "o", "--json"], "{}")
+        .await?;
+    let id = serde_json::from_str::<serde_json::Value>(&made)?["id"]
+        .as_i64()
+        .context("an id")?;
+    ensure!(env.ok(&["outcomes"], "").await?.is_empty(), "nothing terminal yet");
+    env.ok(&["ops", "cancel", &id.to_string()], "").await?;
+    let printed = env.ok(&["outcomes"], "").await?;
+    let line = printed.lines().next().context("one line")?;
+    let fields: Vec<&str> = line.split('\t').collect();
+    ensure!(
+        fields.len() >= 5 && fields[1] == "cancelled" && fields[2] == format!("op {id}") && fields[3] == "note",
+        "{printed}"
+    );
+    let after = env.ok(&["outcomes", "--after", fields[0]], "").await?;
+    ensure!(after.is_empty(), "nothing after the last cursor: {after}");
+    let bad = env.err(&["outcomes", "--after", "yesterday"], "").await?;
+    ensure!(bad.contains("cursor"), "{bad}");
+    Ok(())
+}

@@ -11,7 +11,7 @@ use laneway::op::Status;
 use laneway::queue::{Enqueued, PauseScope};
 use serde_json::Value;
 
-use crate::api::{code, Served};
+use crate::api::{cli, code, Served};
 use crate::dispatch::harness::{settle, to, Scripted, Step};
 use crate::support::{self, TestBackend, TestDb};
 
@@ -101,6 +101,24 @@ async fn the_outcome_feed_pages_every_terminal_transition_once_in_order(db: Test
         .call("GET", &format!("/api/v1/outcomes?after={last}"), Some(&reader), None)
         .await?;
     ensure!(again["outcomes"].as_array().is_some_and(Vec::is_empty), "{again}");
+    // The CLI follows the same feed through the API, line for line.
+    let lines = cli(
+        &["--url", &served.base, "outcomes", "--json", "--follow", "--count", "4"],
+        &[("LW_API_KEY", reader.as_str())],
+    )
+    .await?
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let printed: Vec<(i64, String)> = lines
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l)?;
+            Ok((
+                v["op"]["id"].as_i64().context("id")?,
+                v["status"].as_str().context("status")?.to_owned(),
+            ))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    ensure!(printed == seen, "the CLI saw {printed:?}, the API {seen:?}");
     for bad in ["/api/v1/outcomes?after=yesterday", "/api/v1/outcomes?limit=0"] {
         let (status, answer) = served.call("GET", bad, Some(&reader), None).await?;
         ensure!(

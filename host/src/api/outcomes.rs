@@ -28,24 +28,6 @@ pub(super) struct FeedQuery {
     limit: Option<u32>,
 }
 
-/// What a producer learns of one terminal transition (the payload stays
-/// out: the producer has it).
-pub(super) fn entry_json(e: &OutcomeEntry) -> Value {
-    let op = &e.op;
-    json!({
-        "cursor": e.cursor,
-        "status": e.status,
-        "at": e.at,
-        "op": {
-            "id": op.id, "kind": op.kind, "outbox": op.outbox, "lanes": op.lanes,
-            "priority": op.priority, "idempotency_key": op.idempotency_key,
-            "correlation_id": op.correlation_id, "subject": op.subject,
-            "status": op.status, "attempts": op.attempts, "receipt": op.receipt,
-            "last_error": op.last_error, "finished_at": op.finished_at,
-        },
-    })
-}
-
 /// Terminal transitions after the cursor, oldest first.
 #[utoipa::path(get, path = "/api/v1/outcomes", tag = "producer",
     params(FeedQuery),
@@ -65,6 +47,6 @@ pub(super) async fn feed(
     }
     let entries = state.queue().outcomes(q.after.as_deref(), limit).await?;
     let next = entries.last().map(|e| e.cursor.clone()).or(q.after);
-    let outcomes: Vec<Value> = entries.iter().map(entry_json).collect();
+    let outcomes: Vec<Value> = entries.iter().map(OutcomeEntry::summary).collect();
     Ok(Json(json!({ "outcomes": outcomes, "next": next })))
 }

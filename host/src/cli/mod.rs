@@ -32,8 +32,8 @@ pub struct Cli {
     #[arg(long, global = true, env = "LANEWAY_CONFIG")]
     pub config: Option<PathBuf>,
     /// Act through a running host's HTTP API (e.g. http://127.0.0.1:7480)
-    /// instead of the database: ops, lanes, subjects, pause, resume, pauses
-    /// and audit. The API key is read from LW_API_KEY.
+    /// instead of the database: ops, lanes, subjects, pause, resume, pauses,
+    /// audit and outcomes. The API key is read from LW_API_KEY.
     #[arg(long, global = true, value_name = "URL")]
     pub url: Option<String>,
     /// The command.
@@ -82,6 +82,9 @@ pub enum Command {
     Pauses(JsonArg),
     /// Who changed what: every operator write, newest first.
     Audit(operator::AuditArgs),
+    /// Ops that reached a terminal status, oldest first, from a cursor;
+    /// --follow keeps printing them as they happen.
+    Outcomes(operator::OutcomesArgs),
 }
 
 /// `laneway keys …`
@@ -426,6 +429,7 @@ pub async fn run(cli: Cli, io: Io<'_>) -> Result<(), CliError> {
             operator::pauses_cmd(open_checked(&config).await?.as_ref(), args.json, io.stdout).await
         }
         Command::Audit(args) => operator::audit_cmd(open_checked(&config).await?.as_ref(), args, io.stdout).await,
+        Command::Outcomes(args) => operator::outcomes_cmd(open_checked(&config).await?.as_ref(), args, io.stdout).await,
     }
 }
 

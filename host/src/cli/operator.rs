@@ -67,6 +67,73 @@ pub struct AuditArgs {
     pub json: bool,
 }
 
+/// `laneway outcomes`
+#[derive(Debug, Args)]
+pub struct OutcomesArgs {
+    /// Start after this cursor (the first field of a line printed before).
+    #[arg(long)]
+    pub after: Option<String>,
+    /// Keep printing new outcomes as they happen, until ctrl-c.
+    #[arg(long)]
+    pub follow: bool,
+    /// Exit after this many (default: one page of 100; with --follow, never).
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// One JSON object per line instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// How often `outcomes --follow` asks for more.
+pub(super) const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Prints one outcome as `outcomes` does.
+pub(super) fn print_outcome(out: &mut dyn Write, entry: &serde_json::Value, json: bool) -> Result<(), CliError> {
+    if json {
+        writeln!(out, "{entry}")?;
+    } else {
+        let op = &entry["op"];
+        let what = op["receipt"]
+            .as_str()
+            .or_else(|| op["last_error"].as_str())
+            .unwrap_or("");
+        writeln!(
+            out,
+            "{}\t{}\top {}\t{}\t{}\t{}",
+            entry["cursor"].as_str().unwrap_or(""),
+            entry["status"].as_str().unwrap_or(""),
+            op["id"],
+            op["kind"].as_str().unwrap_or(""),
+            op["outbox"].as_str().unwrap_or(""),
+            what
+        )?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+pub(super) async fn outcomes_cmd(queue: &dyn Queue, args: OutcomesArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    let limit = args.count.unwrap_or(if args.follow { u64::MAX } else { 100 });
+    let mut cursor = args.after;
+    let mut printed = 0u64;
+    while printed < limit {
+        let page = u32::try_from((limit - printed).min(500)).unwrap_or(500);
+        let entries = queue.outcomes(cursor.as_deref(), page).await?;
+        for entry in &entries {
+            print_outcome(out, &entry.summary(), args.json)?;
+            cursor = Some(entry.cursor.clone());
+            printed += 1;
+        }
+        if entries.is_empty() {
+            if !args.follow {
+                break;
+            }
+            tokio::time::sleep(FOLLOW_EVERY).await;
+        }
+    }
+    Ok(())
+}
+
 /// Who the CLI acts as in the audit log.
 pub fn cli_actor() -> String {
     let user = std::env::var("USER")

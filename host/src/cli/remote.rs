@@ -1,5 +1,5 @@
 //! Remote mode: with `--url`, the operator commands (`ops`, `lanes`,
-//! `subjects`, `pause`, `resume`, `pauses`, `audit`) go to a running host's
+//! `subjects`, `pause`, `resume`, `pauses`, `audit`, `outcomes`) go to a running host's
 //! HTTP API instead of the database, so an operator needs an API key, not
 //! database credentials, and every write is audited under the key's name.
 //!
@@ -142,7 +142,7 @@ fn call_for(command: Command) -> Result<Call, CliError> {
         ),
         _ => {
             return Err(CliError::Input(
-                "--url applies to ops, lanes, subjects, pause, resume, pauses and audit; \
+                "--url applies to ops, lanes, subjects, pause, resume, pauses, audit and outcomes; \
                  other commands work on the database or the config"
                     .to_owned(),
             ))
@@ -157,56 +157,12 @@ fn call_for(command: Command) -> Result<Call, CliError> {
 /// [`CliError::Input`] for a command remote mode does not serve, a missing
 /// key or an unreachable host; [`CliError::Remote`] for the API's refusal.
 pub async fn run(base: &str, command: Command, env: &[(String, String)], out: &mut dyn Write) -> Result<(), CliError> {
+    let api = Api::new(base, env)?;
+    if let Command::Outcomes(args) = command {
+        return outcomes(&api, args, out).await;
+    }
     let call = call_for(command)?;
-    let key = env
-        .iter()
-        .find(|(k, _)| k == KEY_VAR)
-        .map(|(_, v)| v.clone())
-        .filter(|v| !v.is_empty())
-        .ok_or_else(|| {
-            CliError::Input(format!(
-                "--url needs an API key in {KEY_VAR} (see `laneway api-keys new`)"
-            ))
-        })?;
-    let base = base.trim_end_matches('/');
-    if !(base.starts_with("http://") || base.starts_with("https://")) {
-        return Err(CliError::Input(format!(
-            "--url: expected http:// or https://, got {base:?}"
-        )));
-    }
-    let client = reqwest::Client::builder()
-        .timeout(std::time::Duration::from_secs(60))
-        .build()
-        .map_err(|e| CliError::Input(format!("cannot build an HTTP client: {e}")))?;
-    let mut request = client
-        .request(call.method.clone(), format!("{base}{}", call.path))
-        .bearer_auth(key);
-    if let Some(body) = &call.body {
-        request = request
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body.to_string());
-    }
-    let response = request
-        .send()
-        .await
-        .map_err(|e| CliError::Input(format!("cannot reach {base}: {e}")))?;
-    let status = response.status();
-    let text = response
-        .text()
-        .await
-        .map_err(|e| CliError::Input(format!("reading the answer from {base}: {e}")))?;
-    let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    if !status.is_success() {
-        let code = body["error"]["code"].as_str().unwrap_or("").to_owned();
-        let message = body["error"]["message"]
-            .as_str()
-            .map_or_else(|| body.to_string(), str::to_owned);
-        return Err(CliError::Remote {
-            status: status.as_u16(),
-            code,
-            message,
-        });
-    }
+    let body = api.send(&call).await?;
     let printed = if call.json {
         body.to_string()
     } else {
@@ -214,6 +170,103 @@ pub async fn run(base: &str, command: Command, env: &[(String, String)], out: &m
     };
     writeln!(out, "{printed}")?;
     Ok(())
+}
+
+/// `outcomes` over the feed route: the same lines as against the database.
+async fn outcomes(api: &Api, args: super::operator::OutcomesArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    let limit = args.count.unwrap_or(if args.follow { u64::MAX } else { 100 });
+    let mut cursor = args.after;
+    let mut printed = 0u64;
+    while printed < limit {
+        let page = (limit - printed).min(500);
+        let path = format!(
+            "/api/v1/outcomes{}",
+            query(&[("after", cursor.clone()), ("limit", Some(page.to_string()))])
+        );
+        let body = api.send(&Call::get(path, true)).await?;
+        let entries = body["outcomes"].as_array().cloned().unwrap_or_default();
+        for entry in &entries {
+            super::operator::print_outcome(out, entry, args.json)?;
+            printed += 1;
+        }
+        cursor = body["next"].as_str().map(str::to_owned).or(cursor);
+        if entries.is_empty() {
+            if !args.follow {
+                break;
+            }
+            tokio::time::sleep(super::operator::FOLLOW_EVERY).await;
+        }
+    }
+    Ok(())
+}
+
+/// A host's API and the key to use with it.
+struct Api {
+    client: reqwest::Client,
+    base: String,
+    key: String,
+}
+
+impl Api {
+    fn new(base: &str, env: &[(String, String)]) -> Result<Self, CliError> {
+        let key = env
+            .iter()
+            .find(|(k, _)| k == KEY_VAR)
+            .map(|(_, v)| v.clone())
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| {
+                CliError::Input(format!(
+                    "--url needs an API key in {KEY_VAR} (see `laneway api-keys new`)"
+                ))
+            })?;
+        let base = base.trim_end_matches('/').to_owned();
+        if !(base.starts_with("http://") || base.starts_with("https://")) {
+            return Err(CliError::Input(format!(
+                "--url: expected http:// or https://, got {base:?}"
+            )));
+        }
+        let client = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(60))
+            .build()
+            .map_err(|e| CliError::Input(format!("cannot build an HTTP client: {e}")))?;
+        Ok(Self { client, base, key })
+    }
+
+    /// Makes the call; the answer's JSON, or the API's refusal.
+    async fn send(&self, call: &Call) -> Result<Value, CliError> {
+        let base = &self.base;
+        let mut request = self
+            .client
+            .request(call.method.clone(), format!("{base}{}", call.path))
+            .bearer_auth(&self.key);
+        if let Some(body) = &call.body {
+            request = request
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body.to_string());
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|e| CliError::Input(format!("cannot reach {base}: {e}")))?;
+        let status = response.status();
+        let text = response
+            .text()
+            .await
+            .map_err(|e| CliError::Input(format!("reading the answer from {base}: {e}")))?;
+        let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        if !status.is_success() {
+            let code = body["error"]["code"].as_str().unwrap_or("").to_owned();
+            let message = body["error"]["message"]
+                .as_str()
+                .map_or_else(|| body.to_string(), str::to_owned);
+            return Err(CliError::Remote {
+                status: status.as_u16(),
+                code,
+                message,
+            });
+        }
+        Ok(body)
+    }
 }
 
 #[cfg(test)]

@@ -154,6 +154,26 @@ pub struct Latency {
     pub seconds: f64,
 }
 
+impl OutcomeEntry {
+    /// What a producer learns of it: the transition and the op's identity,
+    /// receipt and last error (the payload stays out: the producer has it).
+    pub fn summary(&self) -> serde_json::Value {
+        let op = &self.op;
+        serde_json::json!({
+            "cursor": self.cursor,
+            "status": self.status,
+            "at": self.at,
+            "op": {
+                "id": op.id, "kind": op.kind, "outbox": op.outbox, "lanes": op.lanes,
+                "priority": op.priority, "idempotency_key": op.idempotency_key,
+                "correlation_id": op.correlation_id, "subject": op.subject,
+                "status": op.status, "attempts": op.attempts, "receipt": op.receipt,
+                "last_error": op.last_error, "finished_at": op.finished_at,
+            },
+        })
+    }
+}
+
 /// One terminal transition from the outcome feed, with its op.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutcomeEntry {
