@@ -134,6 +134,7 @@ pub struct Metrics {
     plugin_reloads: Family<ResultLabels, Counter>,
     plugin_quarantined: Family<PluginLabels, Gauge>,
     oracle_polls: Family<ResultLabels, Counter>,
+    pruned: Family<ResultLabels, Counter>,
     oracle_clamps: Family<BoundLabels, Counter>,
     oracle_recommended: Family<OracleLabels, Gauge>,
     oracle_aggressive: Family<OracleLabels, Gauge>,
@@ -266,6 +267,12 @@ impl Metrics {
             "Fee oracle polls, by outcome (stored, failed)",
             oracle_polls.clone(),
         );
+        let pruned = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "retention_ops",
+            "What the pruner did, by outcome (deleted, archived, tombstoned, tombstone_expired)",
+            pruned.clone(),
+        );
         let oracle_clamps = Family::<BoundLabels, Counter>::default();
         registry.register(
             "fee_oracle_clamp",
@@ -324,6 +331,7 @@ impl Metrics {
             plugin_reloads,
             plugin_quarantined,
             oracle_polls,
+            pruned,
             oracle_clamps,
             oracle_recommended,
             oracle_aggressive,
@@ -748,6 +756,49 @@ impl OraclePolled<'_> {
                 outcome: outcome.to_owned(),
             })
             .inc();
+    }
+}
+
+/// A pruning run ended.
+pub enum PruneRan<'a> {
+    /// It ran (on this host, which held the lease).
+    Done(&'a crate::pruner::PruneReport),
+    /// It failed; what it deleted stays deleted, the rest waits.
+    Failed(&'a str),
+}
+
+impl PruneRan<'_> {
+    /// Logs and counts it.
+    pub fn emit(&self, metrics: &Metrics) {
+        match self {
+            Self::Done(r) => {
+                if r.deleted + r.expired > 0 {
+                    info!(
+                        deleted = r.deleted,
+                        archived = r.archived,
+                        tombstones = r.tombstones,
+                        expired = r.expired,
+                        "Pruned terminal ops past their retention."
+                    );
+                }
+                for (outcome, n) in [
+                    ("deleted", r.deleted),
+                    ("archived", r.archived),
+                    ("tombstoned", r.tombstones),
+                    ("tombstone_expired", r.expired),
+                ] {
+                    metrics
+                        .pruned
+                        .get_or_create(&ResultLabels {
+                            outcome: outcome.to_owned(),
+                        })
+                        .inc_by(n);
+                }
+            }
+            Self::Failed(error) => {
+                error!(error = %error, "Pruning failed; it is tried again at the next interval.");
+            }
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod archive;
 pub mod breaker;
 pub mod cli;
 pub mod clock;
@@ -23,6 +24,8 @@ pub mod op;
 pub mod oracle;
 pub mod outcome;
 pub mod pricing;
+pub mod pruner;
 pub mod queue;
+pub mod retention;
 pub mod retry;
 pub mod runtime;

@@ -483,3 +483,26 @@ async fn outcomes_prints_terminal_transitions_from_a_cursor() -> anyhow::Result<
     ensure!(bad.contains("cursor"), "{bad}");
     Ok(())
 }
+
+#[tokio::test]
+async fn check_config_refuses_a_retention_shorter_than_the_lease_and_a_bad_archive() -> anyhow::Result<()> {
+    let file = tempfile::NamedTempFile::new()?;
+    let env = Env::new(&format!(
+        "[queue]\nlease_ms = 30000\n[retention]\nconfirmed_ms = 1000\nbatch = 0\n\
+         [kinds.note]\nlanes = \"optional\"\nretention_failed_ms = 5\narchive = {:?}\n",
+        file.path().display().to_string()
+    ))?;
+    let error = env.err(&["check-config"], "").await?;
+    for (path, word) in [
+        ("retention.confirmed_ms", "queue.lease_ms"),
+        ("retention.batch", "1 to 10000"),
+        ("kinds.note.retention_failed_ms", "queue.lease_ms"),
+        ("kinds.note.archive", "not a directory"),
+    ] {
+        ensure!(
+            error.lines().any(|l| l.contains(path) && l.contains(word)),
+            "{path} ({word}) not reported:\n{error}"
+        );
+    }
+    Ok(())
+}

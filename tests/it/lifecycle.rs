@@ -12,12 +12,13 @@ use laneway::queue::{Enqueued, PauseScope};
 use serde_json::Value;
 
 use crate::api::{cli, code, Served};
-use crate::dispatch::harness::{settle, to, Scripted, Step};
+use crate::dispatch::harness::{fast_config, settle, to, Running, Scripted, Step};
 use crate::support::{self, TestBackend, TestDb};
 
 crate::on_both_backends!(
     live: the_outcome_feed_pages_every_terminal_transition_once_in_order,
     wait_answers_a_fast_op_with_its_outcome_and_lets_a_slow_one_go_on,
+    the_pruner_removes_and_archives_exactly_what_its_policy_says,
 );
 
 async fn the_outcome_feed_pages_every_terminal_transition_once_in_order(db: TestDb) -> anyhow::Result<()> {
@@ -227,4 +228,124 @@ async fn postgres_notifies_each_outcome_and_a_late_commit_is_not_skipped() -> an
     let value: Value = serde_json::json!(next[0].status);
     ensure!(value == "cancelled");
     Ok(())
+}
+
+async fn the_pruner_removes_and_archives_exactly_what_its_policy_says(db: TestDb) -> anyhow::Result<()> {
+    let archive = tempfile::tempdir()?;
+    let config = fast_config(&format!(
+        "[retention]\nconfirmed_ms = 2000\ncancelled_ms = 0\nfailed_ms = 2000\nidempotency_ms = 0\nevery_ms = 100\nbatch = 2\n\
+         [kinds.activitypub]\nmax_attempts = 1\narchive = {:?}\n\
+         [kinds.held]\nlanes = \"required\"\npoison = \"halt\"\nmax_attempts = 1\n\
+         [kinds.note]\nlanes = \"optional\"\nretention_confirmed_ms = 0\n",
+        archive.path().display().to_string()
+    ))?;
+    let exec = Scripted::new(0);
+    let running = Running::start(
+        db.queue.clone(),
+        exec.registry(&["activitypub", "held", "note"]),
+        config.clone(),
+    );
+    let mut confirmed = Vec::new();
+    for n in 0..5 {
+        let mut op = to("o", &format!("https://h{n}.example/inbox"), n);
+        op.idempotency_key = Some(format!("k{n}"));
+        confirmed.push(running.dispatcher.enqueue(&[op]).await?[0].id());
+    }
+    let failed = running
+        .dispatcher
+        .enqueue(&[to("o", "https://dead.example/inbox", 9)])
+        .await?[0]
+        .id();
+    exec.script(failed, [Step::Permanent]);
+    let mut held_op = to("o", "https://held.example/inbox", 10);
+    held_op.kind = "held".to_owned();
+    let held = running.dispatcher.enqueue(&[held_op]).await?[0].id();
+    exec.script(held, [Step::Permanent]);
+    let notes: Vec<i64> = running
+        .dispatcher
+        .enqueue(&[
+            laneway::queue::NewOp::new("o", "note", "{}"),
+            laneway::queue::NewOp::new("o", "note", "{}"),
+        ])
+        .await?
+        .into_iter()
+        .map(Enqueued::id)
+        .collect();
+    db.queue.pause(PauseScope::Outbox, "p", None, "test").await?;
+    let cancelled = running
+        .dispatcher
+        .enqueue(&[to("p", "https://c.example/inbox", 11)])
+        .await?[0]
+        .id();
+    db.queue.cancel(cancelled).await?;
+    settle(db.queue.as_ref(), Duration::from_secs(10)).await?;
+    // Nothing is old enough yet.
+    let pruner = laneway::pruner::Pruner::new(db.queue.clone(), std::sync::Arc::new(laneway::clock::SystemClock));
+    let early = pruner.run_once(&config, "host-a").await?.context("the lease")?;
+    ensure!(early.deleted == 0, "{early:?}");
+    ensure!(
+        pruner.run_once(&config, "host-b").await?.is_none(),
+        "another host holds the pruning lease"
+    );
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+    let report = pruner.run_once(&config, "host-a").await?.context("the lease")?;
+    ensure!(
+        report.deleted == 6 && report.archived == 6 && report.tombstones == 5,
+        "five confirmed and one dead letter, all archived, five keys: {report:?}"
+    );
+    // Exactly those are gone, with their attempts and outcome rows.
+    for id in confirmed.iter().chain([&failed]) {
+        ensure!(db.queue.get(*id).await?.is_none(), "op {id} is still there");
+        ensure!(
+            db.queue.attempts(*id).await?.is_empty(),
+            "op {id}'s attempts are still there"
+        );
+        let record = laneway::archive::find(archive.path(), *id)?.with_context(|| format!("op {id} archived"))?;
+        ensure!(
+            record["op"]["payload"].is_string() && record["attempts"].as_array().is_some_and(|a| a.len() == 1),
+            "{record}"
+        );
+    }
+    for id in notes.iter().chain([&held, &cancelled]) {
+        ensure!(db.queue.get(*id).await?.is_some(), "op {id} should have been kept");
+    }
+    let feed: Vec<i64> = db.queue.outcomes(None, 100).await?.iter().map(|e| e.op.id).collect();
+    ensure!(
+        !feed.contains(&confirmed[0]),
+        "a pruned op's outcome row stays: {feed:?}"
+    );
+    // A repeated key answers the pruned op, and nothing new is enqueued.
+    let mut again = to("o", "https://h0.example/inbox", 0);
+    again.idempotency_key = Some("k0".to_owned());
+    let result = running.dispatcher.enqueue(&[again]).await?;
+    ensure!(result == [Enqueued::Existing(confirmed[0])], "{result:?}");
+    let tombstone = db.queue.tombstone("o", "k0").await?.context("a tombstone")?;
+    ensure!(
+        tombstone.status == Status::Confirmed && tombstone.expires_at.is_none(),
+        "{tombstone:?}"
+    );
+    // So is a plain-SQL producer's insert of it.
+    let inserted = match &db.kind {
+        TestBackend::Sqlite(q) => sqlx::query(
+            "INSERT INTO ops (outbox, kind, lanes, payload, idempotency_key) VALUES ('o', 'activitypub', '[\"x\"]', '{}', 'k1')",
+        )
+        .execute(q.pool())
+        .await?
+        .rows_affected(),
+        TestBackend::Postgres(q) => sqlx::query(
+            "INSERT INTO ops (outbox, kind, lanes, payload, idempotency_key) VALUES ('o', 'activitypub', ARRAY['x'], '{}', 'k1')",
+        )
+        .execute(q.pool())
+        .await?
+        .rows_affected(),
+    };
+    ensure!(inserted == 0, "a tombstoned key was inserted again");
+    let later = pruner.run_once(&config, "host-a").await?.context("the lease")?;
+    ensure!(later.deleted == 0, "{later:?}");
+    let rows = db.queue.table_rows().await?;
+    ensure!(
+        rows.iter().any(|(t, n)| t == "ops" && *n == 4),
+        "four ops kept: {rows:?}"
+    );
+    running.stop().await
 }

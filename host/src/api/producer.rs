@@ -258,6 +258,12 @@ async fn answer(state: &ApiState, op: &NewOp, result: Enqueued) -> Value {
         _ => None,
     };
     let mut answer = json!({ "status": status, "id": id, "op": stored });
+    // A repeated key whose op was pruned answers from its tombstone.
+    if let (Enqueued::Existing(_), None, Some(key)) = (result, &stored, &op.idempotency_key) {
+        if let Ok(Some(tombstone)) = state.queue().tombstone(&op.outbox, key).await {
+            answer["pruned"] = json!(tombstone);
+        }
+    }
     if let Some(estimate) = estimate {
         answer["estimate"] = json!(estimate);
     }

@@ -85,6 +85,26 @@ pub enum Command {
     /// Ops that reached a terminal status, oldest first, from a cursor;
     /// --follow keeps printing them as they happen.
     Outcomes(operator::OutcomesArgs),
+    /// Read what the pruner archived (kinds with `archive = "DIR"`).
+    #[command(subcommand)]
+    Archive(ArchiveCommand),
+}
+
+/// `laneway archive …`
+#[derive(Debug, Subcommand)]
+pub enum ArchiveCommand {
+    /// Print a pruned op as archived, with its attempt history (JSON).
+    Show(ArchiveShowArgs),
+}
+
+/// `laneway archive show`
+#[derive(Debug, Args)]
+pub struct ArchiveShowArgs {
+    /// The op id.
+    pub id: OpId,
+    /// The archive directory (default: every kind's `archive`).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
 }
 
 /// `laneway keys …`
@@ -430,6 +450,7 @@ pub async fn run(cli: Cli, io: Io<'_>) -> Result<(), CliError> {
         }
         Command::Audit(args) => operator::audit_cmd(open_checked(&config).await?.as_ref(), args, io.stdout).await,
         Command::Outcomes(args) => operator::outcomes_cmd(open_checked(&config).await?.as_ref(), args, io.stdout).await,
+        Command::Archive(ArchiveCommand::Show(args)) => archive_show(&config, &args, io.stdout),
     }
 }
 
@@ -780,6 +801,7 @@ async fn run_cmd(config: Config, source: FileSource) -> Result<(), CliError> {
         });
     }
     plugins.watch(source.clone(), dispatcher.clone(), debounce);
+    spawn_pruner(&dispatcher);
     let listen = dispatcher.config().api.listen.clone();
     if !listen.is_empty() {
         // A port in use is the operator's to fix, before anything runs.
@@ -803,6 +825,62 @@ async fn run_cmd(config: Config, source: FileSource) -> Result<(), CliError> {
     });
     dispatcher.run().await?;
     Ok(())
+}
+
+fn archive_show(config: &Config, args: &ArchiveShowArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    let mut dirs: Vec<PathBuf> = match &args.dir {
+        Some(dir) => vec![dir.clone()],
+        None => config
+            .kinds
+            .values()
+            .filter_map(|k| k.archive.as_ref().map(PathBuf::from))
+            .collect(),
+    };
+    dirs.sort();
+    dirs.dedup();
+    let mut found = None;
+    for dir in dirs.iter().filter(|d| d.is_dir()) {
+        if let Some(record) = crate::archive::find(dir, args.id).map_err(|e| CliError::Input(e.to_string()))? {
+            found = Some(record);
+        }
+    }
+    match found {
+        Some(record) => render::json(out, &record),
+        None => Err(CliError::Input(format!(
+            "op {} is not in the archive (searched: {})",
+            args.id,
+            if dirs.is_empty() {
+                "no kind has an archive; give --dir".to_owned()
+            } else {
+                dirs.iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        ))),
+    }
+}
+
+/// Prunes past retention every `retention.every_ms` (read live, so a
+/// reload retunes it) until shutdown, on whichever host holds the lease.
+fn spawn_pruner(dispatcher: &Dispatcher) {
+    let dispatcher = dispatcher.clone();
+    tokio::spawn(async move {
+        let pruner = crate::pruner::Pruner::new(dispatcher.queue().clone(), Arc::new(SystemClock));
+        loop {
+            let config = dispatcher.config();
+            match pruner.run_once(&config, dispatcher.owner()).await {
+                Ok(Some(report)) => crate::events::PruneRan::Done(&report).emit(dispatcher.metrics()),
+                Ok(None) => {}
+                Err(e) => crate::events::PruneRan::Failed(&e.to_string()).emit(dispatcher.metrics()),
+            }
+            let every = std::time::Duration::from_millis(config.retention.every_ms);
+            tokio::select! {
+                () = dispatcher.cancelled() => return,
+                () = tokio::time::sleep(every) => {}
+            }
+        }
+    });
 }
 
 /// Resolves on ctrl-c or SIGTERM.

@@ -37,6 +37,8 @@ pub struct Config {
     pub runtime: RuntimeConfig,
     /// `[api]`
     pub api: ApiConfig,
+    /// `[retention]`
+    pub retention: RetentionConfig,
     /// `[plugins.NAME]`
     pub plugins: BTreeMap<String, PluginConfig>,
     /// `[keys.ID]`
@@ -63,6 +65,25 @@ pub struct ApiConfig {
     pub recover_per_second: u32,
     /// Requests per second the public network-conditions route answers.
     pub public_per_second: u32,
+}
+
+/// `[retention]`: how long terminal ops and pruned ops' idempotency keys
+/// are kept (a kind may set its own), and how the pruner paces itself.
+/// Durations are milliseconds; 0 keeps forever.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct RetentionConfig {
+    /// Confirmed ops, after they finished.
+    pub confirmed_ms: u64,
+    /// Cancelled ops.
+    pub cancelled_ms: u64,
+    /// Dead letters (a dead letter holding a strict lane is never pruned).
+    pub failed_ms: u64,
+    /// A pruned op's idempotency key, as a tombstone that answers `existing`.
+    pub idempotency_ms: u64,
+    /// How often the pruner runs.
+    pub every_ms: u64,
+    /// Ops deleted per transaction (bounded lock time).
+    pub batch: u32,
 }
 
 /// `[runtime]`: the WebAssembly engine.
@@ -352,6 +373,25 @@ pub struct KindConfig {
     /// the op is dead-lettered with its attempt history (seed 003: 3).
     #[serde(default)]
     pub max_fee_bumps: Option<u32>,
+    /// This kind's confirmed ops are kept this long (ms, 0 forever);
+    /// `retention.confirmed_ms` when absent.
+    #[serde(default)]
+    pub retention_confirmed_ms: Option<u64>,
+    /// As `retention_confirmed_ms`, for cancelled ops.
+    #[serde(default)]
+    pub retention_cancelled_ms: Option<u64>,
+    /// As `retention_confirmed_ms`, for dead letters.
+    #[serde(default)]
+    pub retention_failed_ms: Option<u64>,
+    /// A pruned op's idempotency key answers `existing` this long (ms, 0
+    /// forever); `retention.idempotency_ms` when absent.
+    #[serde(default)]
+    pub idempotency_retention_ms: Option<u64>,
+    /// A directory each op of this kind is written to, with its attempts,
+    /// before it is pruned (JSON lines, one file a day; `laneway archive
+    /// show ID` reads it). No archive when absent.
+    #[serde(default)]
+    pub archive: Option<String>,
 }
 
 fn one() -> usize {
@@ -672,6 +712,7 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
     let dispatch = section::<DispatchConfig>(&mut table, "dispatch", &mut problems);
     let runtime = section::<RuntimeConfig>(&mut table, "runtime", &mut problems);
     let api = section::<ApiConfig>(&mut table, "api", &mut problems);
+    let retention = section::<RetentionConfig>(&mut table, "retention", &mut problems);
     let plugins = named_tables::<PluginConfig>(&mut table, "plugins", &mut problems);
     let keys = named_tables::<crate::keys::KeySource>(&mut table, "keys", &mut problems);
     let oracles = named_tables::<OracleConfig>(&mut table, "oracles", &mut problems);
@@ -695,12 +736,12 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
         problems.push(Problem {
             path: key.clone(),
             message:
-                "unknown key (expected one of: database, queue, dispatch, runtime, api, plugins, keys, oracles, kinds)"
+                "unknown key (expected one of: database, queue, dispatch, runtime, api, retention, plugins, keys, oracles, kinds)"
                     .to_owned(),
         });
     }
-    if let (Some(database), Some(queue), Some(dispatch), Some(runtime), Some(api)) =
-        (database, queue, dispatch, runtime, api)
+    if let (Some(database), Some(queue), Some(dispatch), Some(runtime), Some(api), Some(retention)) =
+        (database, queue, dispatch, runtime, api, retention)
     {
         let config = Config {
             database,
@@ -708,6 +749,7 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
             dispatch,
             runtime,
             api,
+            retention,
             plugins,
             keys,
             oracles,
@@ -889,8 +931,56 @@ fn validate(config: &Config) -> Vec<Problem> {
             bad(path, format!("expected 1 to {max}, got {value}"));
         }
     }
+    let r = &config.retention;
+    // A retention shorter than the lease could prune an op whose outcome a
+    // stalled dispatcher has yet to record.
+    let lease = config.queue.lease_ms;
+    let short = |value: u64| value != 0 && value < lease;
+    for (path, value) in [
+        ("retention.confirmed_ms", r.confirmed_ms),
+        ("retention.cancelled_ms", r.cancelled_ms),
+        ("retention.failed_ms", r.failed_ms),
+        ("retention.idempotency_ms", r.idempotency_ms),
+    ] {
+        if short(value) {
+            bad(
+                path,
+                format!("expected 0 (forever) or at least queue.lease_ms ({lease}), got {value}"),
+            );
+        }
+    }
+    if r.every_ms < 100 {
+        bad(
+            "retention.every_ms",
+            format!("expected at least 100, got {}", r.every_ms),
+        );
+    }
+    if !(1..=10_000).contains(&r.batch) {
+        bad("retention.batch", format!("expected 1 to 10000, got {}", r.batch));
+    }
     for (name, kind) in &config.kinds {
         let path = |key: &str| format!("kinds.{name}.{key}");
+        for (key, value) in [
+            ("retention_confirmed_ms", kind.retention_confirmed_ms),
+            ("retention_cancelled_ms", kind.retention_cancelled_ms),
+            ("retention_failed_ms", kind.retention_failed_ms),
+            ("idempotency_retention_ms", kind.idempotency_retention_ms),
+        ] {
+            if let Some(value) = value.filter(|v| short(*v)) {
+                bad(
+                    &path(key),
+                    format!("expected 0 (forever) or at least queue.lease_ms ({lease}), got {value}"),
+                );
+            }
+        }
+        if let Some(dir) = &kind.archive {
+            let at = std::path::Path::new(dir);
+            if dir.trim().is_empty() {
+                bad(&path("archive"), "expected a directory path".to_owned());
+            } else if at.exists() && !at.is_dir() {
+                bad(&path("archive"), format!("{dir:?} exists and is not a directory"));
+            }
+        }
         if kind.lane_cap == 0 {
             bad(&path("lane_cap"), "expected at least 1".to_owned());
         }

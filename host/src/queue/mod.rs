@@ -29,7 +29,8 @@ use crate::op::{Attempt, AttemptRecord, IllegalTransition, Lease, Op, OpId, Prio
 
 pub use common::validate_new_op;
 pub use operator::{
-    ApiKey, AuditEntry, Latency, NewApiKey, NewAuditEntry, OldestDue, OutcomeEntry, Pause, PauseScope, QueueGauges,
+    ApiKey, AuditEntry, Latency, NewApiKey, NewAuditEntry, OldestDue, OutcomeEntry, Pause, PauseScope, PruneQuery,
+    QueueGauges, Tombstone,
 };
 
 /// Which database a queue lives in.
@@ -731,6 +732,34 @@ pub trait Queue: Send + Sync + std::fmt::Debug {
     ///
     /// [`QueueError::BadCursor`] for a cursor this backend did not make.
     async fn outcomes(&self, after: Option<&str>, limit: u32) -> Result<Vec<OutcomeEntry>, QueueError>;
+
+    /// Terminal ops a pruning pass may delete, oldest first. A dead letter
+    /// that holds a strict lane is never one: it waits for its operator.
+    async fn prunable(&self, query: &PruneQuery) -> Result<Vec<Op>, QueueError>;
+
+    /// Stores tombstones (a key already tombstoned keeps its first). The
+    /// pruner commits them before it deletes their ops, so an insert of
+    /// the key sees the op or its tombstone, never neither.
+    async fn put_tombstones(&self, tombstones: &[Tombstone]) -> Result<(), QueueError>;
+
+    /// Deletes the ops among `ids` that are still in `status` (and hold no
+    /// lane), with their attempts, lanes and outcome rows, in one
+    /// transaction. Returns the ids deleted.
+    async fn delete_terminal(&self, ids: &[OpId], status: Status) -> Result<Vec<OpId>, QueueError>;
+
+    /// Deletes up to `limit` tombstones expired by `now`; returns how many.
+    async fn expire_tombstones(&self, now: DateTime<Utc>, limit: u32) -> Result<u64, QueueError>;
+
+    /// The tombstone of an idempotency key, if its op was pruned.
+    async fn tombstone(&self, outbox: &str, idempotency_key: &str) -> Result<Option<Tombstone>, QueueError>;
+
+    /// Takes or renews the lease on one-host-at-a-time work `name` for
+    /// `owner` until `ttl` from now; `false` while another host holds it.
+    async fn hold_singleton(&self, name: &str, owner: &str, ttl: std::time::Duration) -> Result<bool, QueueError>;
+
+    /// Rows in `ops`, `attempts` and `idempotency_tombstones`, for the soak
+    /// and for operators sizing retention.
+    async fn table_rows(&self) -> Result<Vec<(String, i64)>, QueueError>;
 }
 
 /// Opens the queue named by the config's database URL.

@@ -186,3 +186,39 @@ pub struct OutcomeEntry {
     /// The op as it is now (a retried op may have moved on since).
     pub op: crate::op::Op,
 }
+
+/// What an idempotency key remembers of its pruned op.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Tombstone {
+    /// The op's outbox.
+    pub outbox: String,
+    /// Its idempotency key.
+    pub idempotency_key: String,
+    /// The pruned op's id (what a repeat of the key answers).
+    pub op_id: crate::op::OpId,
+    /// Its kind.
+    pub kind: String,
+    /// The terminal status it reached.
+    pub status: crate::op::Status,
+    /// Its receipt (e.g. the Stellar transaction hash).
+    pub receipt: Option<String>,
+    /// When it finished.
+    pub finished_at: DateTime<Utc>,
+    /// When the tombstone goes (`None`: never).
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// Which terminal ops one pruning pass may delete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PruneQuery {
+    /// Only this kind, or (`None`) every kind not in `except_kinds`.
+    pub kind: Option<String>,
+    /// With `kind: None`: the kinds that have their own policy.
+    pub except_kinds: Vec<String>,
+    /// Only ops in this terminal status.
+    pub status: crate::op::Status,
+    /// Only ops that finished before this.
+    pub finished_before: DateTime<Utc>,
+    /// At most this many (oldest first).
+    pub limit: u32,
+}

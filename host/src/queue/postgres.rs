@@ -32,11 +32,13 @@ use super::{
     Subscription,
 };
 use super::{
-    ApiKey, AuditEntry, Latency, NewApiKey, NewAuditEntry, OldestDue, OutcomeEntry, Pause, PauseScope, QueueGauges,
+    ApiKey, AuditEntry, Latency, NewApiKey, NewAuditEntry, OldestDue, OutcomeEntry, Pause, PauseScope, PruneQuery,
+    QueueGauges, Tombstone,
 };
 use crate::clock::Clock;
 use crate::config::DatabaseConfig;
 use crate::lanes::LaneRules;
+use crate::op::Status;
 use crate::op::{truncate_error, Attempt, AttemptClass, AttemptRecord, Lease, Op, OpId, Priority, Transition};
 
 static MIGRATOR: Migrator = sqlx::migrate!("../migrations/postgres");
@@ -363,6 +365,17 @@ async fn insert_one(conn: &mut PgConnection, op: &NewOp, now: DateTime<Utc>) -> 
                     .fetch_optional(&mut *conn)
                     .await?;
             if let Some(id) = existing {
+                return Ok(Enqueued::Existing(id));
+            }
+            // Its op was pruned: the tombstone's trigger skipped the insert.
+            let pruned: Option<i64> = sqlx::query_scalar(
+                "SELECT op_id FROM idempotency_tombstones WHERE outbox = $1 AND idempotency_key = $2",
+            )
+            .bind(&op.outbox)
+            .bind(key)
+            .fetch_optional(&mut *conn)
+            .await?;
+            if let Some(id) = pruned {
                 return Ok(Enqueued::Existing(id));
             }
         }
@@ -1199,6 +1212,144 @@ impl Queue for PgQueue {
                 })
             })
             .collect()
+    }
+    async fn prunable(&self, query: &PruneQuery) -> Result<Vec<Op>, QueueError> {
+        let mut q = QueryBuilder::<Postgres>::new(format!("SELECT {OP_COLUMNS} FROM ops WHERE ops.status = "));
+        q.push_bind(query.status.as_str());
+        q.push(" AND ops.finished_at < ").push_bind(query.finished_before);
+        match &query.kind {
+            Some(kind) => {
+                q.push(" AND ops.kind = ").push_bind(kind.clone());
+            }
+            None => {
+                q.push(" AND NOT (ops.kind = ANY(")
+                    .push_bind(query.except_kinds.clone())
+                    .push("))");
+            }
+        }
+        q.push(" AND ops.id NOT IN (SELECT op_id FROM lane_halts) ORDER BY ops.id LIMIT ")
+            .push_bind(i64::from(query.limit));
+        let rows = q.build().fetch_all(&self.pool).await?;
+        rows.iter().map(op_from_row).collect()
+    }
+
+    async fn put_tombstones(&self, tombstones: &[Tombstone]) -> Result<(), QueueError> {
+        let mut tx = self.pool.begin().await?;
+        for t in tombstones {
+            sqlx::query(
+                "INSERT INTO idempotency_tombstones \
+                 (outbox, idempotency_key, op_id, kind, status, receipt, finished_at, expires_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
+            )
+            .bind(&t.outbox)
+            .bind(&t.idempotency_key)
+            .bind(t.op_id)
+            .bind(&t.kind)
+            .bind(t.status.as_str())
+            .bind(&t.receipt)
+            .bind(t.finished_at)
+            .bind(t.expires_at)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn delete_terminal(&self, ids: &[OpId], status: Status) -> Result<Vec<OpId>, QueueError> {
+        if !status.is_terminal() {
+            return Err(QueueError::InvalidOp(format!("{status} is not a terminal status")));
+        }
+        let mut tx = self.pool.begin().await?;
+        // Locked, so an operator's retry cannot move one of them meanwhile;
+        // skipped when another pruner holds it.
+        let doomed: Vec<i64> = sqlx::query_scalar(
+            "SELECT id FROM ops WHERE id = ANY($1) AND status = $2 \
+             AND id NOT IN (SELECT op_id FROM lane_halts) ORDER BY id FOR UPDATE SKIP LOCKED",
+        )
+        .bind(ids)
+        .bind(status.as_str())
+        .fetch_all(&mut *tx)
+        .await?;
+        for table in ["attempts", "op_lanes", "outcomes"] {
+            sqlx::query(&format!("DELETE FROM {table} WHERE op_id = ANY($1)"))
+                .bind(&doomed)
+                .execute(&mut *tx)
+                .await?;
+        }
+        sqlx::query("DELETE FROM ops WHERE id = ANY($1)")
+            .bind(&doomed)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(doomed)
+    }
+
+    async fn expire_tombstones(&self, now: DateTime<Utc>, limit: u32) -> Result<u64, QueueError> {
+        let done = sqlx::query(
+            "DELETE FROM idempotency_tombstones WHERE (outbox, idempotency_key) IN \
+             (SELECT outbox, idempotency_key FROM idempotency_tombstones \
+              WHERE expires_at IS NOT NULL AND expires_at < $1 LIMIT $2)",
+        )
+        .bind(now)
+        .bind(i64::from(limit))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn tombstone(&self, outbox: &str, idempotency_key: &str) -> Result<Option<Tombstone>, QueueError> {
+        let row = sqlx::query(
+            "SELECT outbox, idempotency_key, op_id, kind, status, receipt, finished_at, expires_at \
+             FROM idempotency_tombstones WHERE outbox = $1 AND idempotency_key = $2",
+        )
+        .bind(outbox)
+        .bind(idempotency_key)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| {
+            let op_id: i64 = r.try_get("op_id")?;
+            let status: String = r.try_get("status")?;
+            Ok(Tombstone {
+                outbox: r.try_get("outbox")?,
+                idempotency_key: r.try_get("idempotency_key")?,
+                op_id,
+                kind: r.try_get("kind")?,
+                status: parse_status(op_id, &status)?,
+                receipt: r.try_get("receipt")?,
+                finished_at: r.try_get("finished_at")?,
+                expires_at: r.try_get("expires_at")?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn hold_singleton(&self, name: &str, owner: &str, ttl: std::time::Duration) -> Result<bool, QueueError> {
+        let now = self.now();
+        let until = now + crate::clock::chrono_duration(ttl);
+        let held: Option<String> = sqlx::query_scalar(
+            "INSERT INTO singletons (name, owner, until) VALUES ($1, $2, $3) \
+             ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, until = excluded.until \
+             WHERE singletons.until < $4 OR singletons.owner = excluded.owner RETURNING owner",
+        )
+        .bind(name)
+        .bind(owner)
+        .bind(until)
+        .bind(now)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(held.is_some())
+    }
+
+    async fn table_rows(&self) -> Result<Vec<(String, i64)>, QueueError> {
+        let mut out = Vec::new();
+        for table in ["ops", "attempts", "op_lanes", "outcomes", "idempotency_tombstones"] {
+            let n: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {table}"))
+                .fetch_one(&self.pool)
+                .await?;
+            out.push((table.to_owned(), n));
+        }
+        Ok(out)
     }
 }
 

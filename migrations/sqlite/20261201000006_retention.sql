@@ -1,0 +1,35 @@
+-- Retention (SQLite): idempotency keys outlive their pruned ops as compact
+-- tombstones, so a repeated key still answers `existing` with the outcome.
+-- Timestamps are Unix milliseconds; `expires_at` NULL keeps it forever.
+CREATE TABLE idempotency_tombstones (
+    outbox          TEXT    NOT NULL,
+    idempotency_key TEXT    NOT NULL,
+    op_id           INTEGER NOT NULL,
+    kind            TEXT    NOT NULL,
+    status          TEXT    NOT NULL CHECK (status IN ('confirmed', 'failed', 'cancelled')),
+    receipt         TEXT,
+    finished_at     INTEGER NOT NULL,
+    expires_at      INTEGER,
+    PRIMARY KEY (outbox, idempotency_key)
+) WITHOUT ROWID;
+CREATE INDEX idempotency_tombstones_expiry ON idempotency_tombstones (expires_at)
+    WHERE expires_at IS NOT NULL;
+
+-- Every writer's insert of a tombstoned key is skipped, as a conflict on a
+-- live op's key is (`ON CONFLICT DO NOTHING`), so a plain-SQL producer
+-- retrying a key whose op was pruned cannot cause the side effect twice.
+CREATE TRIGGER ops_tombstoned BEFORE INSERT ON ops
+WHEN NEW.idempotency_key IS NOT NULL AND EXISTS (
+    SELECT 1 FROM idempotency_tombstones t
+    WHERE t.outbox = NEW.outbox AND t.idempotency_key = NEW.idempotency_key)
+BEGIN
+    SELECT RAISE(IGNORE);
+END;
+
+-- Work one host does at a time (the pruner), by lease: a host takes or
+-- renews the row when it is free, expired, or already its own.
+CREATE TABLE singletons (
+    name  TEXT    PRIMARY KEY,
+    owner TEXT    NOT NULL,
+    until INTEGER NOT NULL
+);
