@@ -22,6 +22,9 @@ pub enum Algorithm {
     Ed25519,
     /// RSASSA-PKCS1-v1_5 with SHA-256 (HTTP Signatures `rsa-sha256`).
     RsaSha256,
+    /// HMAC-SHA256 with a shared secret (Standard Webhooks `v1`): the key
+    /// text is `whsec_` and the secret in base64.
+    HmacSha256,
 }
 
 impl fmt::Display for Algorithm {
@@ -29,6 +32,7 @@ impl fmt::Display for Algorithm {
         f.write_str(match self {
             Algorithm::Ed25519 => "ed25519",
             Algorithm::RsaSha256 => "rsa-sha256",
+            Algorithm::HmacSha256 => "hmac-sha256",
         })
     }
 }
@@ -48,6 +52,7 @@ pub struct KeySource {
 enum Secret {
     Ed25519(ed25519_dalek::SigningKey),
     Rsa(Box<RsaSigner>, Vec<u8>),
+    Hmac(ring::hmac::Key),
 }
 
 /// RSASSA-PKCS1-v1_5 with SHA-256. ring signs (its constant-time assembly is
@@ -140,6 +145,22 @@ impl Key {
                 ed25519_dalek::SigningKey::from_pkcs8_pem(text)
                     .map_err(|e| format!("not a PKCS#8 Ed25519 private key or a Stellar secret seed: {e}"))?,
             ),
+            Algorithm::HmacSha256 => {
+                use base64::Engine as _;
+                let encoded = text
+                    .strip_prefix("whsec_")
+                    .ok_or_else(|| "not a webhook secret (whsec_ followed by base64)".to_owned())?;
+                let secret = base64::engine::general_purpose::STANDARD
+                    .decode(encoded)
+                    .map_err(|_| "not a webhook secret: the part after whsec_ is not base64".to_owned())?;
+                if secret.len() < 24 {
+                    return Err(format!(
+                        "a webhook secret of {} bytes is too short (at least 24)",
+                        secret.len()
+                    ));
+                }
+                Secret::Hmac(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &secret))
+            }
             Algorithm::RsaSha256 => {
                 let key = rsa::RsaPrivateKey::from_pkcs8_pem(pem)
                     .or_else(|_| rsa::RsaPrivateKey::from_pkcs1_pem(pem))
@@ -161,6 +182,7 @@ impl Key {
         match self.secret {
             Secret::Ed25519(_) => Algorithm::Ed25519,
             Secret::Rsa(..) => Algorithm::RsaSha256,
+            Secret::Hmac(_) => Algorithm::HmacSha256,
         }
     }
 
@@ -173,15 +195,17 @@ impl Key {
                     .as_str()
                     .to_owned(),
             ),
-            Secret::Rsa(..) => None,
+            Secret::Rsa(..) | Secret::Hmac(_) => None,
         }
     }
 
-    /// The public half: 32 raw bytes (Ed25519) or PKCS#1 DER (RSA).
+    /// The public half: 32 raw bytes (Ed25519) or PKCS#1 DER (RSA); a
+    /// shared secret has none (empty).
     pub fn public_key(&self) -> Vec<u8> {
         match &self.secret {
             Secret::Ed25519(k) => k.verifying_key().to_bytes().to_vec(),
             Secret::Rsa(_, public) => public.clone(),
+            Secret::Hmac(_) => Vec::new(),
         }
     }
 
@@ -189,6 +213,7 @@ impl Key {
         match &self.secret {
             Secret::Ed25519(k) => Some(k.sign(data).to_bytes().to_vec()),
             Secret::Rsa(k, _) => k.sign(data),
+            Secret::Hmac(k) => Some(ring::hmac::sign(k, data).as_ref().to_vec()),
         }
     }
 }

@@ -29,3 +29,4 @@ pub mod queue;
 pub mod retention;
 pub mod retry;
 pub mod runtime;
+pub mod webhook;

@@ -33,3 +33,10 @@ CREATE TABLE singletons (
     owner TEXT    NOT NULL,
     until INTEGER NOT NULL
 );
+
+-- Named positions in the outcome feed (the webhook relay's), so a restart
+-- goes on where the last run stopped.
+CREATE TABLE feed_cursors (
+    name   TEXT PRIMARY KEY,
+    cursor TEXT NOT NULL
+);

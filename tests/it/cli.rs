@@ -506,3 +506,27 @@ async fn check_config_refuses_a_retention_shorter_than_the_lease_and_a_bad_archi
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn check_config_refuses_a_webhook_outside_the_allow_list_or_with_an_unknown_secret() -> anyhow::Result<()> {
+    let env = Env::new(
+        "[outcomes]\nallowed_hosts = [\"https://hooks.example.com\"]\n\
+         [keys.signer]\nalgorithm = \"ed25519\"\nenv = \"NOPE\"\n\
+         [kinds.a]\nlanes = \"optional\"\noutcome_webhook = \"https://evil.example/hook\"\noutcome_webhook_key = \"hooks\"\n\
+         [kinds.b]\nlanes = \"optional\"\noutcome_webhook = \"https://hooks.example.com/x\"\noutcome_webhook_key = \"signer\"\n\
+         [kinds.c]\nlanes = \"optional\"\noutcome_webhook = \"https://hooks.example.com/x\"\n",
+    )?;
+    let error = env.err(&["check-config"], "").await?;
+    for (path, word) in [
+        ("kinds.a.outcome_webhook", "outcomes.allowed_hosts"),
+        ("kinds.a.outcome_webhook_key", "no [keys.hooks]"),
+        ("kinds.b.outcome_webhook_key", "hmac-sha256"),
+        ("kinds.c.outcome_webhook_key", "expected the [keys.ID]"),
+    ] {
+        ensure!(
+            error.lines().any(|l| l.contains(path) && l.contains(word)),
+            "{path} ({word}) not reported:\n{error}"
+        );
+    }
+    Ok(())
+}

@@ -802,6 +802,7 @@ async fn run_cmd(config: Config, source: FileSource) -> Result<(), CliError> {
     }
     plugins.watch(source.clone(), dispatcher.clone(), debounce);
     spawn_pruner(&dispatcher);
+    spawn_relay(&dispatcher);
     let listen = dispatcher.config().api.listen.clone();
     if !listen.is_empty() {
         // A port in use is the operator's to fix, before anything runs.
@@ -859,6 +860,31 @@ fn archive_show(config: &Config, args: &ArchiveShowArgs, out: &mut dyn Write) ->
             }
         ))),
     }
+}
+
+/// Relays outcomes to webhooks every `outcomes.relay_every_ms` until
+/// shutdown, on whichever host holds the relay's lease.
+fn spawn_relay(dispatcher: &Dispatcher) {
+    let dispatcher = dispatcher.clone();
+    tokio::spawn(async move {
+        loop {
+            let config = dispatcher.config();
+            let wanted = config.kinds.values().any(|k| k.outcome_webhook.is_some());
+            if wanted {
+                if let Err(e) =
+                    crate::webhook::relay_once(dispatcher.queue().as_ref(), &dispatcher, &config, dispatcher.owner())
+                        .await
+                {
+                    tracing::warn!(error = %e, "Outcome relay failed; it goes on from its cursor next time.");
+                }
+            }
+            let every = std::time::Duration::from_millis(config.outcomes.relay_every_ms);
+            tokio::select! {
+                () = dispatcher.cancelled() => return,
+                () = tokio::time::sleep(every) => {}
+            }
+        }
+    });
 }
 
 /// Prunes past retention every `retention.every_ms` (read live, so a
@@ -1028,6 +1054,7 @@ fn keys_show(config: &Config, args: &KeyShowArgs, out: &mut dyn Write) -> Result
     match key.algorithm() {
         crate::keys::Algorithm::Ed25519 => writeln!(out, "public key: {public} (32 bytes, base64)")?,
         crate::keys::Algorithm::RsaSha256 => writeln!(out, "public key: {public} (PKCS#1 DER, base64)")?,
+        crate::keys::Algorithm::HmacSha256 => writeln!(out, "public key: none (a shared secret)")?,
     }
     if let Some(account) = account {
         writeln!(out, "account:    {account}")?;

@@ -39,6 +39,8 @@ pub struct Config {
     pub api: ApiConfig,
     /// `[retention]`
     pub retention: RetentionConfig,
+    /// `[outcomes]`
+    pub outcomes: OutcomesConfig,
     /// `[plugins.NAME]`
     pub plugins: BTreeMap<String, PluginConfig>,
     /// `[keys.ID]`
@@ -85,6 +87,19 @@ pub struct RetentionConfig {
     /// Ops deleted per transaction (bounded lock time).
     pub batch: u32,
 }
+
+/// `[outcomes]`: how outcomes reach producers besides the feed.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct OutcomesConfig {
+    /// Where outcome webhooks may be sent (`kinds.NAME.outcome_webhook`),
+    /// as plugins' `allowed_hosts` patterns.
+    pub allowed_hosts: Vec<String>,
+    /// How often the relay reads the feed for outcomes to send.
+    pub relay_every_ms: u64,
+}
+
+/// The kind laneway delivers outcome webhooks as.
+pub const WEBHOOK_KIND: &str = "outcome_webhook";
 
 /// `[runtime]`: the WebAssembly engine.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -387,6 +402,14 @@ pub struct KindConfig {
     /// forever); `retention.idempotency_ms` when absent.
     #[serde(default)]
     pub idempotency_retention_ms: Option<u64>,
+    /// When an op of this kind reaches a terminal status, POST its outcome
+    /// here (Standard Webhooks, signed with `outcome_webhook_key`), as an
+    /// `outcome_webhook` op with its own retries and dead letters.
+    #[serde(default)]
+    pub outcome_webhook: Option<String>,
+    /// The `[keys.ID]` (algorithm `hmac-sha256`) that signs the webhooks.
+    #[serde(default)]
+    pub outcome_webhook_key: Option<String>,
     /// A directory each op of this kind is written to, with its attempts,
     /// before it is pruned (JSON lines, one file a day; `laneway archive
     /// show ID` reads it). No archive when absent.
@@ -713,6 +736,7 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
     let runtime = section::<RuntimeConfig>(&mut table, "runtime", &mut problems);
     let api = section::<ApiConfig>(&mut table, "api", &mut problems);
     let retention = section::<RetentionConfig>(&mut table, "retention", &mut problems);
+    let outcomes = section::<OutcomesConfig>(&mut table, "outcomes", &mut problems);
     let plugins = named_tables::<PluginConfig>(&mut table, "plugins", &mut problems);
     let keys = named_tables::<crate::keys::KeySource>(&mut table, "keys", &mut problems);
     let oracles = named_tables::<OracleConfig>(&mut table, "oracles", &mut problems);
@@ -736,12 +760,12 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
         problems.push(Problem {
             path: key.clone(),
             message:
-                "unknown key (expected one of: database, queue, dispatch, runtime, api, retention, plugins, keys, oracles, kinds)"
+                "unknown key (expected one of: database, queue, dispatch, runtime, api, retention, outcomes, plugins, keys, oracles, kinds)"
                     .to_owned(),
         });
     }
-    if let (Some(database), Some(queue), Some(dispatch), Some(runtime), Some(api), Some(retention)) =
-        (database, queue, dispatch, runtime, api, retention)
+    if let (Some(database), Some(queue), Some(dispatch), Some(runtime), Some(api), Some(retention), Some(outcomes)) =
+        (database, queue, dispatch, runtime, api, retention, outcomes)
     {
         let config = Config {
             database,
@@ -750,6 +774,7 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
             runtime,
             api,
             retention,
+            outcomes,
             plugins,
             keys,
             oracles,
@@ -949,6 +974,17 @@ fn validate(config: &Config) -> Vec<Problem> {
             );
         }
     }
+    for entry in &config.outcomes.allowed_hosts {
+        if let Err(e) = crate::egress::HostPattern::parse(entry) {
+            bad("outcomes.allowed_hosts", e);
+        }
+    }
+    if config.outcomes.relay_every_ms < 10 {
+        bad(
+            "outcomes.relay_every_ms",
+            format!("expected at least 10, got {}", config.outcomes.relay_every_ms),
+        );
+    }
     if r.every_ms < 100 {
         bad(
             "retention.every_ms",
@@ -972,6 +1008,36 @@ fn validate(config: &Config) -> Vec<Problem> {
                     format!("expected 0 (forever) or at least queue.lease_ms ({lease}), got {value}"),
                 );
             }
+        }
+        match (&kind.outcome_webhook, &kind.outcome_webhook_key) {
+            (Some(url), key) => {
+                if let Some(why) = webhook_url_refused(url, &config.outcomes.allowed_hosts) {
+                    bad(&path("outcome_webhook"), why);
+                }
+                match key.as_ref().map(|k| (k, config.keys.get(k))) {
+                    None => bad(
+                        &path("outcome_webhook_key"),
+                        "expected the [keys.ID] that signs this kind's webhooks".to_owned(),
+                    ),
+                    Some((k, None)) => bad(&path("outcome_webhook_key"), format!("no [keys.{k}] is configured")),
+                    Some((k, Some(source))) if source.algorithm != crate::keys::Algorithm::HmacSha256 => bad(
+                        &path("outcome_webhook_key"),
+                        format!("[keys.{k}] is {}, expected hmac-sha256", source.algorithm),
+                    ),
+                    Some(_) => {}
+                }
+                if name == WEBHOOK_KIND {
+                    bad(
+                        &path("outcome_webhook"),
+                        "the webhook kind's own outcomes are not sent on".to_owned(),
+                    );
+                }
+            }
+            (None, Some(_)) => bad(&path("outcome_webhook_key"), "set only with outcome_webhook".to_owned()),
+            (None, None) => {}
+        }
+        if name == WEBHOOK_KIND && kind.plugin.is_some() {
+            bad(&path("plugin"), "laneway delivers this kind itself".to_owned());
         }
         if let Some(dir) = &kind.archive {
             let at = std::path::Path::new(dir);
@@ -1130,6 +1196,23 @@ fn validate(config: &Config) -> Vec<Problem> {
 /// oracle URL that no plugin may reach is a typo or another network's node,
 /// and its quotes would price the wrong network. Checked where plugins are
 /// loaded, so it is reported together with the kinds' own problems.
+/// Why a webhook URL cannot be used, if it cannot.
+fn webhook_url_refused(url: &str, allowed: &[String]) -> Option<String> {
+    let Ok(parsed) = reqwest::Url::parse(url) else {
+        return Some(format!("expected an http(s) URL, got {url:?}"));
+    };
+    let (Some(host), Some(port)) = (parsed.host_str(), parsed.port_or_known_default()) else {
+        return Some(format!("expected an http(s) URL with a host, got {url:?}"));
+    };
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Some(format!("expected an http(s) URL, got {url:?}"));
+    }
+    let listed = allowed
+        .iter()
+        .any(|pattern| crate::egress::HostPattern::parse(pattern).is_ok_and(|p| p.allows(parsed.scheme(), host, port)));
+    (!listed).then(|| format!("{}://{host}:{port} is not in outcomes.allowed_hosts", parsed.scheme()))
+}
+
 pub fn oracle_url_unlisted(rpc_url: &str, plugins: &BTreeMap<String, PluginConfig>) -> Option<String> {
     let url = reqwest::Url::parse(rpc_url).ok()?;
     let (host, port) = (url.host_str()?, url.port_or_known_default()?);

@@ -757,6 +757,12 @@ pub trait Queue: Send + Sync + std::fmt::Debug {
     /// `owner` until `ttl` from now; `false` while another host holds it.
     async fn hold_singleton(&self, name: &str, owner: &str, ttl: std::time::Duration) -> Result<bool, QueueError>;
 
+    /// A named position in the outcome feed.
+    async fn feed_cursor(&self, name: &str) -> Result<Option<String>, QueueError>;
+
+    /// Stores a named position in the outcome feed.
+    async fn set_feed_cursor(&self, name: &str, cursor: &str) -> Result<(), QueueError>;
+
     /// Rows in `ops`, `attempts` and `idempotency_tombstones`, for the soak
     /// and for operators sizing retention.
     async fn table_rows(&self) -> Result<Vec<(String, i64)>, QueueError>;

@@ -1341,6 +1341,24 @@ impl Queue for PgQueue {
         Ok(held.is_some())
     }
 
+    async fn feed_cursor(&self, name: &str) -> Result<Option<String>, QueueError> {
+        Ok(sqlx::query_scalar("SELECT cursor FROM feed_cursors WHERE name = $1")
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    async fn set_feed_cursor(&self, name: &str, cursor: &str) -> Result<(), QueueError> {
+        sqlx::query(
+            "INSERT INTO feed_cursors (name, cursor) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET cursor = $2",
+        )
+        .bind(name)
+        .bind(cursor)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     async fn table_rows(&self) -> Result<Vec<(String, i64)>, QueueError> {
         let mut out = Vec::new();
         for table in ["ops", "attempts", "op_lanes", "outcomes", "idempotency_tombstones"] {

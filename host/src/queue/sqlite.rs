@@ -1827,6 +1827,26 @@ impl Queue for SqliteQueue {
         Ok(held.is_some())
     }
 
+    async fn feed_cursor(&self, name: &str) -> Result<Option<String>, QueueError> {
+        Ok(sqlx::query_scalar("SELECT cursor FROM feed_cursors WHERE name = ?")
+            .bind(name)
+            .fetch_optional(&self.reader)
+            .await?)
+    }
+
+    async fn set_feed_cursor(&self, name: &str, cursor: &str) -> Result<(), QueueError> {
+        let mut tx = self.write().await?;
+        sqlx::query(
+            "INSERT INTO feed_cursors (name, cursor) VALUES (?1, ?2) ON CONFLICT (name) DO UPDATE SET cursor = ?2",
+        )
+        .bind(name)
+        .bind(cursor)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn table_rows(&self) -> Result<Vec<(String, i64)>, QueueError> {
         let mut out = Vec::new();
         for table in ["ops", "attempts", "op_lanes", "outcomes", "idempotency_tombstones"] {

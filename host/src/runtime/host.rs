@@ -275,6 +275,12 @@ impl PluginHost {
             }
         }
         let mut executors = Executors::new();
+        // laneway's own kind, in every registry, so webhooks already queued
+        // keep going whatever the config now says.
+        executors.insert(
+            crate::config::WEBHOOK_KIND.to_owned(),
+            Arc::new(crate::webhook::WebhookExecutor::new(keys.clone())) as Arc<dyn Executor>,
+        );
         let mut refused = Vec::new();
         for (kind, kind_config) in &config.kinds {
             let Some(plugin_name) = &kind_config.plugin else {

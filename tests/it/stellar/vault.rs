@@ -208,6 +208,7 @@ crate::on_both_backends!(
     two_outboxes_sharing_a_signer_on_two_hosts_never_overlap,
     a_refused_kind_config_leaves_its_ops_waiting_until_it_is_fixed,
     priced_ops_wait_for_the_oracles_first_sample,
+    a_confirmed_deposit_reaches_a_signed_webhook_verified_by_the_reference_library,
 );
 
 /// An op claimed before the fee oracle's first sample waits for it (up to
@@ -997,6 +998,150 @@ async fn past_the_rpc_retention_window_the_sequence_decides_and_nothing_is_paid_
     ensure!(
         chain.fake.submitted().len() == 1 && chain.fake.landed().len() == 1,
         "sent once, landed once"
+    );
+    host.running.stop().await
+}
+
+/// The Standard Webhooks reference receiver (`tests/tools/webhook_receiver.py`)
+/// as a process: its port and the file it records requests in.
+struct Receiver {
+    child: std::process::Child,
+    port: u16,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Receiver {
+    fn start(secret: &str) -> anyhow::Result<Self> {
+        use std::io::BufRead as _;
+        let dir = tempfile::tempdir()?;
+        let log = dir.path().join("requests.jsonl");
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/webhook_receiver.py");
+        let mut child = std::process::Command::new("python3")
+            .arg(script)
+            .arg(secret)
+            .arg(&log)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .context("python3 for the webhook receiver")?;
+        let stdout = child.stdout.take().context("its stdout")?;
+        let mut line = String::new();
+        std::io::BufReader::new(stdout).read_line(&mut line)?;
+        let port = line.trim().parse().with_context(|| {
+            format!("the receiver did not start (is the standardwebhooks package installed? ./dev test installs it): {line:?}")
+        })?;
+        Ok(Self {
+            child,
+            port,
+            log,
+            _dir: dir,
+        })
+    }
+
+    fn requests(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+}
+
+/// A deposit's confirmation reaches the producer's webhook, signed so that
+/// the Standard Webhooks reference implementation accepts it, with the
+/// transaction hash as the receipt; the op itself is in the outcome feed.
+async fn a_confirmed_deposit_reaches_a_signed_webhook_verified_by_the_reference_library(
+    db: TestDb,
+) -> anyhow::Result<()> {
+    use base64::Engine as _;
+    let secret = format!("whsec_{}", base64::engine::general_purpose::STANDARD.encode([7u8; 32]));
+    let receiver = Receiver::start(&secret)?;
+    let dir = tempfile::tempdir()?;
+    let key_file = dir.path().join("hooks.secret");
+    std::fs::write(&key_file, &secret)?;
+    let chain = Chain::start(25).await?;
+    let config = chain.config(
+        "",
+        &format!(
+            "[keys.hooks]\nalgorithm = \"hmac-sha256\"\nfile = {:?}\n\
+             [outcomes]\nallowed_hosts = [\"http://127.0.0.1:*\"]\nrelay_every_ms = 20\n\
+             [kinds.deposit]\noutcome_webhook = \"http://127.0.0.1:{}/hooks/laneway\"\noutcome_webhook_key = \"hooks\"\n",
+            key_file.display().to_string(),
+            receiver.port
+        ),
+    )?;
+    let host = Host::start(db.queue.clone(), config.clone()).await?;
+    host.sample_fees(db.queue.clone()).await?;
+    let id = host.enqueue(&[vault_op("deposit", 3, 5_000, None)]).await?[0];
+    confirmed(db.queue.as_ref(), id).await?;
+    let hash = db.queue.get(id).await?.and_then(|o| o.receipt).context("a receipt")?;
+    // The relay, as `laneway run` runs it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while receiver.requests().is_empty() {
+        laneway::webhook::relay_once(db.queue.as_ref(), &host.running.dispatcher, &config, "host-a").await?;
+        ensure!(tokio::time::Instant::now() < deadline, "no webhook arrived");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let requests = receiver.requests();
+    ensure!(requests.len() == 1, "one webhook: {requests:?}");
+    let hook = &requests[0];
+    ensure!(
+        hook["ok"] == true,
+        "the reference library refused the signature: {hook}"
+    );
+    let payload = &hook["payload"];
+    ensure!(payload["type"] == "op.confirmed", "{payload}");
+    ensure!(
+        payload["data"]["op"]["id"] == id && payload["data"]["op"]["receipt"] == hash.as_str(),
+        "the op and its transaction hash: {payload}"
+    );
+    ensure!(
+        payload["data"]["op"]["kind"] == "deposit" && payload["data"]["final_attempt"]["class"] == "confirmed",
+        "{payload}"
+    );
+    // The webhook was an op of its own, confirmed, in its own outbox and lane.
+    let hooks = db
+        .queue
+        .list(&laneway::queue::OpFilter {
+            kind: Some("outcome_webhook".to_owned()),
+            limit: 10,
+            ..Default::default()
+        })
+        .await?;
+    ensure!(
+        hooks.len() == 1
+            && hooks[0].status == Status::Confirmed
+            && hooks[0].outbox == "outcomes:vault"
+            && hooks[0].lanes == vec![format!("outcome:{id}")],
+        "{hooks:?}"
+    );
+    // A second relay pass sends nothing again.
+    laneway::webhook::relay_once(db.queue.as_ref(), &host.running.dispatcher, &config, "host-a").await?;
+    settle(db.queue.as_ref(), Duration::from_secs(10)).await?;
+    ensure!(receiver.requests().len() == 1, "sent twice: {:?}", receiver.requests());
+    // The receiver is no rubber stamp: a forged signature is refused.
+    let forged = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{}/hooks/laneway", receiver.port))
+        .header("webhook-id", "msg_forged")
+        .header("webhook-timestamp", chrono::Utc::now().timestamp().to_string())
+        .header("webhook-signature", "v1,AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=")
+        .body("{}")
+        .send()
+        .await?;
+    ensure!(forged.status().as_u16() == 400);
+    ensure!(receiver.requests().last().is_some_and(|r| r["ok"] == false));
+    // And the outcome is in the feed.
+    let feed = db.queue.outcomes(None, 100).await?;
+    ensure!(
+        feed.iter().any(|e| e.op.id == id && e.status == Status::Confirmed),
+        "{feed:?}"
     );
     host.running.stop().await
 }
