@@ -18,6 +18,11 @@
 //! - `backlog`: PostgreSQL rows read per settled op with 10k and with 1M ops
 //!   waiting (`--backlog N` changes the big one).
 //! - `lanes`: 10,000 strict lanes with 5 ops each.
+//! - `soak`: `--soak N` ops (default 1M) through a no-op executor on SQLite
+//!   with a producer keeping about 20k waiting, once without pruning and
+//!   once with retention at 5 s (the pruner every 500 ms): drain ops/s of
+//!   each and their ratio, and the largest row counts and database file
+//!   seen during the pruned run. Not in the default set (it takes minutes).
 //!
 //! PostgreSQL is `TEST_PG_URL` (default `postgres://postgres@127.0.0.1:5432/test`);
 //! every run uses a fresh schema and drops it. Peak RSS is printed at the end.
@@ -607,6 +612,7 @@ fn peak_rss() -> String {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
+    let mut soak_n = 1_000_000;
     let mut quick = false;
     let mut only: Option<Vec<String>> = None;
     let mut n = 20_000;
@@ -628,6 +634,7 @@ async fn main() -> anyhow::Result<()> {
             "--ops" => n = args.next().context("--ops needs N")?.parse()?,
             "--rounds" => rounds = args.next().context("--rounds needs N")?.parse()?,
             "--backlog" => big = args.next().context("--backlog needs N")?.parse()?,
+            "--soak" => soak_n = args.next().context("--soak needs N")?.parse()?,
             "--systems" => {
                 systems = args
                     .next()
@@ -662,7 +669,137 @@ async fn main() -> anyhow::Result<()> {
     if wants("lanes") {
         many_lanes().await?;
     }
+    if only.as_ref().is_some_and(|o| o.iter().any(|x| x == "soak")) {
+        soak(soak_n).await?;
+    }
     println!("\npeak RSS of this process: {}", peak_rss());
+    Ok(())
+}
+
+/// What one soak run saw.
+struct SoakRun {
+    rate: f64,
+    max_rows: HashMap<String, i64>,
+    max_file: u64,
+    final_rows: HashMap<String, i64>,
+}
+
+fn db_bytes(dir: &Path) -> u64 {
+    ["bench.db", "bench.db-wal"]
+        .iter()
+        .filter_map(|f| std::fs::metadata(dir.join(f)).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// `n` ops through the no-op executor with a producer keeping ~20k waiting;
+/// with `prune`, retention 5 s and the pruner every 500 ms.
+async fn soak_run(n: usize, prune: bool) -> anyhow::Result<SoakRun> {
+    let scratch = Scratch::new(
+        Store::SqliteNormal,
+        "[queue]\nlease_ms = 2000\n[retention]\nconfirmed_ms = 5000\nevery_ms = 500\nbatch = 2000\n",
+    )
+    .await?;
+    let dir = scratch._dir.path().to_owned();
+    let (dispatcher, mut started) = scratch.dispatcher();
+    let runner = dispatcher.clone();
+    let handle = tokio::spawn(async move { runner.run().await });
+    let queue = scratch.queue.clone();
+    let producer = tokio::spawn(async move {
+        let mut sent = 0usize;
+        while sent < n {
+            let open: i64 = queue
+                .depth()
+                .await?
+                .iter()
+                .filter(|d| matches!(d.status, Status::Pending | Status::Submitted))
+                .map(|d| d.count)
+                .sum();
+            if open > 20_000 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                continue;
+            }
+            let chunk = ops(1000.min(n - sent), 8, 100_000);
+            sent += chunk.len();
+            queue.enqueue(&chunk).await?;
+        }
+        Ok::<(), anyhow::Error>(())
+    });
+    let pruner = prune.then(|| {
+        let queue = scratch.queue.clone();
+        let config = scratch.config.clone();
+        let stop = dispatcher.clone();
+        tokio::spawn(async move {
+            let pruner = laneway::pruner::Pruner::new(queue, Arc::new(SystemClock));
+            while !stop.is_cancelled() {
+                pruner.run_once(&config, "bench").await?;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Ok::<(), anyhow::Error>(())
+        })
+    });
+    let start = Instant::now();
+    let mut max_rows: HashMap<String, i64> = HashMap::new();
+    let mut max_file = 0;
+    let mut seen = 0usize;
+    let mut next_sample = Instant::now();
+    while seen < n {
+        tokio::select! {
+            got = started.recv() => {
+                got.context("executor gone")?;
+                seen += 1;
+            }
+            () = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+        if Instant::now() >= next_sample {
+            next_sample = Instant::now() + Duration::from_secs(1);
+            for (table, rows) in scratch.queue.table_rows().await? {
+                let max = max_rows.entry(table).or_default();
+                *max = (*max).max(rows);
+            }
+            max_file = max_file.max(db_bytes(&dir));
+        }
+    }
+    while scratch.open_ops().await? > 0 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    producer.await??;
+    dispatcher.shutdown();
+    handle.await??;
+    if let Some(p) = pruner {
+        p.await??;
+    }
+    let final_rows = scratch.queue.table_rows().await?.into_iter().collect();
+    max_file = max_file.max(db_bytes(&dir));
+    scratch.drop().await?;
+    Ok(SoakRun {
+        rate,
+        max_rows,
+        max_file,
+        final_rows,
+    })
+}
+
+async fn soak(n: usize) -> anyhow::Result<()> {
+    println!("\n## soak: {n} ops, SQLite (synchronous=normal), a producer keeping ~20k waiting\n");
+    let plain = soak_run(n, false).await?;
+    let pruned = soak_run(n, true).await?;
+    println!("| run | ops/s | most ops rows | most attempts rows | most tombstones | largest db file (MiB) | ops rows at the end |");
+    println!("|---|---|---|---|---|---|---|");
+    for (name, run) in [("no pruning", &plain), ("retention 5 s, pruner every 500 ms", &pruned)] {
+        let get = |m: &HashMap<String, i64>, t: &str| m.get(t).copied().unwrap_or(0);
+        println!(
+            "| {name} | {:.0} | {} | {} | {} | {:.1} | {} |",
+            run.rate,
+            get(&run.max_rows, "ops"),
+            get(&run.max_rows, "attempts"),
+            get(&run.max_rows, "idempotency_tombstones"),
+            run.max_file as f64 / 1_048_576.0,
+            get(&run.final_rows, "ops"),
+        );
+    }
+    println!("\nthroughput with pruning / without: {:.2}", pruned.rate / plain.rate);
     Ok(())
 }
 

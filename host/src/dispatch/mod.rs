@@ -516,6 +516,11 @@ impl Dispatcher {
         self.inner.cancel.cancel();
     }
 
+    /// Whether [`Dispatcher::shutdown`] has been called.
+    pub fn is_cancelled(&self) -> bool {
+        self.inner.cancel.is_cancelled()
+    }
+
     /// Resolves once [`Dispatcher::shutdown`] has been called.
     pub async fn cancelled(&self) {
         self.inner.cancel.cancelled().await;
