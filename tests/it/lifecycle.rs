@@ -19,6 +19,7 @@ crate::on_both_backends!(
     live: the_outcome_feed_pages_every_terminal_transition_once_in_order,
     wait_answers_a_fast_op_with_its_outcome_and_lets_a_slow_one_go_on,
     the_pruner_removes_and_archives_exactly_what_its_policy_says,
+    a_fanout_to_a_thousand_inboxes_stores_its_payload_once,
 );
 
 async fn the_outcome_feed_pages_every_terminal_transition_once_in_order(db: TestDb) -> anyhow::Result<()> {
@@ -348,4 +349,71 @@ async fn the_pruner_removes_and_archives_exactly_what_its_policy_says(db: TestDb
         "four ops kept: {rows:?}"
     );
     running.stop().await
+}
+
+async fn a_fanout_to_a_thousand_inboxes_stores_its_payload_once(db: TestDb) -> anyhow::Result<()> {
+    let exec = Scripted::new(0);
+    let served = Served::start(
+        &db,
+        &exec,
+        "[queue]\nlease_ms = 2000\n[retention]\nconfirmed_ms = 2000\nbatch = 500\n",
+    )
+    .await?;
+    let producer = served.key("producer", &["ops:write", "outbox:read"]).await?;
+    let note = "x".repeat(40_000);
+    let activity = serde_json::json!({
+        "id": "https://me.example/a/big", "type": "Create",
+        "object": {"type": "Note", "content": note},
+    });
+    let recipients: Vec<String> = (0..1000).map(|i| format!("https://h{i}.example/inbox")).collect();
+    let body = serde_json::json!({
+        "outbox": "https://me.example/users/alice",
+        "activity": activity,
+        "recipients": recipients,
+    })
+    .to_string();
+    let (status, answer) = served
+        .call("POST", "/api/v1/activitypub/deliveries", Some(&producer), Some(&body))
+        .await?;
+    ensure!(
+        status == 200 && answer["created"] == 1000,
+        "{status} {}",
+        answer["created"]
+    );
+    let rows = served.queue.table_rows().await?;
+    let count = |t: &str| rows.iter().find(|(n, _)| n == t).map_or(-1, |(_, n)| *n);
+    ensure!(count("ops") == 1000 && count("payloads") == 1, "{rows:?}");
+    settle(served.queue.as_ref(), Duration::from_secs(60)).await?;
+    // Every reader sees the activity as sent: the API, and the executor.
+    let first = answer["deliveries"][0]["id"].as_i64().context("an id")?;
+    let (_, shown) = served
+        .call("GET", &format!("/api/admin/outbox/{first}"), Some(&producer), None)
+        .await?;
+    let shown: Value = serde_json::from_str(shown["op"]["payload"].as_str().context("a payload")?)?;
+    ensure!(shown == activity, "the stored payload reads back as the activity");
+    ensure!(
+        exec.delivered().len() == 1000 && exec.payload_sizes().iter().all(|n| *n > 40_000),
+        "the executor got the whole activity every time"
+    );
+    // A plain-SQL op keeps its own copy and reads back the same way.
+    let own = served
+        .running
+        .dispatcher
+        .enqueue(&[to("o", "https://solo.example/inbox", 1)])
+        .await?[0]
+        .id();
+    ensure!(served.queue.get(own).await?.context("op")?.payload == r#"{"n":1}"#);
+    settle(served.queue.as_ref(), Duration::from_secs(10)).await?;
+    // Pruned with its last op, the payload goes too.
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    let config = fast_config("[queue]\nlease_ms = 2000\n[retention]\nconfirmed_ms = 2000\nbatch = 500\n")?;
+    let pruner = laneway::pruner::Pruner::new(served.queue.clone(), std::sync::Arc::new(laneway::clock::SystemClock));
+    let report = pruner.run_once(&config, "host-a").await?.context("the lease")?;
+    ensure!(report.deleted == 1001, "{report:?}");
+    let rows = served.queue.table_rows().await?;
+    ensure!(
+        rows.iter().all(|(t, n)| !(t == "ops" || t == "payloads") || *n == 0),
+        "{rows:?}"
+    );
+    served.running.stop().await
 }

@@ -279,6 +279,9 @@ pub enum Synchronous {
 pub struct QueueConfig {
     /// Largest payload accepted.
     pub max_payload_bytes: usize,
+    /// Payloads at least this long are stored once however many ops carry
+    /// them (a fan-out's activity); 0 never.
+    pub shared_payload_bytes: usize,
     /// Claim duration.
     pub lease_ms: u64,
     /// Most ops per claim.
@@ -1235,6 +1238,7 @@ impl Config {
     pub fn limits(&self) -> crate::queue::Limits {
         crate::queue::Limits {
             max_payload_bytes: self.queue.max_payload_bytes,
+            shared_payload_bytes: self.queue.shared_payload_bytes,
         }
     }
 

@@ -208,6 +208,10 @@ pub struct Op {
     pub lanes: Vec<String>,
     /// The payload, exactly as the producer gave it (JSON text).
     pub payload: String,
+    /// Where the payload is stored when it is shared (`payloads.hash`);
+    /// the queue has already read it into `payload`.
+    #[serde(skip)]
+    pub payload_ref: Option<String>,
     /// Unique per outbox, forever.
     pub idempotency_key: Option<String>,
     /// Unique among the outbox's non-terminal ops.

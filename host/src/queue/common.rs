@@ -347,6 +347,17 @@ pub fn parse_priority(id: OpId, rank: i64) -> Result<Priority, QueueError> {
     })
 }
 
+/// The `payloads` key a payload is stored under when it is long enough to
+/// be shared (`shared_from` bytes, 0 never): its SHA-256, hex.
+pub fn shared_payload(payload: &str, shared_from: usize) -> Option<String> {
+    use sha2::Digest as _;
+    if shared_from == 0 || payload.len() < shared_from {
+        return None;
+    }
+    let digest = sha2::Sha256::digest(payload.as_bytes());
+    Some(digest.iter().map(|b| format!("{b:02x}")).collect())
+}
+
 /// Whether an error is a unique-constraint violation.
 pub fn is_unique_violation(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
@@ -418,7 +429,10 @@ mod tests {
 
     #[test]
     fn payload_over_the_limit_is_rejected_before_parsing() {
-        let limits = Limits { max_payload_bytes: 8 };
+        let limits = Limits {
+            max_payload_bytes: 8,
+            ..Limits::default()
+        };
         let err = validate_new_op(&op(r#"{"long":"value"}"#), limits).unwrap_err();
         assert_eq!(
             err.to_string(),

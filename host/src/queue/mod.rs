@@ -479,12 +479,16 @@ pub struct Depth {
 pub struct Limits {
     /// Largest payload accepted, in bytes.
     pub max_payload_bytes: usize,
+    /// Payloads at least this long are stored once (`payloads`), however
+    /// many ops carry them; 0 never.
+    pub shared_payload_bytes: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Self {
             max_payload_bytes: 1024 * 1024,
+            shared_payload_bytes: 1024,
         }
     }
 }

@@ -24,7 +24,7 @@ use super::common::{
     unsent_guard, validate_new_op, FinishParams, BOOK_COLUMNS,
 };
 use super::common::{
-    api_key_name_taken, json_column, json_from_column, pause_scope, scopes_column, scopes_from_column,
+    api_key_name_taken, json_column, json_from_column, pause_scope, scopes_column, scopes_from_column, shared_payload,
 };
 use super::{
     new_token, Backend, BookRow, CandidateOp, Cas, ClaimRequest, Claimed, Completion, Depth, Enqueued, ExpireTo,
@@ -49,7 +49,7 @@ pub const NOTIFY_CHANNEL: &str = "laneway_ops";
 const OP_COLUMNS: &str = "ops.id, ops.outbox, ops.kind, ops.priority, ops.lanes, ops.payload::text AS payload, \
      ops.idempotency_key, ops.coalesce_key, ops.subject, ops.correlation_id, ops.status, ops.attempts, \
      ops.attempt_floor, ops.fee_bumps, ops.next_attempt_at, ops.lease_owner, ops.lease_token, ops.lease_until, \
-     ops.receipt, ops.last_error, ops.created_at, ops.updated_at, ops.finished_at";
+     ops.receipt, ops.last_error, ops.created_at, ops.updated_at, ops.finished_at, ops.payload_ref";
 
 /// What the lane guard reads of an op.
 const OCCUPANT_COLUMNS: &str =
@@ -134,7 +134,7 @@ impl PgQueue {
         let now = now_ms(self.clock.as_ref());
         let mut results = Vec::with_capacity(checked.len());
         for op in &checked {
-            results.push(insert_one(conn, op, now).await?);
+            results.push(insert_one(conn, op, now, self.limits.shared_payload_bytes).await?);
         }
         Ok(results)
     }
@@ -168,7 +168,9 @@ impl PgQueue {
             .push(" FROM picked WHERE ops.id = picked.id AND ops.status = 'pending' RETURNING ")
             .push(OP_COLUMNS);
         let rows = q.build().fetch_all(&self.pool).await?;
-        claimed_from_rows(&rows, token)
+        let mut claimed = claimed_from_rows(&rows, token)?;
+        resolve_payloads(&self.pool, claimed.iter_mut().map(|c| &mut c.op)).await?;
+        Ok(claimed)
     }
 
     /// Claims those of `ids` that are still pending and due and whose lanes
@@ -238,7 +240,9 @@ impl PgQueue {
         .bind(&admitted)
         .fetch_all(&mut *tx)
         .await?;
-        claimed_from_rows(&rows, token)
+        let mut claimed = claimed_from_rows(&rows, token)?;
+        resolve_payloads(&mut *tx, claimed.iter_mut().map(|c| &mut c.op)).await?;
+        Ok(claimed)
     }
 
     async fn cas_each(
@@ -309,7 +313,8 @@ impl PgQueue {
             Err(e) => return Err(e.into()),
         };
         if let Some(row) = row {
-            let op = op_from_row(&row)?;
+            let mut op = op_from_row(&row)?;
+            resolve_payloads(&mut *tx, [&mut op]).await?;
             if let Some(after) = after {
                 sqlx::query(after).bind(id).execute(&mut *tx).await?;
             }
@@ -331,27 +336,44 @@ enum SqlValue {
     Text(Option<String>),
 }
 
-async fn insert_one(conn: &mut PgConnection, op: &NewOp, now: DateTime<Utc>) -> Result<Enqueued, QueueError> {
+async fn insert_one(
+    conn: &mut PgConnection,
+    op: &NewOp,
+    now: DateTime<Utc>,
+    shared_from: usize,
+) -> Result<Enqueued, QueueError> {
     let due = op.not_before.map_or(now, |t| t.max(now));
+    let (payload, payload_ref) = match shared_payload(&op.payload, shared_from) {
+        Some(hash) => {
+            sqlx::query("INSERT INTO payloads (hash, body) VALUES ($1, $2::json) ON CONFLICT DO NOTHING")
+                .bind(&hash)
+                .bind(&op.payload)
+                .execute(&mut *conn)
+                .await?;
+            ("null", Some(hash))
+        }
+        None => (op.payload.as_str(), None),
+    };
     // A conflicting op can reach a terminal state between the insert and the
     // look-up that explains the conflict; then the insert is simply retried.
     for _ in 0..3 {
         let inserted: Option<i64> = sqlx::query_scalar(
             "INSERT INTO ops (outbox, kind, priority, lanes, payload, idempotency_key, coalesce_key, subject, \
-             correlation_id, next_attempt_at, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5::json, $6, $7, $8, $9, $10, $11, $11) ON CONFLICT DO NOTHING RETURNING id",
+             correlation_id, next_attempt_at, created_at, updated_at, payload_ref) \
+             VALUES ($1, $2, $3, $4, $5::json, $6, $7, $8, $9, $10, $11, $11, $12) ON CONFLICT DO NOTHING RETURNING id",
         )
         .bind(&op.outbox)
         .bind(&op.kind)
         .bind(op.priority.rank())
         .bind(&op.lanes)
-        .bind(&op.payload)
+        .bind(payload)
         .bind(&op.idempotency_key)
         .bind(&op.coalesce_key)
         .bind(&op.subject)
         .bind(&op.correlation_id)
         .bind(due)
         .bind(now)
+        .bind(&payload_ref)
         .fetch_optional(&mut *conn)
         .await?;
         if let Some(id) = inserted {
@@ -517,13 +539,16 @@ impl Queue for PgQueue {
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
+        let mut claimed: Vec<Claimed> = rows
+            .iter()
             .map(op_from_row)
             .filter_map(|op| match op {
                 Ok(op) => op.lease().map(|lease| Ok(Claimed { op, lease })),
                 Err(e) => Some(Err(e)),
             })
-            .collect()
+            .collect::<Result<_, QueueError>>()?;
+        resolve_payloads(&self.pool, claimed.iter_mut().map(|c| &mut c.op)).await?;
+        Ok(claimed)
     }
 
     async fn expire(&self, lease: &Lease, to: ExpireTo) -> Result<Cas, QueueError> {
@@ -592,7 +617,9 @@ impl Queue for PgQueue {
             .bind(id)
             .fetch_optional(&self.pool)
             .await?;
-        row.as_ref().map(op_from_row).transpose()
+        let mut op = row.as_ref().map(op_from_row).transpose()?;
+        resolve_payloads(&self.pool, op.iter_mut()).await?;
+        Ok(op)
     }
 
     async fn attempts(&self, id: OpId) -> Result<Vec<Attempt>, QueueError> {
@@ -673,7 +700,9 @@ impl Queue for PgQueue {
         });
         q.push(" LIMIT ").push_bind(i64::from(filter.limit));
         let rows = q.build().fetch_all(&self.pool).await?;
-        rows.iter().map(op_from_row).collect()
+        let mut ops = rows.iter().map(op_from_row).collect::<Result<Vec<_>, _>>()?;
+        resolve_payloads(&self.pool, ops.iter_mut()).await?;
+        Ok(ops)
     }
 
     async fn depth(&self) -> Result<Vec<Depth>, QueueError> {
@@ -707,14 +736,17 @@ impl Queue for PgQueue {
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
+        let mut candidates = rows
+            .iter()
             .map(|row| {
                 Ok(CandidateOp {
                     op: op_from_row(row)?,
                     subject_halted: row.try_get("subject_halted")?,
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>, QueueError>>()?;
+        resolve_payloads(&self.pool, candidates.iter_mut().map(|c| &mut c.op)).await?;
+        Ok(candidates)
     }
 
     async fn scan(&self, outbox: &str, after: Option<OpId>, limit: u32) -> Result<Vec<BookRow>, QueueError> {
@@ -1198,7 +1230,8 @@ impl Queue for PgQueue {
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
+        let mut entries = rows
+            .iter()
             .map(|r| {
                 let op = op_from_row(r)?;
                 let seq: i64 = r.try_get("seq")?;
@@ -1211,7 +1244,9 @@ impl Queue for PgQueue {
                     op,
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>, QueueError>>()?;
+        resolve_payloads(&self.pool, entries.iter_mut().map(|e| &mut e.op)).await?;
+        Ok(entries)
     }
     async fn prunable(&self, query: &PruneQuery) -> Result<Vec<Op>, QueueError> {
         let mut q = QueryBuilder::<Postgres>::new(format!("SELECT {OP_COLUMNS} FROM ops WHERE ops.status = "));
@@ -1230,7 +1265,9 @@ impl Queue for PgQueue {
         q.push(" AND ops.id NOT IN (SELECT op_id FROM lane_halts) ORDER BY ops.id LIMIT ")
             .push_bind(i64::from(query.limit));
         let rows = q.build().fetch_all(&self.pool).await?;
-        rows.iter().map(op_from_row).collect()
+        let mut ops = rows.iter().map(op_from_row).collect::<Result<Vec<_>, _>>()?;
+        resolve_payloads(&self.pool, ops.iter_mut()).await?;
+        Ok(ops)
     }
 
     async fn put_tombstones(&self, tombstones: &[Tombstone]) -> Result<(), QueueError> {
@@ -1271,6 +1308,11 @@ impl Queue for PgQueue {
         .bind(status.as_str())
         .fetch_all(&mut *tx)
         .await?;
+        let shared: Vec<String> =
+            sqlx::query_scalar("SELECT DISTINCT payload_ref FROM ops WHERE id = ANY($1) AND payload_ref IS NOT NULL")
+                .bind(&doomed)
+                .fetch_all(&mut *tx)
+                .await?;
         for table in ["attempts", "op_lanes", "outcomes"] {
             sqlx::query(&format!("DELETE FROM {table} WHERE op_id = ANY($1)"))
                 .bind(&doomed)
@@ -1281,6 +1323,16 @@ impl Queue for PgQueue {
             .bind(&doomed)
             .execute(&mut *tx)
             .await?;
+        // A shared payload goes with the last op that carries it (a
+        // concurrent enqueue of the same payload finds the row it keeps
+        // or inserts it again: ON CONFLICT DO NOTHING on both sides).
+        sqlx::query(
+            "DELETE FROM payloads WHERE hash = ANY($1) \
+             AND NOT EXISTS (SELECT 1 FROM ops WHERE ops.payload_ref = payloads.hash)",
+        )
+        .bind(&shared)
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(doomed)
     }
@@ -1361,7 +1413,14 @@ impl Queue for PgQueue {
 
     async fn table_rows(&self) -> Result<Vec<(String, i64)>, QueueError> {
         let mut out = Vec::new();
-        for table in ["ops", "attempts", "op_lanes", "outcomes", "idempotency_tombstones"] {
+        for table in [
+            "ops",
+            "attempts",
+            "op_lanes",
+            "outcomes",
+            "idempotency_tombstones",
+            "payloads",
+        ] {
             let n: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {table}"))
                 .fetch_one(&self.pool)
                 .await?;
@@ -1624,6 +1683,37 @@ fn occupant_from_row(row: &PgRow) -> Result<Occupant, QueueError> {
     })
 }
 
+/// Reads shared payloads (`payloads`) into the ops that point at them, so
+/// every reader sees the payload as enqueued whichever way it is stored.
+async fn resolve_payloads<'a, 'c, E>(exec: E, ops: impl IntoIterator<Item = &'a mut Op>) -> Result<(), QueueError>
+where
+    E: sqlx::Executor<'c, Database = Postgres>,
+{
+    let mut wanting: Vec<&'a mut Op> = ops.into_iter().filter(|o| o.payload_ref.is_some()).collect();
+    if wanting.is_empty() {
+        return Ok(());
+    }
+    let mut hashes: Vec<String> = wanting.iter().filter_map(|o| o.payload_ref.clone()).collect();
+    hashes.sort_unstable();
+    hashes.dedup();
+    let bodies: std::collections::HashMap<String, String> =
+        sqlx::query_as("SELECT hash, body::text FROM payloads WHERE hash = ANY($1)")
+            .bind(&hashes)
+            .fetch_all(exec)
+            .await?
+            .into_iter()
+            .collect();
+    for op in &mut wanting {
+        let hash = op.payload_ref.clone().unwrap_or_default();
+        op.payload = bodies.get(&hash).cloned().ok_or(QueueError::Corrupt {
+            id: op.id,
+            column: "payload_ref",
+            value: hash,
+        })?;
+    }
+    Ok(())
+}
+
 fn op_from_row(row: &PgRow) -> Result<Op, QueueError> {
     let id: i64 = row.try_get("id")?;
     let status: String = row.try_get("status")?;
@@ -1635,6 +1725,7 @@ fn op_from_row(row: &PgRow) -> Result<Op, QueueError> {
         priority: parse_priority(id, i64::from(row.try_get::<i16, _>("priority")?))?,
         lanes: row.try_get("lanes")?,
         payload: row.try_get("payload")?,
+        payload_ref: row.try_get("payload_ref")?,
         idempotency_key: row.try_get("idempotency_key")?,
         coalesce_key: row.try_get("coalesce_key")?,
         subject: row.try_get("subject")?,

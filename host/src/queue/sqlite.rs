@@ -28,7 +28,7 @@ use super::common::{
     validate_new_op, FinishParams, BOOK_COLUMNS,
 };
 use super::common::{
-    api_key_name_taken, json_column, json_from_column, pause_scope, scopes_column, scopes_from_column,
+    api_key_name_taken, json_column, json_from_column, pause_scope, scopes_column, scopes_from_column, shared_payload,
 };
 use super::{
     new_token, Backend, BookRow, CandidateOp, Cas, ClaimRequest, Claimed, Completion, Depth, Enqueued, ExpireTo,
@@ -49,7 +49,7 @@ static MIGRATOR: Migrator = sqlx::migrate!("../migrations/sqlite");
 
 const OP_COLUMNS: &str = "id, outbox, kind, priority, lanes, payload, idempotency_key, coalesce_key, subject, \
      correlation_id, status, attempts, attempt_floor, fee_bumps, next_attempt_at, lease_owner, lease_token, \
-     lease_until, receipt, last_error, created_at, updated_at, finished_at";
+     lease_until, receipt, last_error, created_at, updated_at, finished_at, payload_ref";
 
 /// What the lane guard reads of an op.
 const OCCUPANT_COLUMNS: &str =
@@ -298,7 +298,7 @@ impl SqliteQueue {
         let now = now_ms(self.clock.as_ref());
         let mut results = Vec::with_capacity(checked.len());
         for op in &checked {
-            results.push(insert_one(conn, op, now).await?);
+            results.push(insert_one(conn, op, now, self.limits.shared_payload_bytes).await?);
         }
         Ok(results)
     }
@@ -365,6 +365,7 @@ impl SqliteQueue {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        resolve_payloads(&mut *conn, claimed.iter_mut().map(|c| &mut c.op)).await?;
         // RETURNING gives no order; callers get dispatch order.
         claimed.sort_by_key(|c| (c.op.priority, c.op.id));
         Ok(claimed)
@@ -703,7 +704,8 @@ impl SqliteQueue {
         };
         match row {
             Some(row) => {
-                let op = op_from_row(&row)?;
+                let mut op = op_from_row(&row)?;
+                resolve_payloads(&mut *tx, [&mut op]).await?;
                 if let Some(after) = after {
                     sqlx::query(after).bind(id).execute(&mut *tx).await?;
                 }
@@ -729,22 +731,38 @@ enum SqlValue {
     Text(Option<String>),
 }
 
-async fn insert_one(conn: &mut SqliteConnection, op: &NewOp, now: DateTime<Utc>) -> Result<Enqueued, QueueError> {
+async fn insert_one(
+    conn: &mut SqliteConnection,
+    op: &NewOp,
+    now: DateTime<Utc>,
+    shared_from: usize,
+) -> Result<Enqueued, QueueError> {
     let lanes = serde_json::to_string(&op.lanes).map_err(|e| QueueError::InvalidOp(e.to_string()))?;
     let due = op.not_before.map_or(now, |t| t.max(now));
+    let (payload, payload_ref) = match shared_payload(&op.payload, shared_from) {
+        Some(hash) => {
+            sqlx::query("INSERT INTO payloads (hash, body) VALUES (?, ?) ON CONFLICT DO NOTHING")
+                .bind(&hash)
+                .bind(&op.payload)
+                .execute(&mut *conn)
+                .await?;
+            ("null", Some(hash))
+        }
+        None => (op.payload.as_str(), None),
+    };
     // A conflicting op can reach a terminal state between the insert and the
     // look-up that explains the conflict; then the insert is simply retried.
     for _ in 0..3 {
         let inserted: Option<i64> = sqlx::query_scalar(
             "INSERT INTO ops (outbox, kind, priority, lanes, payload, idempotency_key, coalesce_key, subject, \
-             correlation_id, next_attempt_at, created_at, updated_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING id",
+             correlation_id, next_attempt_at, created_at, updated_at, payload_ref) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING id",
         )
         .bind(&op.outbox)
         .bind(&op.kind)
         .bind(op.priority.rank())
         .bind(&lanes)
-        .bind(&op.payload)
+        .bind(payload)
         .bind(&op.idempotency_key)
         .bind(&op.coalesce_key)
         .bind(&op.subject)
@@ -752,6 +770,7 @@ async fn insert_one(conn: &mut SqliteConnection, op: &NewOp, now: DateTime<Utc>)
         .bind(ms(due))
         .bind(ms(now))
         .bind(ms(now))
+        .bind(&payload_ref)
         .fetch_optional(&mut *conn)
         .await?;
         if let Some(id) = inserted {
@@ -951,13 +970,16 @@ impl Queue for SqliteQueue {
         .bind(i64::from(limit))
         .fetch_all(&self.reader)
         .await?;
-        rows.iter()
+        let mut claimed: Vec<Claimed> = rows
+            .iter()
             .map(op_from_row)
             .filter_map(|op| match op {
                 Ok(op) => op.lease().map(|lease| Ok(Claimed { op, lease })),
                 Err(e) => Some(Err(e)),
             })
-            .collect()
+            .collect::<Result<_, QueueError>>()?;
+        resolve_payloads(&self.reader, claimed.iter_mut().map(|c| &mut c.op)).await?;
+        Ok(claimed)
     }
 
     async fn expire(&self, lease: &Lease, to: ExpireTo) -> Result<Cas, QueueError> {
@@ -1024,7 +1046,9 @@ impl Queue for SqliteQueue {
             .bind(id)
             .fetch_optional(&self.reader)
             .await?;
-        row.as_ref().map(op_from_row).transpose()
+        let mut op = row.as_ref().map(op_from_row).transpose()?;
+        resolve_payloads(&self.reader, op.iter_mut()).await?;
+        Ok(op)
     }
 
     async fn attempts(&self, id: OpId) -> Result<Vec<Attempt>, QueueError> {
@@ -1104,7 +1128,9 @@ impl Queue for SqliteQueue {
         });
         q.push(" LIMIT ").push_bind(i64::from(filter.limit));
         let rows = q.build().fetch_all(&self.reader).await?;
-        rows.iter().map(op_from_row).collect()
+        let mut ops = rows.iter().map(op_from_row).collect::<Result<Vec<_>, _>>()?;
+        resolve_payloads(&self.reader, ops.iter_mut()).await?;
+        Ok(ops)
     }
 
     async fn depth(&self) -> Result<Vec<Depth>, QueueError> {
@@ -1143,14 +1169,17 @@ impl Queue for SqliteQueue {
         .bind(i64::from(limit))
         .fetch_all(&self.reader)
         .await?;
-        rows.iter()
+        let mut candidates = rows
+            .iter()
             .map(|row| {
                 Ok(CandidateOp {
                     op: op_from_row(row)?,
                     subject_halted: row.try_get("subject_halted")?,
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>, QueueError>>()?;
+        resolve_payloads(&self.reader, candidates.iter_mut().map(|c| &mut c.op)).await?;
+        Ok(candidates)
     }
 
     async fn scan(&self, outbox: &str, after: Option<OpId>, limit: u32) -> Result<Vec<BookRow>, QueueError> {
@@ -1673,7 +1702,8 @@ impl Queue for SqliteQueue {
         .bind(i64::from(limit))
         .fetch_all(&self.reader)
         .await?;
-        rows.iter()
+        let entries = rows
+            .iter()
             .map(|r| {
                 let op = op_from_row(r)?;
                 let seq: i64 = r.try_get("seq")?;
@@ -1685,7 +1715,10 @@ impl Queue for SqliteQueue {
                     op,
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>, QueueError>>()?;
+        let mut entries = entries;
+        resolve_payloads(&self.reader, entries.iter_mut().map(|e| &mut e.op)).await?;
+        Ok(entries)
     }
     async fn prunable(&self, query: &PruneQuery) -> Result<Vec<Op>, QueueError> {
         let mut q = QueryBuilder::<Sqlite>::new(format!("SELECT {OP_COLUMNS} FROM ops WHERE status = "));
@@ -1706,7 +1739,9 @@ impl Queue for SqliteQueue {
         q.push(" AND id NOT IN (SELECT op_id FROM lane_halts) ORDER BY id LIMIT ")
             .push_bind(i64::from(query.limit));
         let rows = q.build().fetch_all(&self.reader).await?;
-        rows.iter().map(op_from_row).collect()
+        let mut ops = rows.iter().map(op_from_row).collect::<Result<Vec<_>, _>>()?;
+        resolve_payloads(&self.reader, ops.iter_mut()).await?;
+        Ok(ops)
     }
 
     async fn put_tombstones(&self, tombstones: &[Tombstone]) -> Result<(), QueueError> {
@@ -1748,6 +1783,12 @@ impl Queue for SqliteQueue {
         .fetch_all(&mut *tx)
         .await?;
         let doomed_json = serde_json::to_string(&doomed).map_err(|e| QueueError::InvalidOp(e.to_string()))?;
+        let shared: Vec<String> = sqlx::query_scalar(
+            "SELECT DISTINCT payload_ref FROM ops WHERE id IN (SELECT value FROM json_each(?)) AND payload_ref IS NOT NULL",
+        )
+        .bind(&doomed_json)
+        .fetch_all(&mut *tx)
+        .await?;
         for table in ["attempts", "op_lanes", "outcomes"] {
             sqlx::query(&format!(
                 "DELETE FROM {table} WHERE op_id IN (SELECT value FROM json_each(?))"
@@ -1760,6 +1801,15 @@ impl Queue for SqliteQueue {
             .bind(&doomed_json)
             .execute(&mut *tx)
             .await?;
+        // A shared payload goes with the last op that carries it.
+        let shared = serde_json::to_string(&shared).map_err(|e| QueueError::InvalidOp(e.to_string()))?;
+        sqlx::query(
+            "DELETE FROM payloads WHERE hash IN (SELECT value FROM json_each(?)) \
+             AND NOT EXISTS (SELECT 1 FROM ops WHERE ops.payload_ref = payloads.hash)",
+        )
+        .bind(shared)
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(doomed)
     }
@@ -1849,7 +1899,14 @@ impl Queue for SqliteQueue {
 
     async fn table_rows(&self) -> Result<Vec<(String, i64)>, QueueError> {
         let mut out = Vec::new();
-        for table in ["ops", "attempts", "op_lanes", "outcomes", "idempotency_tombstones"] {
+        for table in [
+            "ops",
+            "attempts",
+            "op_lanes",
+            "outcomes",
+            "idempotency_tombstones",
+            "payloads",
+        ] {
             let n: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {table}"))
                 .fetch_one(&self.reader)
                 .await?;
@@ -1960,6 +2017,38 @@ fn lanes_from_row(id: OpId, row: &SqliteRow) -> Result<Vec<String>, QueueError> 
     })
 }
 
+/// Reads shared payloads (`payloads`) into the ops that point at them, so
+/// every reader sees the payload as enqueued whichever way it is stored.
+async fn resolve_payloads<'a, 'c, E>(exec: E, ops: impl IntoIterator<Item = &'a mut Op>) -> Result<(), QueueError>
+where
+    E: sqlx::Executor<'c, Database = Sqlite>,
+{
+    let mut wanting: Vec<&'a mut Op> = ops.into_iter().filter(|o| o.payload_ref.is_some()).collect();
+    if wanting.is_empty() {
+        return Ok(());
+    }
+    let mut hashes: Vec<&str> = wanting.iter().filter_map(|o| o.payload_ref.as_deref()).collect();
+    hashes.sort_unstable();
+    hashes.dedup();
+    let list = serde_json::to_string(&hashes).map_err(|e| QueueError::InvalidOp(e.to_string()))?;
+    let bodies: std::collections::HashMap<String, String> =
+        sqlx::query_as("SELECT hash, body FROM payloads WHERE hash IN (SELECT value FROM json_each(?))")
+            .bind(list)
+            .fetch_all(exec)
+            .await?
+            .into_iter()
+            .collect();
+    for op in &mut wanting {
+        let hash = op.payload_ref.clone().unwrap_or_default();
+        op.payload = bodies.get(&hash).cloned().ok_or(QueueError::Corrupt {
+            id: op.id,
+            column: "payload_ref",
+            value: hash,
+        })?;
+    }
+    Ok(())
+}
+
 fn op_from_row(row: &SqliteRow) -> Result<Op, QueueError> {
     let id: i64 = row.try_get("id")?;
     let lanes = lanes_from_row(id, row)?;
@@ -1981,6 +2070,7 @@ fn op_from_row(row: &SqliteRow) -> Result<Op, QueueError> {
         priority: parse_priority(id, row.try_get("priority")?)?,
         lanes,
         payload: row.try_get("payload")?,
+        payload_ref: row.try_get("payload_ref")?,
         idempotency_key: row.try_get("idempotency_key")?,
         coalesce_key: row.try_get("coalesce_key")?,
         subject: row.try_get("subject")?,

@@ -57,6 +57,8 @@ struct State {
     reconciles: Vec<(OpId, String)>,
     /// Outcomes reconcile reports, per op.
     reconcile_with: HashMap<OpId, Reconciled>,
+    /// The payload length of every execution, in start order.
+    payload_bytes: Vec<usize>,
 }
 
 /// The scripted executor. Cheap to clone; clones share state.
@@ -98,6 +100,11 @@ impl Scripted {
         self.lock().delivered.clone()
     }
 
+    /// The payload length each execution was handed, in start order.
+    pub fn payload_sizes(&self) -> Vec<usize> {
+        self.lock().payload_bytes.clone()
+    }
+
     pub fn reconciles(&self) -> Vec<(OpId, String)> {
         self.lock().reconciles.clone()
     }
@@ -136,6 +143,7 @@ impl Executor for Scripted {
                 lane: lane.clone(),
                 confirmed: false,
             });
+            state.payload_bytes.push(op.payload.len());
             let active = state.active.entry(lane.clone()).or_default();
             *active += 1;
             if *active > 1 && self.strict {
