@@ -1079,9 +1079,24 @@ async fn a_confirmed_deposit_reaches_a_signed_webhook_verified_by_the_reference_
     )?;
     let host = Host::start(db.queue.clone(), config.clone()).await?;
     host.sample_fees(db.queue.clone()).await?;
+    // On PostgreSQL a listener hears the confirmation too.
+    let mut listener = match &db.kind {
+        crate::support::TestBackend::Postgres(q) => {
+            let mut l = sqlx::postgres::PgListener::connect_with(q.pool()).await?;
+            l.listen("laneway_outcomes").await?;
+            Some(l)
+        }
+        crate::support::TestBackend::Sqlite(_) => None,
+    };
     let id = host.enqueue(&[vault_op("deposit", 3, 5_000, None)]).await?[0];
     confirmed(db.queue.as_ref(), id).await?;
     let hash = db.queue.get(id).await?.and_then(|o| o.receipt).context("a receipt")?;
+    if let Some(listener) = listener.as_mut() {
+        let note = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+            .await
+            .context("no NOTIFY within 5 s")??;
+        ensure!(note.payload() == format!("{id} confirmed"), "{}", note.payload());
+    }
     // The relay, as `laneway run` runs it.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while receiver.requests().is_empty() {
