@@ -71,7 +71,8 @@ impl Pruner {
         }
         let batch = config.retention.batch;
         let mut report = PruneReport::default();
-        for pass in retention::passes(config, self.clock.now(), batch) {
+        let relayed = self.queue.feed_cursor(crate::webhook::RELAY).await?;
+        for pass in retention::passes(config, self.clock.now(), batch, relayed) {
             loop {
                 let ops = self.queue.prunable(&pass.query).await?;
                 if ops.is_empty() {

@@ -48,34 +48,38 @@ const TERMINAL: [Status; 3] = [Status::Confirmed, Status::Cancelled, Status::Fai
 /// Every pass due at `now`: per configured kind and terminal status, and
 /// one per status for the kinds the config does not name (ops of a kind
 /// removed from the config, say) under `[retention]`. Statuses kept
-/// forever have no pass.
-pub fn passes(config: &Config, now: DateTime<Utc>, batch: u32) -> Vec<Pass> {
+/// forever have no pass. For kinds with an outcome webhook, ops whose
+/// outcome is past `relay_cursor` (the webhook relay's place in the feed)
+/// are kept until the relay has sent it.
+pub fn passes(config: &Config, now: DateTime<Utc>, batch: u32, relay_cursor: Option<String>) -> Vec<Pass> {
     let r = &config.retention;
     let global = |status: Status| match status {
         Status::Confirmed => r.confirmed_ms,
         Status::Cancelled => r.cancelled_ms,
         _ => r.failed_ms,
     };
-    let mut out = Vec::new();
-    let mut push = |kind: Option<String>, keep: Keep, status: Status, tombstones: Keep, archive: Option<PathBuf>| {
-        if let Keep::For(age) = keep {
-            out.push(Pass {
-                query: PruneQuery {
-                    kind: kind.clone(),
-                    except_kinds: if kind.is_none() {
-                        config.kinds.keys().cloned().collect()
-                    } else {
-                        Vec::new()
-                    },
-                    status,
-                    finished_before: now - crate::clock::chrono_duration(age),
-                    limit: batch,
+    let pass = |kind: Option<String>, keep: Keep, status: Status, tombstones: Keep, archive: Option<PathBuf>| {
+        let Keep::For(age) = keep else {
+            return None;
+        };
+        Some(Pass {
+            query: PruneQuery {
+                except_kinds: if kind.is_none() {
+                    config.kinds.keys().cloned().collect()
+                } else {
+                    Vec::new()
                 },
-                tombstones,
-                archive,
-            });
-        }
+                kind,
+                status,
+                finished_before: now - crate::clock::chrono_duration(age),
+                limit: batch,
+                unrelayed_after: None,
+            },
+            tombstones,
+            archive,
+        })
     };
+    let mut out = Vec::new();
     for (name, kind) in &config.kinds {
         for status in TERMINAL {
             let own = match status {
@@ -85,23 +89,28 @@ pub fn passes(config: &Config, now: DateTime<Utc>, batch: u32) -> Vec<Pass> {
             };
             let keep = Keep::from_ms(own.unwrap_or_else(|| global(status)));
             let tombstones = Keep::from_ms(kind.idempotency_retention_ms.unwrap_or(r.idempotency_ms));
-            push(
+            if let Some(mut p) = pass(
                 Some(name.clone()),
                 keep,
                 status,
                 tombstones,
                 kind.archive.as_ref().map(PathBuf::from),
-            );
+            ) {
+                if kind.outcome_webhook.is_some() {
+                    p.query.unrelayed_after = Some(relay_cursor.clone());
+                }
+                out.push(p);
+            }
         }
     }
     for status in TERMINAL {
-        push(
+        out.extend(pass(
             None,
             Keep::from_ms(global(status)),
             status,
             Keep::from_ms(r.idempotency_ms),
             None,
-        );
+        ));
     }
     out
 }
@@ -146,7 +155,7 @@ mod tests {
         let c =
             config("[retention]\nconfirmed_ms = 60000\ncancelled_ms = 0\n[kinds.note]\nretention_failed_ms = 120000\n");
         let now = DateTime::<Utc>::UNIX_EPOCH + chrono::Duration::days(100);
-        let passes = passes(&c, now, 10);
+        let passes = passes(&c, now, 10, None);
         let note: Vec<&Pass> = passes
             .iter()
             .filter(|p| p.query.kind.as_deref() == Some("note"))
@@ -173,5 +182,24 @@ mod tests {
             .unwrap_or_else(|| panic!("an activitypub pass"));
         assert_eq!(ap.tombstones, Keep::For(Duration::from_millis(2_592_000_000)));
         assert!(ap.archive.is_none());
+        assert_eq!(ap.query.unrelayed_after, None, "no webhook, nothing to wait for");
+    }
+
+    #[test]
+    fn a_kind_with_a_webhook_keeps_what_the_relay_has_not_sent() {
+        let c = config(
+            "[keys.h]\nalgorithm = \"hmac-sha256\"\nenv = \"H\"\n[outcomes]\nallowed_hosts = [\"https://h.example\"]\n\
+             [kinds.note]\noutcome_webhook = \"https://h.example/x\"\noutcome_webhook_key = \"h\"\n",
+        );
+        let now = DateTime::<Utc>::UNIX_EPOCH + chrono::Duration::days(100);
+        for (cursor, want) in [(None, Some(None)), (Some("7".to_owned()), Some(Some("7".to_owned())))] {
+            let passes = passes(&c, now, 10, cursor);
+            let note: Vec<&Pass> = passes
+                .iter()
+                .filter(|p| p.query.kind.as_deref() == Some("note"))
+                .collect();
+            assert!(!note.is_empty());
+            assert!(note.iter().all(|p| p.query.unrelayed_after == want), "{note:?}");
+        }
     }
 }

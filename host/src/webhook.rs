@@ -133,7 +133,7 @@ impl Executor for WebhookExecutor {
 }
 
 /// The relay's lease and cursor name.
-const RELAY: &str = "outcome-relay";
+pub const RELAY: &str = "outcome-relay";
 
 /// One relay pass as `owner`: every new outcome of a kind with a webhook
 /// becomes an `outcome_webhook` op. Returns how many were enqueued (`None`

@@ -20,6 +20,7 @@ crate::on_both_backends!(
     wait_answers_a_fast_op_with_its_outcome_and_lets_a_slow_one_go_on,
     the_pruner_removes_and_archives_exactly_what_its_policy_says,
     a_fanout_to_a_thousand_inboxes_stores_its_payload_once,
+    the_pruner_keeps_an_op_until_the_relay_has_sent_its_webhook,
 );
 
 async fn the_outcome_feed_pages_every_terminal_transition_once_in_order(db: TestDb) -> anyhow::Result<()> {
@@ -54,10 +55,15 @@ async fn the_outcome_feed_pages_every_terminal_transition_once_in_order(db: Test
         .id();
     served.queue.cancel(held).await?;
     settle(served.queue.as_ref(), Duration::from_secs(10)).await?;
-    // Page two at a time from the start.
+    // Page two at a time from the start, as a follower does: on PostgreSQL
+    // a row is served only once every older transaction on the cluster has
+    // ended (the parallel tests' included), so an empty page means "not
+    // yet", not "nothing".
     let mut seen: Vec<(i64, String)> = Vec::new();
     let mut cursor: Option<String> = None;
-    for _ in 0..10 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while seen.len() < 4 {
+        ensure!(tokio::time::Instant::now() < deadline, "the feed stopped at {seen:?}");
         let path = match &cursor {
             Some(c) => format!("/api/v1/outcomes?limit=2&after={c}"),
             None => "/api/v1/outcomes?limit=2".to_owned(),
@@ -70,8 +76,10 @@ async fn the_outcome_feed_pages_every_terminal_transition_once_in_order(db: Test
                 page["next"].as_str() == cursor.as_deref(),
                 "an empty page keeps the cursor: {page}"
             );
-            break;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
         }
+        ensure!(entries.len() <= 2, "a page of at most its limit: {page}");
         for e in entries {
             ensure!(e["op"].get("payload").is_none(), "the feed leaves payloads out: {e}");
             seen.push((
@@ -188,6 +196,22 @@ async fn wait_answers_a_fast_op_with_its_outcome_and_lets_a_slow_one_go_on(db: T
     served.running.stop().await
 }
 
+/// The feed after `after` once it holds at least `want` entries (20 s at most).
+pub(crate) async fn feed_until(
+    queue: &dyn laneway::queue::Queue,
+    after: Option<&str>,
+    want: usize,
+) -> anyhow::Result<Vec<laneway::queue::OutcomeEntry>> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let page = queue.outcomes(after, 100).await?;
+        if page.len() >= want || tokio::time::Instant::now() >= deadline {
+            return Ok(page);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_notifies_each_outcome_and_a_late_commit_is_not_skipped() -> anyhow::Result<()> {
     let db = support::postgres_live().await?;
@@ -219,12 +243,13 @@ async fn postgres_notifies_each_outcome_and_a_late_commit_is_not_skipped() -> an
     let early = db.queue.outcomes(None, 100).await?;
     ensure!(early.is_empty(), "served past a running transaction: {early:?}");
     late.commit().await?;
-    let page = db.queue.outcomes(None, 100).await?;
+    // Other tests' transactions on the cluster can hold rows back a moment.
+    let page = feed_until(db.queue.as_ref(), None, 2).await?;
     let got: Vec<i64> = page.iter().map(|e| e.op.id).collect();
     ensure!(got == [ids[0], ids[1]], "both, in commit order: {got:?}");
     let cursor = page.last().context("a page")?.cursor.clone();
     db.queue.cancel(ids[2]).await?;
-    let next = db.queue.outcomes(Some(&cursor), 100).await?;
+    let next = feed_until(db.queue.as_ref(), Some(&cursor), 1).await?;
     ensure!(next.iter().map(|e| e.op.id).collect::<Vec<_>>() == [ids[2]], "{next:?}");
     let value: Value = serde_json::json!(next[0].status);
     ensure!(value == "cancelled");
@@ -416,4 +441,53 @@ async fn a_fanout_to_a_thousand_inboxes_stores_its_payload_once(db: TestDb) -> a
         "{rows:?}"
     );
     served.running.stop().await
+}
+
+async fn the_pruner_keeps_an_op_until_the_relay_has_sent_its_webhook(db: TestDb) -> anyhow::Result<()> {
+    // Found by an operator run: a host restarted after a kill -9 pruned
+    // ops whose outcomes its relay (still waiting for the dead host's
+    // lease) had not yet turned into webhooks.
+    let secret = tempfile::NamedTempFile::new()?;
+    std::fs::write(
+        secret.path(),
+        format!("whsec_{}", "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0NTY3ODk="),
+    )?;
+    let config = fast_config(&format!(
+        "[queue]\nlease_ms = 1000\n[retention]\nconfirmed_ms = 1000\n\
+         [keys.hooks]\nalgorithm = \"hmac-sha256\"\nfile = {:?}\n\
+         [outcomes]\nallowed_hosts = [\"http://127.0.0.1:*\"]\n\
+         [kinds.note]\nlanes = \"optional\"\noutcome_webhook = \"http://127.0.0.1:9/hook\"\noutcome_webhook_key = \"hooks\"\n",
+        secret.path().display().to_string()
+    ))?;
+    let exec = Scripted::new(0);
+    let running = Running::start(db.queue.clone(), exec.registry(&["note"]), config.clone());
+    let id = running
+        .dispatcher
+        .enqueue(&[laneway::queue::NewOp::new("o", "note", "{}")])
+        .await?[0]
+        .id();
+    settle(db.queue.as_ref(), Duration::from_secs(10)).await?;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let pruner = laneway::pruner::Pruner::new(db.queue.clone(), std::sync::Arc::new(laneway::clock::SystemClock));
+    let report = pruner.run_once(&config, "host-a").await?.context("the lease")?;
+    ensure!(report.deleted == 0, "pruned before its webhook was relayed: {report:?}");
+    ensure!(db.queue.get(id).await?.is_some());
+    // The relay sees the outcome once the feed serves it (on PostgreSQL,
+    // once older transactions on the cluster have ended).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut sent = 0;
+    while sent == 0 {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the relay never sent the webhook"
+        );
+        sent = laneway::webhook::relay_once(db.queue.as_ref(), &running.dispatcher, &config, "host-a")
+            .await?
+            .context("the relay's lease")?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    ensure!(sent == 1, "one webhook: {sent}");
+    let report = pruner.run_once(&config, "host-a").await?.context("the lease")?;
+    ensure!(report.deleted >= 1 && db.queue.get(id).await?.is_none(), "{report:?}");
+    running.stop().await
 }

@@ -221,4 +221,8 @@ pub struct PruneQuery {
     pub finished_before: DateTime<Utc>,
     /// At most this many (oldest first).
     pub limit: u32,
+    /// For kinds whose outcomes a relay still has to send: keep every op
+    /// with an outcome past this feed cursor (`Some(None)`: past the start,
+    /// so all of them, until the relay has run).
+    pub unrelayed_after: Option<Option<String>>,
 }

@@ -1213,10 +1213,7 @@ impl Queue for PgQueue {
         // The cursor is "xid.seq": see the migration for why both.
         let (xid, seq): (i64, i64) = match after {
             None => (0, 0),
-            Some(c) => c
-                .split_once('.')
-                .and_then(|(x, s)| Some((x.parse().ok()?, s.parse().ok()?)))
-                .ok_or_else(|| QueueError::BadCursor(c.to_owned()))?,
+            Some(c) => parse_feed_cursor(c)?,
         };
         let rows = sqlx::query(&format!(
             "SELECT f.seq, f.xid::text::bigint AS fxid, f.status AS fstatus, f.at AS fat, {OP_COLUMNS} FROM ops JOIN \
@@ -1261,6 +1258,17 @@ impl Queue for PgQueue {
                     .push_bind(query.except_kinds.clone())
                     .push("))");
             }
+        }
+        if let Some(after) = &query.unrelayed_after {
+            let (xid, seq) = match after {
+                None => (0, 0),
+                Some(c) => parse_feed_cursor(c)?,
+            };
+            q.push(" AND ops.id NOT IN (SELECT op_id FROM outcomes WHERE (xid, seq) > (")
+                .push_bind(xid.to_string())
+                .push("::text::xid8, ")
+                .push_bind(seq)
+                .push("))");
         }
         q.push(" AND ops.id NOT IN (SELECT op_id FROM lane_halts) ORDER BY ops.id LIMIT ")
             .push_bind(i64::from(query.limit));
@@ -1681,6 +1689,14 @@ fn occupant_from_row(row: &PgRow) -> Result<Occupant, QueueError> {
         in_flight: row.try_get("in_flight")?,
         in_doubt: row.try_get("in_doubt")?,
     })
+}
+
+/// A feed cursor as this backend makes them: "xid.seq".
+fn parse_feed_cursor(cursor: &str) -> Result<(i64, i64), QueueError> {
+    cursor
+        .split_once('.')
+        .and_then(|(x, s)| Some((x.parse().ok()?, s.parse().ok()?)))
+        .ok_or_else(|| QueueError::BadCursor(cursor.to_owned()))
 }
 
 /// Reads shared payloads (`payloads`) into the ops that point at them, so

@@ -1736,6 +1736,15 @@ impl Queue for SqliteQueue {
                     .push("))");
             }
         }
+        if let Some(after) = &query.unrelayed_after {
+            let seq: i64 = match after {
+                None => 0,
+                Some(c) => c.parse().map_err(|_| QueueError::BadCursor(c.clone()))?,
+            };
+            q.push(" AND id NOT IN (SELECT op_id FROM outcomes WHERE seq > ")
+                .push_bind(seq)
+                .push(")");
+        }
         q.push(" AND id NOT IN (SELECT op_id FROM lane_halts) ORDER BY id LIMIT ")
             .push_bind(i64::from(query.limit));
         let rows = q.build().fetch_all(&self.reader).await?;

@@ -1153,7 +1153,7 @@ async fn a_confirmed_deposit_reaches_a_signed_webhook_verified_by_the_reference_
     ensure!(forged.status().as_u16() == 400);
     ensure!(receiver.requests().last().is_some_and(|r| r["ok"] == false));
     // And the outcome is in the feed.
-    let feed = db.queue.outcomes(None, 100).await?;
+    let feed = crate::lifecycle::feed_until(db.queue.as_ref(), None, 2).await?;
     ensure!(
         feed.iter().any(|e| e.op.id == id && e.status == Status::Confirmed),
         "{feed:?}"
