@@ -23,15 +23,22 @@ pub struct Recipient {
 }
 
 impl Recipient {
-    /// Parses `INBOX` or `INBOX=SHARED_INBOX`.
+    /// Parses `INBOX` or `INBOX=SHARED_INBOX`. The split is at the last
+    /// `=http://` or `=https://`, so an inbox URL may carry a query string
+    /// (`…/inbox?a=1`); a trailing `=` names no shared inbox.
     pub fn parse(text: &str) -> Self {
-        match text.split_once('=') {
-            Some((inbox, shared)) if !shared.is_empty() => Recipient {
-                inbox: inbox.to_owned(),
-                shared_inbox: Some(shared.to_owned()),
+        let split = ["=https://", "=http://"]
+            .iter()
+            .filter_map(|marker| text.rfind(marker))
+            .max()
+            .filter(|at| *at > 0);
+        match split {
+            Some(at) => Recipient {
+                inbox: text[..at].to_owned(),
+                shared_inbox: Some(text[at + 1..].to_owned()),
             },
-            _ => Recipient {
-                inbox: text.trim_end_matches('=').to_owned(),
+            None => Recipient {
+                inbox: text.strip_suffix('=').unwrap_or(text).to_owned(),
                 shared_inbox: None,
             },
         }
@@ -75,6 +82,40 @@ pub enum FanOutError {
     /// A recipient's inbox is not an http(s) URL.
     #[error("recipient inbox {0:?} is not an http(s) URL")]
     BadInbox(String),
+    /// A recipient's inbox URL does not parse.
+    #[error("recipient inbox {inbox:?} is not a valid URL: {why}")]
+    UnparsableInbox {
+        /// As given.
+        inbox: String,
+        /// Why.
+        why: String,
+    },
+}
+
+/// An inbox URL as it will be sent (WHATWG parsing, as the HTTP client
+/// does: non-ASCII and spaces percent-encoded, `.`/`..` resolved, the
+/// fragment dropped), so the lane, the signature and the request all name
+/// the same URL.
+///
+/// # Errors
+///
+/// [`FanOutError`] for a URL that is not http(s) or does not parse.
+pub fn canonical_inbox(inbox: &str) -> Result<String, FanOutError> {
+    if !(inbox.starts_with("https://") || inbox.starts_with("http://")) {
+        return Err(FanOutError::BadInbox(inbox.to_owned()));
+    }
+    let mut url = reqwest::Url::parse(inbox).map_err(|e| FanOutError::UnparsableInbox {
+        inbox: inbox.to_owned(),
+        why: e.to_string(),
+    })?;
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(FanOutError::UnparsableInbox {
+            inbox: inbox.to_owned(),
+            why: "no host".to_owned(),
+        });
+    }
+    url.set_fragment(None);
+    Ok(url.to_string())
 }
 
 /// Object types whose id becomes the correlation id when a kind's config
@@ -113,12 +154,9 @@ pub fn plan(
         (Some(t), Some(oid)) if correlate_types.iter().any(|c| c == t) => Some(oid.to_owned()),
         _ => None,
     };
-    let mut inboxes: Vec<&str> = Vec::new();
+    let mut inboxes: Vec<String> = Vec::new();
     for r in &request.recipients {
-        let inbox = r.delivery_inbox();
-        if !(inbox.starts_with("https://") || inbox.starts_with("http://")) {
-            return Err(FanOutError::BadInbox(inbox.to_owned()));
-        }
+        let inbox = canonical_inbox(r.delivery_inbox())?;
         if !inboxes.contains(&inbox) {
             inboxes.push(inbox);
         }
@@ -160,6 +198,66 @@ mod tests {
 
     const ANNOUNCE: &str =
         r#"{"id":"https://cm.example/a/15","type":"Announce","object":{"type":"CaseLedgerEntry","id":"urn:entry:15"}}"#;
+
+    #[test]
+    fn a_recipient_splits_at_its_shared_inbox_url_not_at_any_equals_sign() {
+        let r = Recipient::parse("https://a.example/inbox?user=1&x=2");
+        assert_eq!(
+            (r.inbox.as_str(), r.shared_inbox),
+            ("https://a.example/inbox?user=1&x=2", None)
+        );
+        let r = Recipient::parse("https://a.example/u/x/inbox?k=v=https://a.example/inbox?s=1");
+        assert_eq!(r.inbox, "https://a.example/u/x/inbox?k=v");
+        assert_eq!(r.shared_inbox.as_deref(), Some("https://a.example/inbox?s=1"));
+        let r = Recipient::parse("https://a.example/inbox=");
+        assert_eq!((r.inbox.as_str(), r.shared_inbox), ("https://a.example/inbox", None));
+        let r = Recipient::parse("http://a.example/u=http://a.example/shared");
+        assert_eq!(r.shared_inbox.as_deref(), Some("http://a.example/shared"));
+    }
+
+    #[test]
+    fn inboxes_are_planned_as_they_will_be_sent() {
+        for (given, sent) in [
+            (
+                "https://a.example/users/josé/inbox",
+                "https://a.example/users/jos%C3%A9/inbox",
+            ),
+            (
+                "https://a.example/users/a b/inbox",
+                "https://a.example/users/a%20b/inbox",
+            ),
+            (
+                "https://a.example/users/x/../y/inbox",
+                "https://a.example/users/y/inbox",
+            ),
+            (
+                "https://a.example/users/z/inbox#main",
+                "https://a.example/users/z/inbox",
+            ),
+            ("https://A.Example:443/inbox", "https://a.example/inbox"),
+        ] {
+            assert_eq!(canonical_inbox(given).as_deref(), Ok(sent), "{given}");
+        }
+        assert!(matches!(
+            canonical_inbox("ftp://a.example/inbox"),
+            Err(FanOutError::BadInbox(_))
+        ));
+        assert!(matches!(
+            canonical_inbox("https://exa mple.com/inbox"),
+            Err(FanOutError::UnparsableInbox { .. })
+        ));
+        // Two spellings of one inbox are one delivery.
+        let ops = plan(
+            &request(
+                ANNOUNCE,
+                &["https://a.example/users/x/inbox", "https://a.example/users/./x/inbox#k"],
+            ),
+            &[],
+            Priority::Normal,
+        )
+        .unwrap_or_default();
+        assert_eq!(ops.len(), 1);
+    }
 
     #[test]
     fn shared_inboxes_are_delivered_to_once() {

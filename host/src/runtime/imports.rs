@@ -125,11 +125,21 @@ impl http::Host for HostState {
         let cap = services.max_response_bytes;
         let mut body = Vec::new();
         let mut response = response;
+        let mut headers: Vec<(String, String)> = headers;
         loop {
             match response.chunk().await {
                 Ok(Some(bytes)) => {
                     if body.len() as u64 + bytes.len() as u64 > cap {
-                        return Ok(Err(http::Error::TooLarge(cap)));
+                        // A success is a success whatever it says: the
+                        // plugin gets the status and the first `cap` bytes,
+                        // marked; anything else over the cap is an error.
+                        if !(200..300).contains(&status) {
+                            return Ok(Err(http::Error::TooLarge(cap)));
+                        }
+                        let room = usize::try_from(cap).unwrap_or(usize::MAX).saturating_sub(body.len());
+                        body.extend_from_slice(&bytes[..room.min(bytes.len())]);
+                        headers.push(("x-laneway-body-truncated".to_owned(), cap.to_string()));
+                        break;
                     }
                     body.extend_from_slice(&bytes);
                 }

@@ -89,6 +89,32 @@ fn split_url(url: &str) -> Option<(String, String)> {
     (!authority.is_empty()).then(|| (authority.to_owned(), path.to_owned()))
 }
 
+/// An inbox as it is sent: the URL (WHATWG-normalised, as the host's HTTP
+/// client normalises it: non-ASCII and spaces percent-encoded, dot segments
+/// resolved, the fragment dropped), the `Host` header and the request
+/// target. The signature covers these, so it covers exactly what is sent.
+fn target(inbox: &str) -> Result<(String, String, String), String> {
+    let mut url = url::Url::parse(inbox).map_err(|e| format!("inbox {inbox:?} is not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!("inbox {inbox:?} is not an http(s) URL"));
+    }
+    url.set_fragment(None);
+    let host = url
+        .host_str()
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| format!("inbox {inbox:?} has no host"))?
+        .to_owned();
+    let host = match url.port() {
+        Some(port) => format!("{host}:{port}"),
+        None => host,
+    };
+    let path = match url.query() {
+        Some(query) => format!("{}?{query}", url.path()),
+        None => url.path().to_owned(),
+    };
+    Ok((url.to_string(), host, path))
+}
+
 /// `Retry-After` as a wait: delta-seconds or an HTTP date.
 fn retry_after(headers: &[(String, String)], now: SystemTime) -> Option<Duration> {
     let value = headers
@@ -230,8 +256,9 @@ impl Executor for ActivityPub {
         let Some(inbox) = op.lanes.first().cloned() else {
             return permanent("the op has no inbox lane".into(), None);
         };
-        let Some((host, path)) = split_url(&inbox) else {
-            return permanent(format!("inbox {inbox:?} is not a URL"), None);
+        let (url, host, path) = match target(&inbox) {
+            Ok(t) => t,
+            Err(why) => return permanent(why, None),
         };
         let Some(actor) = config.actor(&op.outbox) else {
             return permanent(format!("no signing key is configured for actor {}", op.outbox), None);
@@ -255,7 +282,7 @@ impl Executor for ActivityPub {
         );
         let request = Request {
             method: "POST".into(),
-            url: inbox.clone(),
+            url,
             headers: vec![
                 ("content-type".into(), content_type.into()),
                 ("accept".into(), "application/activity+json".into()),

@@ -28,6 +28,8 @@ pub enum Reply {
     TooMany(String),
     /// Do not answer for this long.
     Hang(Duration),
+    /// 202 with a body of this many bytes (some servers echo a lot).
+    BigAccept(usize),
 }
 
 /// One accepted activity.
@@ -185,8 +187,10 @@ async fn handle(State(fake): State<FakeInbox>, method: Method, uri: Uri, headers
         .get_mut(&path)
         .and_then(VecDeque::pop_front)
         .unwrap_or(Reply::Accept);
+    let mut big = None;
     match reply {
         Reply::Accept => {}
+        Reply::BigAccept(n) => big = Some(n),
         Reply::Status(code) => {
             return StatusCode::from_u16(code)
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
@@ -212,5 +216,8 @@ async fn handle(State(fake): State<FakeInbox>, method: Method, uri: Uri, headers
         return StatusCode::ACCEPTED.into_response();
     }
     inner.arrivals.entry(path).or_default().push(Arrival { body: activity });
-    StatusCode::ACCEPTED.into_response()
+    match big {
+        Some(n) => (StatusCode::ACCEPTED, "x".repeat(n)).into_response(),
+        None => StatusCode::ACCEPTED.into_response(),
+    }
 }

@@ -121,6 +121,7 @@ crate::on_both_backends!(
     gone_dead_letters_with_its_ledger_entry_and_429_waits_as_asked,
     a_shared_inbox_gets_one_post_for_five_recipients,
     a_replayed_announce_already_pending_is_declined,
+    inbox_urls_the_client_rewrites_are_signed_as_sent_and_a_big_202_confirms,
 );
 
 async fn seed_000_fvcv_every_participant_gets_the_ledger_in_chain_order(db: TestDb) -> anyhow::Result<()> {
@@ -358,4 +359,55 @@ fn the_fake_inbox_rejects_wrongly_signed_requests() -> anyhow::Result<()> {
         .verify(&Method::POST, &uri, &stranger, body)
         .is_err_and(|e| e.contains("unknown keyId")));
     Ok(())
+}
+
+/// Inbox URLs an HTTP client rewrites before sending (non-ASCII, a space,
+/// a dot segment, a fragment) are signed as they are sent, so the inbox
+/// verifies every one; and a 202 whose body is over the host's response cap
+/// (2 MiB against 1 MiB) is a delivery, not a failure.
+async fn inbox_urls_the_client_rewrites_are_signed_as_sent_and_a_big_202_confirms(db: TestDb) -> anyhow::Result<()> {
+    let ap = setup(db, "").await?;
+    let shapes = [
+        ("/users/josé/inbox", "/users/jos%C3%A9/inbox"),
+        ("/users/a b/inbox", "/users/a%20b/inbox"),
+        ("/users/x/../y/inbox", "/users/y/inbox"),
+        ("/users/z/inbox#main-key", "/users/z/inbox"),
+        ("/users/q/inbox?tenant=1&b=2", "/users/q/inbox"),
+    ];
+    ap.fake.script("/users/big/inbox", [Reply::BigAccept(2 * 1024 * 1024)]);
+    let mut to: Vec<String> = shapes.iter().map(|(given, _)| format!("{}{given}", ap.base)).collect();
+    to.push(ap.inbox("big"));
+    let results = ap.fan_out(announce("https://cm.example/a/url-shapes", 1), &to).await?;
+    ensure!(results.len() == shapes.len() + 1, "{results:?}");
+    // An op enqueued with a raw lane (as a plain-SQL producer may) too.
+    let mut raw = laneway::queue::NewOp::new(ACTOR, "activitypub", announce("https://cm.example/a/raw", 2));
+    raw.lanes = vec![format!("{}/users/r/./inbox#frag", ap.base)];
+    ap.running.dispatcher.enqueue(&[raw]).await?;
+    settle(ap.db.queue.as_ref(), Duration::from_secs(20)).await?;
+    ensure!(ap.fake.rejections().is_empty(), "refused: {:?}", ap.fake.rejections());
+    for (given, sent) in shapes {
+        ensure!(ap.fake.arrivals(sent).len() == 1, "{given} did not arrive as {sent}");
+    }
+    ensure!(ap.fake.arrivals("/users/r/inbox").len() == 1, "the raw lane's op");
+    let ops = ap
+        .db
+        .queue
+        .list(&laneway::queue::OpFilter {
+            limit: 100,
+            ..Default::default()
+        })
+        .await?;
+    for op in &ops {
+        ensure!(
+            op.status == Status::Confirmed && op.attempts == 1,
+            "every op delivered on its first attempt: {op:?}"
+        );
+    }
+    let big = ops
+        .iter()
+        .find(|o| o.lanes[0].ends_with("/users/big/inbox"))
+        .context("the big inbox's op")?;
+    let attempts = ap.db.queue.attempts(big.id).await?;
+    ensure!(attempts[0].record.detail.as_deref() == Some("202"), "{attempts:?}");
+    ap.running.stop().await
 }
