@@ -26,6 +26,22 @@ pub struct RetryPolicy {
     /// Fee bumps after which an op asking for another one is dead-lettered
     /// (seed 003's fee-bump cap); no cap when `None`.
     pub max_fee_bumps: Option<u32>,
+    /// How a backoff is spread below its ceiling.
+    pub jitter: Jitter,
+}
+
+/// How a backoff is drawn below its ceiling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Jitter {
+    /// Anywhere in `[0, ceiling]`: spreads a thundering herd best, but a
+    /// schedule's total span has no floor.
+    #[default]
+    Full,
+    /// In `[ceiling/2, ceiling]`: still spread, and a schedule of n retries
+    /// waits at least half the sum of its ceilings (a retry horizon one can
+    /// promise: the ActivityPub kind's "at least two days").
+    Equal,
 }
 
 impl Default for RetryPolicy {
@@ -37,6 +53,7 @@ impl Default for RetryPolicy {
             backoff_max: Duration::from_secs(120),
             retry_after_max: Duration::from_secs(3600),
             max_fee_bumps: None,
+            jitter: Jitter::Full,
         }
     }
 }
@@ -65,8 +82,9 @@ pub enum Decision {
     },
 }
 
-/// Full-jitter exponential backoff: a uniform sample (`jitter` in `[0, 1)`)
-/// of `[0, min(max, base * 2^(attempt-1))]`.
+/// Jittered exponential backoff: a uniform sample (`jitter` in `[0, 1)`) of
+/// `[0, ceiling]` (full jitter) or `[ceiling/2, ceiling]` (equal jitter),
+/// where the ceiling is `min(max, base * 2^(attempt-1))`.
 pub fn backoff(policy: &RetryPolicy, attempt: u32, jitter: f64) -> Duration {
     let exp = attempt.saturating_sub(1).min(30);
     let ceiling = policy
@@ -74,7 +92,11 @@ pub fn backoff(policy: &RetryPolicy, attempt: u32, jitter: f64) -> Duration {
         .checked_mul(1u32 << exp)
         .unwrap_or(policy.backoff_max)
         .min(policy.backoff_max);
-    ceiling.mul_f64(jitter.clamp(0.0, 1.0))
+    let sample = jitter.clamp(0.0, 1.0);
+    match policy.jitter {
+        Jitter::Full => ceiling.mul_f64(sample),
+        Jitter::Equal => ceiling / 2 + (ceiling / 2).mul_f64(sample),
+    }
 }
 
 /// Where an op stands when an attempt ends.
@@ -330,6 +352,40 @@ mod tests {
             Decision::DeadLetter {
                 error: "gave up after 12 attempts: HTTP 503".into()
             }
+        );
+    }
+
+    #[test]
+    fn equal_jitter_keeps_the_upper_half_of_each_backoff() {
+        let p = RetryPolicy {
+            jitter: Jitter::Equal,
+            ..RetryPolicy::default()
+        };
+        assert_eq!(backoff(&p, 1, 0.0), Duration::from_secs(1));
+        assert_eq!(backoff(&p, 1, 1.0), Duration::from_secs(2));
+        assert_eq!(backoff(&p, 500, 0.0), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn the_shipped_activitypub_schedule_retries_for_at_least_two_days() {
+        let config = crate::config::from_toml_str("").unwrap_or_else(|e| panic!("{e}"));
+        let p = config.kinds["activitypub"].retry_policy();
+        let span = |jitter: f64| -> Duration { (1..p.max_attempts).map(|n| backoff(&p, n, jitter)).sum() };
+        let two_days = Duration::from_secs(2 * 86_400);
+        assert!(span(0.0) >= two_days, "shortest: {:?}", span(0.0));
+        assert!(span(1.0) <= Duration::from_secs(7 * 86_400), "longest: {:?}", span(1.0));
+        // An inbox down for 30 minutes is far inside the budget: after the
+        // attempts that fit in 30 minutes, most of the budget is left.
+        let mut waited = Duration::ZERO;
+        let mut used = 1;
+        while waited < Duration::from_secs(1800) {
+            waited += backoff(&p, used, 1.0);
+            used += 1;
+        }
+        assert!(
+            used < p.max_attempts / 2,
+            "{used} of {} attempts used in 30 minutes",
+            p.max_attempts
         );
     }
 

@@ -371,6 +371,10 @@ pub struct KindConfig {
     /// Longest Retry-After honoured.
     #[serde(default = "default_retry_after_max_ms")]
     pub retry_after_max_ms: u64,
+    /// `full` (a wait anywhere below the backoff) or `equal` (in its upper
+    /// half, so the whole schedule has a guaranteed span).
+    #[serde(default)]
+    pub jitter: crate::retry::Jitter,
     /// One executor call's deadline.
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: u64,
@@ -462,6 +466,7 @@ impl KindConfig {
             backoff_max: std::time::Duration::from_millis(self.backoff_max_ms),
             retry_after_max: std::time::Duration::from_millis(self.retry_after_max_ms),
             max_fee_bumps: self.max_fee_bumps,
+            jitter: self.jitter,
         }
     }
 
