@@ -118,6 +118,30 @@ pub fn canonical_inbox(inbox: &str) -> Result<String, FanOutError> {
     Ok(url.to_string())
 }
 
+/// The idempotency keys of the Announces an `Undo` takes back, one per
+/// planned inbox: their ops stop coalescing (see [`plan`]'s rules), so a
+/// new Announce of the same object after the Undo is queued after it
+/// instead of being declined as already pending.
+pub fn undone_announces(request: &FanOut, ops: &[NewOp]) -> Vec<String> {
+    let Ok(activity) = serde_json::from_str::<Value>(&request.activity) else {
+        return Vec::new();
+    };
+    if str_field(&activity, "type") != Some("Undo") {
+        return Vec::new();
+    }
+    let object = activity.get("object");
+    let undone = object.and_then(|o| o.as_str().or_else(|| str_field(o, "id")));
+    let is_announce = object.is_some_and(|o| o.is_string() || str_field(o, "type") == Some("Announce"));
+    match undone {
+        Some(id) if is_announce => ops
+            .iter()
+            .filter_map(|op| op.lanes.first())
+            .map(|inbox| format!("{id} -> {inbox}"))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
 /// Object types whose id becomes the correlation id when a kind's config
 /// does not say (`correlate_types = [...]`).
 pub const DEFAULT_CORRELATE_TYPES: [&str; 1] = ["CaseLedgerEntry"];
@@ -128,6 +152,18 @@ fn str_field<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
 
 /// The ops a fan-out makes, one per distinct delivery inbox, in the order
 /// recipients were given.
+///
+/// Coalescing follows ActivityPub's meaning, per inbox:
+/// - every activity with an `id` is idempotent per inbox (its key is
+///   `ID -> INBOX`): the same activity is never delivered twice;
+/// - an `Announce` of an object is declined while another Announce of the
+///   same object is pending or in flight to that inbox (a replayed boost);
+/// - an `Undo` of an Announce is delivered after it, and releases that
+///   Announce's coalescing ([`undone_announces`]): a new Announce of the
+///   object after the Undo is queued after the Undo, so the inbox ends on
+///   the re-boost;
+/// - every other type (Create, Update, Delete, Follow, …) is delivered in
+///   enqueue order with no coalescing.
 ///
 /// # Errors
 ///
@@ -257,6 +293,25 @@ mod tests {
         )
         .unwrap_or_default();
         assert_eq!(ops.len(), 1);
+    }
+
+    #[test]
+    fn only_an_undo_of_an_announce_releases_its_coalescing() {
+        let to = ["https://a.example/inbox"];
+        let undo = r#"{"id":"u1","type":"Undo","object":{"id":"https://cm.example/a/15","type":"Announce"}}"#;
+        let r = request(undo, &to);
+        let ops = plan(&r, &[], Priority::Normal).unwrap_or_default();
+        assert_eq!(
+            undone_announces(&r, &ops),
+            vec!["https://cm.example/a/15 -> https://a.example/inbox".to_owned()]
+        );
+        let follow = r#"{"id":"u2","type":"Undo","object":{"id":"f1","type":"Follow"}}"#;
+        let r = request(follow, &to);
+        let ops = plan(&r, &[], Priority::Normal).unwrap_or_default();
+        assert!(undone_announces(&r, &ops).is_empty());
+        let r = request(ANNOUNCE, &to);
+        let ops = plan(&r, &[], Priority::Normal).unwrap_or_default();
+        assert!(undone_announces(&r, &ops).is_empty());
     }
 
     #[test]

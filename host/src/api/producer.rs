@@ -369,6 +369,10 @@ pub(super) async fn deliveries(
     for op in &ops {
         queue::validate_new_op(op, config.limits())?;
     }
+    state
+        .queue()
+        .release_coalesce(&request.actor, &crate::fanout::undone_announces(&request, &ops))
+        .await?;
     let results = state.dispatcher().enqueue(&ops).await?;
     let mut counts = [0usize; 3];
     let deliveries: Vec<Value> = ops

@@ -541,6 +541,9 @@ async fn fanout_cmd(config: &Config, args: FanoutArgs, io: Io<'_>) -> Result<(),
         queue::validate_new_op(op, config.limits())?;
     }
     let queue = open_checked(config).await?;
+    queue
+        .release_coalesce(&request.actor, &crate::fanout::undone_announces(&request, &ops))
+        .await?;
     let results = queue.enqueue(&ops).await?;
     if args.json {
         let rows: Vec<_> = ops

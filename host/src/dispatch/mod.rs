@@ -463,6 +463,10 @@ impl Dispatcher {
         let kind = config.kind(&request.kind).map_err(QueueError::InvalidOp)?;
         let ops = crate::fanout::plan(request, &kind.correlate_types(), kind.priority)
             .map_err(|e| QueueError::InvalidOp(e.to_string()))?;
+        self.inner
+            .queue
+            .release_coalesce(&request.actor, &crate::fanout::undone_announces(request, &ops))
+            .await?;
         self.enqueue(&ops).await
     }
 

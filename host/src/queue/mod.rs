@@ -761,6 +761,10 @@ pub trait Queue: Send + Sync + std::fmt::Debug {
     /// `owner` until `ttl` from now; `false` while another host holds it.
     async fn hold_singleton(&self, name: &str, owner: &str, ttl: std::time::Duration) -> Result<bool, QueueError>;
 
+    /// Ends the coalescing of the pending or in-flight ops of `outbox` with
+    /// these idempotency keys (an Undo took them back); returns how many.
+    async fn release_coalesce(&self, outbox: &str, idempotency_keys: &[String]) -> Result<u64, QueueError>;
+
     /// A named position in the outcome feed.
     async fn feed_cursor(&self, name: &str) -> Result<Option<String>, QueueError>;
 

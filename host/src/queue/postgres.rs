@@ -1401,6 +1401,22 @@ impl Queue for PgQueue {
         Ok(held.is_some())
     }
 
+    async fn release_coalesce(&self, outbox: &str, idempotency_keys: &[String]) -> Result<u64, QueueError> {
+        if idempotency_keys.is_empty() {
+            return Ok(0);
+        }
+        let done = sqlx::query(
+            "UPDATE ops SET coalesce_key = NULL, updated_at = $1 WHERE outbox = $2 AND coalesce_key IS NOT NULL \
+             AND status IN ('pending', 'submitted') AND idempotency_key = ANY($3)",
+        )
+        .bind(self.now())
+        .bind(outbox)
+        .bind(idempotency_keys)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
     async fn feed_cursor(&self, name: &str) -> Result<Option<String>, QueueError> {
         Ok(sqlx::query_scalar("SELECT cursor FROM feed_cursors WHERE name = $1")
             .bind(name)

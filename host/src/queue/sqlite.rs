@@ -1886,6 +1886,25 @@ impl Queue for SqliteQueue {
         Ok(held.is_some())
     }
 
+    async fn release_coalesce(&self, outbox: &str, idempotency_keys: &[String]) -> Result<u64, QueueError> {
+        if idempotency_keys.is_empty() {
+            return Ok(0);
+        }
+        let keys = serde_json::to_string(idempotency_keys).map_err(|e| QueueError::InvalidOp(e.to_string()))?;
+        let mut tx = self.write().await?;
+        let done = sqlx::query(
+            "UPDATE ops SET coalesce_key = NULL, updated_at = ? WHERE outbox = ? AND coalesce_key IS NOT NULL \
+             AND status IN ('pending', 'submitted') AND idempotency_key IN (SELECT value FROM json_each(?))",
+        )
+        .bind(ms(self.now()))
+        .bind(outbox)
+        .bind(keys)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(done.rows_affected())
+    }
+
     async fn feed_cursor(&self, name: &str) -> Result<Option<String>, QueueError> {
         Ok(sqlx::query_scalar("SELECT cursor FROM feed_cursors WHERE name = ?")
             .bind(name)

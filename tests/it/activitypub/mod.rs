@@ -122,6 +122,7 @@ crate::on_both_backends!(
     a_shared_inbox_gets_one_post_for_five_recipients,
     a_replayed_announce_already_pending_is_declined,
     inbox_urls_the_client_rewrites_are_signed_as_sent_and_a_big_202_confirms,
+    a_reboost_after_an_undo_of_a_pending_announce_is_delivered_last,
 );
 
 async fn seed_000_fvcv_every_participant_gets_the_ledger_in_chain_order(db: TestDb) -> anyhow::Result<()> {
@@ -409,5 +410,58 @@ async fn inbox_urls_the_client_rewrites_are_signed_as_sent_and_a_big_202_confirm
         .context("the big inbox's op")?;
     let attempts = ap.db.queue.attempts(big.id).await?;
     ensure!(attempts[0].record.detail.as_deref() == Some("202"), "{attempts:?}");
+    ap.running.stop().await
+}
+
+/// Announce#1 of an entry is still pending to a slow inbox when it is
+/// undone and the entry boosted again: the Undo releases Announce#1's
+/// coalescing, so Announce#2 is queued (not declined as already pending)
+/// and the inbox ends on the re-boost.
+async fn a_reboost_after_an_undo_of_a_pending_announce_is_delivered_last(db: TestDb) -> anyhow::Result<()> {
+    let ap = setup(db, "").await?;
+    ap.fake
+        .script("/users/slow/inbox", [Reply::Hang(Duration::from_millis(800))]);
+    let slow = ap.inbox("slow");
+    let first_id = format!("{ACTOR}/announce/7");
+    let first = ap.fan_out(announce(&first_id, 7), std::slice::from_ref(&slow)).await?;
+    ensure!(matches!(first.as_slice(), [Enqueued::Created(_)]), "{first:?}");
+    let undo = serde_json::json!({
+        "@context": "https://www.w3.org/ns/activitystreams",
+        "id": format!("{ACTOR}/undo/7"),
+        "type": "Undo",
+        "actor": ACTOR,
+        "object": { "id": first_id, "type": "Announce" },
+    })
+    .to_string();
+    let undone = ap.fan_out(undo, std::slice::from_ref(&slow)).await?;
+    ensure!(matches!(undone.as_slice(), [Enqueued::Created(_)]), "{undone:?}");
+    let again = ap
+        .fan_out(
+            announce(&format!("{ACTOR}/announce/7b"), 7),
+            std::slice::from_ref(&slow),
+        )
+        .await?;
+    ensure!(
+        matches!(again.as_slice(), [Enqueued::Created(_)]),
+        "the re-boost was declined: {again:?}"
+    );
+    settle(ap.db.queue.as_ref(), Duration::from_secs(20)).await?;
+    let arrived: Vec<(String, String)> = ap
+        .fake
+        .arrivals("/users/slow/inbox")
+        .iter()
+        .map(|a| {
+            (
+                a.body["type"].as_str().unwrap_or("").to_owned(),
+                a.body["id"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    let types: Vec<&str> = arrived.iter().map(|(t, _)| t.as_str()).collect();
+    ensure!(types == ["Announce", "Undo", "Announce"], "{arrived:?}");
+    ensure!(
+        arrived[2].1 == format!("{ACTOR}/announce/7b"),
+        "ends on the re-boost: {arrived:?}"
+    );
     ap.running.stop().await
 }
