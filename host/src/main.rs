@@ -54,6 +54,8 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(cli::run(cli, io)) {
         Ok(()) => ExitCode::SUCCESS,
+        // A reader that stopped early (`| head`) is not an error worth a line.
+        Err(cli::CliError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("laneway: {e}");
             ExitCode::FAILURE

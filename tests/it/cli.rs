@@ -183,7 +183,11 @@ async fn an_operator_enqueues_lists_shows_cancels_and_retries() -> anyhow::Resul
     );
     let refused = env.err(&["ops", "retry", &id_text], "").await?;
     ensure!(refused.contains("force-retry needs a failed op"), "{refused}");
-    ensure!(env.err(&["ops", "show", "99"], "").await? == "op 99 not found");
+    let missing = env.err(&["ops", "show", "99"], "").await?;
+    ensure!(
+        missing.starts_with("op 99 not found") && missing.contains("laneway archive show 99"),
+        "{missing}"
+    );
     let stats = env.ok(&["ops", "stats", "--json"], "").await?;
     ensure!(
         stats.contains("\"cancelled\"") && stats.contains("\"pending\""),

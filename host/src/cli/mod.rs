@@ -708,7 +708,15 @@ async fn ops_cmd(config: &Config, command: OpsCommand, out: &mut dyn Write) -> R
             }
         }
         OpsCommand::Show(args) => {
-            let op = queue.get(args.id).await?.ok_or(QueueError::NotFound(args.id))?;
+            let Some(op) = queue.get(args.id).await? else {
+                // Past its retention an op is gone from the queue; say where
+                // it may still be.
+                return Err(CliError::Input(format!(
+                    "op {} not found (an op past its retention is pruned; kinds with an archive keep it: \
+                     `laneway archive show {}`)",
+                    args.id, args.id
+                )));
+            };
             let attempts = queue.attempts(args.id).await?;
             if args.json {
                 render::json(out, &serde_json::json!({ "op": op, "attempts": attempts }))
