@@ -6,6 +6,14 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+/// Whether any of `patterns` (config text; a malformed one allows nothing,
+/// and is reported by the config check) lets `scheme://host:port` through.
+pub fn listed(patterns: &[String], scheme: &str, host: &str, port: u16) -> bool {
+    patterns
+        .iter()
+        .any(|pattern| HostPattern::parse(pattern).is_ok_and(|p| p.allows(scheme, host, port)))
+}
+
 /// One allow-list entry, Spin style: `https://*.example.com`,
 /// `http://127.0.0.1:8080`, `*://inbox.example:1000-2000`, `https://*`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -68,11 +68,7 @@ pub(super) async fn list(
 ) -> Result<Json<Value>, ApiError> {
     state.authorize(&headers, "outbox:read").await?;
     let Query(q) = query?;
-    let max = state.dispatcher().config().api.max_page;
-    let limit = q.limit.unwrap_or(100);
-    if !(1..=max).contains(&limit) {
-        return Err(ApiError::invalid(format!("limit: expected 1 to {max}, got {limit}")));
-    }
+    let limit = state.page_limit(q.limit)?;
     let newest_first = match q.order.as_deref() {
         None | Some("asc") => false,
         Some("desc") => true,
@@ -386,11 +382,7 @@ pub(super) async fn audit(
 ) -> Result<Json<Value>, ApiError> {
     state.authorize(&headers, "outbox:read").await?;
     let Query(q) = query?;
-    let max = state.dispatcher().config().api.max_page;
-    let limit = q.limit.unwrap_or(100);
-    if !(1..=max).contains(&limit) {
-        return Err(ApiError::invalid(format!("limit: expected 1 to {max}, got {limit}")));
-    }
+    let limit = state.page_limit(q.limit)?;
     let entries = state.queue().audit_log(q.before, limit).await?;
     let next = if entries.len() == limit as usize {
         entries.last().map(|e| e.id)

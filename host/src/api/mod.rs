@@ -107,6 +107,16 @@ impl ApiState {
         Ok(())
     }
 
+    /// A listing's page size: `asked`, or 100, within 1 to `api.max_page`.
+    fn page_limit(&self, asked: Option<u32>) -> Result<u32, ApiError> {
+        let max = self.dispatcher().config().api.max_page;
+        let limit = asked.unwrap_or(100);
+        if !(1..=max).contains(&limit) {
+            return Err(ApiError::invalid(format!("limit: expected 1 to {max}, got {limit}")));
+        }
+        Ok(limit)
+    }
+
     /// Takes a token from the public route's bucket (`public_per_second`
     /// per second, bursts of as many).
     fn public_admit(&self) -> bool {

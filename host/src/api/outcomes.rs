@@ -40,11 +40,7 @@ pub(super) async fn feed(
 ) -> Result<Json<Value>, ApiError> {
     state.authorize(&headers, "outcomes:read").await?;
     let Query(q) = query?;
-    let max = state.dispatcher().config().api.max_page;
-    let limit = q.limit.unwrap_or(100);
-    if !(1..=max).contains(&limit) {
-        return Err(ApiError::invalid(format!("limit: expected 1 to {max}, got {limit}")));
-    }
+    let limit = state.page_limit(q.limit)?;
     let entries = state.queue().outcomes(q.after.as_deref(), limit).await?;
     let next = entries.last().map(|e| e.cursor.clone()).or(q.after);
     let outcomes: Vec<Value> = entries.iter().map(OutcomeEntry::summary).collect();

@@ -112,18 +112,25 @@ pub(super) fn print_outcome(out: &mut dyn Write, entry: &serde_json::Value, json
     Ok(())
 }
 
-pub(super) async fn outcomes_cmd(queue: &dyn Queue, args: OutcomesArgs, out: &mut dyn Write) -> Result<(), CliError> {
+/// The `outcomes` loop over any source: `fetch(after, limit)` answers a
+/// page of outcome summaries and the cursor after it. Prints until the
+/// count is reached, or without `--follow` until a page comes back empty.
+pub(super) async fn follow_outcomes(
+    args: OutcomesArgs,
+    out: &mut dyn Write,
+    mut fetch: impl AsyncFnMut(Option<String>, u32) -> Result<(Vec<serde_json::Value>, Option<String>), CliError>,
+) -> Result<(), CliError> {
     let limit = args.count.unwrap_or(if args.follow { u64::MAX } else { 100 });
     let mut cursor = args.after;
     let mut printed = 0u64;
     while printed < limit {
         let page = u32::try_from((limit - printed).min(500)).unwrap_or(500);
-        let entries = queue.outcomes(cursor.as_deref(), page).await?;
+        let (entries, next) = fetch(cursor.clone(), page).await?;
         for entry in &entries {
-            print_outcome(out, &entry.summary(), args.json)?;
-            cursor = Some(entry.cursor.clone());
+            print_outcome(out, entry, args.json)?;
             printed += 1;
         }
+        cursor = next.or(cursor);
         if entries.is_empty() {
             if !args.follow {
                 break;
@@ -132,6 +139,15 @@ pub(super) async fn outcomes_cmd(queue: &dyn Queue, args: OutcomesArgs, out: &mu
         }
     }
     Ok(())
+}
+
+pub(super) async fn outcomes_cmd(queue: &dyn Queue, args: OutcomesArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    follow_outcomes(args, out, async |after: Option<String>, limit: u32| {
+        let entries = queue.outcomes(after.as_deref(), limit).await?;
+        let next = entries.last().map(|e| e.cursor.clone());
+        Ok((entries.iter().map(crate::queue::OutcomeEntry::summary).collect(), next))
+    })
+    .await
 }
 
 /// Who the CLI acts as in the audit log.

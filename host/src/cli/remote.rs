@@ -174,30 +174,16 @@ pub async fn run(base: &str, command: Command, env: &[(String, String)], out: &m
 
 /// `outcomes` over the feed route: the same lines as against the database.
 async fn outcomes(api: &Api, args: super::operator::OutcomesArgs, out: &mut dyn Write) -> Result<(), CliError> {
-    let limit = args.count.unwrap_or(if args.follow { u64::MAX } else { 100 });
-    let mut cursor = args.after;
-    let mut printed = 0u64;
-    while printed < limit {
-        let page = (limit - printed).min(500);
+    super::operator::follow_outcomes(args, out, async |after: Option<String>, limit: u32| {
         let path = format!(
             "/api/v1/outcomes{}",
-            query(&[("after", cursor.clone()), ("limit", Some(page.to_string()))])
+            query(&[("after", after), ("limit", Some(limit.to_string()))])
         );
         let body = api.send(&Call::get(path, true)).await?;
         let entries = body["outcomes"].as_array().cloned().unwrap_or_default();
-        for entry in &entries {
-            super::operator::print_outcome(out, entry, args.json)?;
-            printed += 1;
-        }
-        cursor = body["next"].as_str().map(str::to_owned).or(cursor);
-        if entries.is_empty() {
-            if !args.follow {
-                break;
-            }
-            tokio::time::sleep(super::operator::FOLLOW_EVERY).await;
-        }
-    }
-    Ok(())
+        Ok((entries, body["next"].as_str().map(str::to_owned)))
+    })
+    .await
 }
 
 /// A host's API and the key to use with it.

@@ -1215,20 +1215,16 @@ fn webhook_url_refused(url: &str, allowed: &[String]) -> Option<String> {
     if !matches!(parsed.scheme(), "http" | "https") {
         return Some(format!("expected an http(s) URL, got {url:?}"));
     }
-    let listed = allowed
-        .iter()
-        .any(|pattern| crate::egress::HostPattern::parse(pattern).is_ok_and(|p| p.allows(parsed.scheme(), host, port)));
+    let listed = crate::egress::listed(allowed, parsed.scheme(), host, port);
     (!listed).then(|| format!("{}://{host}:{port} is not in outcomes.allowed_hosts", parsed.scheme()))
 }
 
 pub fn oracle_url_unlisted(rpc_url: &str, plugins: &BTreeMap<String, PluginConfig>) -> Option<String> {
     let url = reqwest::Url::parse(rpc_url).ok()?;
     let (host, port) = (url.host_str()?, url.port_or_known_default()?);
-    let listed = plugins.values().any(|p| {
-        p.allowed_hosts.iter().any(|pattern| {
-            crate::egress::HostPattern::parse(pattern).is_ok_and(|pattern| pattern.allows(url.scheme(), host, port))
-        })
-    });
+    let listed = plugins
+        .values()
+        .any(|p| crate::egress::listed(&p.allowed_hosts, url.scheme(), host, port));
     (!listed).then(|| {
         format!(
             "{}://{host}:{port} is in no plugin's allowed_hosts; list it on the executor plugin whose kinds this \

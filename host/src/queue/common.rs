@@ -347,6 +347,16 @@ pub fn parse_priority(id: OpId, rank: i64) -> Result<Priority, QueueError> {
     })
 }
 
+/// The tables whose size retention bounds, counted by `Queue::table_rows`.
+pub const SIZED_TABLES: [&str; 6] = [
+    "ops",
+    "attempts",
+    "op_lanes",
+    "outcomes",
+    "idempotency_tombstones",
+    "payloads",
+];
+
 /// The `payloads` key a payload is stored under when it is long enough to
 /// be shared (`shared_from` bytes, 0 never): its SHA-256, hex.
 pub fn shared_payload(payload: &str, shared_from: usize) -> Option<String> {

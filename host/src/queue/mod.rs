@@ -771,8 +771,8 @@ pub trait Queue: Send + Sync + std::fmt::Debug {
     /// Stores a named position in the outcome feed.
     async fn set_feed_cursor(&self, name: &str, cursor: &str) -> Result<(), QueueError>;
 
-    /// Rows in `ops`, `attempts` and `idempotency_tombstones`, for the soak
-    /// and for operators sizing retention.
+    /// Rows in each table retention bounds (`common::SIZED_TABLES`), for the
+    /// soak and for operators sizing retention.
     async fn table_rows(&self) -> Result<Vec<(String, i64)>, QueueError>;
 }
 

@@ -1437,14 +1437,7 @@ impl Queue for PgQueue {
 
     async fn table_rows(&self) -> Result<Vec<(String, i64)>, QueueError> {
         let mut out = Vec::new();
-        for table in [
-            "ops",
-            "attempts",
-            "op_lanes",
-            "outcomes",
-            "idempotency_tombstones",
-            "payloads",
-        ] {
+        for table in super::common::SIZED_TABLES {
             let n: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {table}"))
                 .fetch_one(&self.pool)
                 .await?;
