@@ -141,6 +141,14 @@ pub struct Metrics {
     oracle_capacity: Family<OracleLabels, Gauge<f64, AtomicU64>>,
     oracle_congestion: Family<OracleLabels, Gauge>,
     oracle_staleness: Family<OracleLabels, Gauge<f64, AtomicU64>>,
+    destination_changes: Family<StateLabels, Counter>,
+    destinations_held: Family<StateLabels, Gauge>,
+    inboxes_gone: Counter,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct StateLabels {
+    state: String,
 }
 
 impl Default for Metrics {
@@ -309,6 +317,24 @@ impl Metrics {
             "Seconds since the oracle's last good sample",
             oracle_staleness.clone(),
         );
+        let destination_changes = Family::<StateLabels, Counter>::default();
+        registry.register(
+            "destination_health_changes",
+            "Destination hosts entering a health state (available, unavailable, suspended)",
+            destination_changes.clone(),
+        );
+        let destinations_held = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "destinations_held",
+            "Destination hosts whose ops are held, by state (unavailable, suspended)",
+            destinations_held.clone(),
+        );
+        let inboxes_gone = Counter::default();
+        registry.register(
+            "inboxes_gone",
+            "Personal inboxes remembered as gone after a 410",
+            inboxes_gone.clone(),
+        );
         Self {
             registry,
             ops,
@@ -338,6 +364,9 @@ impl Metrics {
             oracle_capacity,
             oracle_congestion,
             oracle_staleness,
+            destination_changes,
+            destinations_held,
+            inboxes_gone,
         }
     }
 
@@ -367,6 +396,8 @@ pub struct Snapshot {
     pub paused: Vec<(String, i64)>,
     /// Breakers holding ops on this host.
     pub breakers_open: i64,
+    /// Destination hosts held: `(unavailable, suspended)`.
+    pub destinations_held: (i64, i64),
     /// `(kind, outbox, seconds)` the oldest due pending op has waited.
     pub oldest_due: Vec<(String, String, f64)>,
     /// `(plugin, quarantined)` for every loaded plugin.
@@ -418,6 +449,16 @@ impl Metrics {
                 .set(count);
         }
         self.breakers_open.set(snapshot.breakers_open);
+        for (state, n) in [
+            ("unavailable", snapshot.destinations_held.0),
+            ("suspended", snapshot.destinations_held.1),
+        ] {
+            self.destinations_held
+                .get_or_create(&StateLabels {
+                    state: state.to_owned(),
+                })
+                .set(n);
+        }
         self.oldest_due.clear();
         for (kind, outbox, seconds) in &snapshot.oldest_due {
             self.oldest_due
@@ -756,6 +797,57 @@ impl OraclePolled<'_> {
                 outcome: outcome.to_owned(),
             })
             .inc();
+    }
+}
+
+/// A destination host's health changed state, or a personal inbox was
+/// found gone.
+pub enum DestinationChanged<'a> {
+    /// The host entered `to` (from another state).
+    Health {
+        /// The destination host.
+        host: &'a str,
+        /// The new state.
+        to: crate::health::HealthState,
+        /// Why (unset when it became available).
+        reason: Option<&'a str>,
+        /// Who or what changed it (`delivery`, `probe`, `inbound`, an operator).
+        by: &'a str,
+    },
+    /// A personal inbox answered 410: later fan-outs skip it.
+    InboxGone {
+        /// The inbox.
+        inbox: &'a str,
+    },
+}
+
+impl DestinationChanged<'_> {
+    /// Logs and counts it.
+    pub fn emit(&self, metrics: &Metrics) {
+        match self {
+            Self::Health { host, to, reason, by } => {
+                let state = to.as_str();
+                match to {
+                    crate::health::HealthState::Available => {
+                        info!(destination = %host, by = %by, "Destination available again; its held ops go.");
+                    }
+                    _ => warn!(
+                        destination = %host, state, by = %by, reason = reason.unwrap_or(""),
+                        "Destination held: its ops wait (not attempted, not dead-lettered)."
+                    ),
+                }
+                metrics
+                    .destination_changes
+                    .get_or_create(&StateLabels {
+                        state: state.to_owned(),
+                    })
+                    .inc();
+            }
+            Self::InboxGone { inbox } => {
+                warn!(inbox = %inbox, "Inbox answered 410 Gone; later fan-outs skip it.");
+                metrics.inboxes_gone.inc();
+            }
+        }
     }
 }
 

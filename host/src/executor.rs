@@ -43,6 +43,53 @@ pub trait Checkpoint: Send + Sync {
     async fn checkpoint(&self, receipt: &str) -> Result<(), CheckpointError>;
 }
 
+/// Where a plugin's per-destination notes live (WIT `notes`), shared by
+/// every host.
+#[async_trait]
+pub trait Notes: Send + Sync {
+    /// The note `key` of `plugin` for destination `host`.
+    async fn get(&self, plugin: &str, host: &str, key: &str) -> Result<Option<String>, QueueError>;
+    /// Stores it.
+    async fn set(&self, plugin: &str, host: &str, key: &str, value: &str) -> Result<(), QueueError>;
+}
+
+/// Notes kept as shared records, one namespace per plugin.
+pub struct QueueNotes(pub Arc<dyn Queue>);
+
+impl QueueNotes {
+    fn namespace(plugin: &str) -> String {
+        format!("note:{plugin}")
+    }
+
+    fn key(host: &str, key: &str) -> String {
+        // A unit separator cannot occur in a host name.
+        format!("{host}\u{1f}{key}")
+    }
+}
+
+#[async_trait]
+impl Notes for QueueNotes {
+    async fn get(&self, plugin: &str, host: &str, key: &str) -> Result<Option<String>, QueueError> {
+        Ok(self
+            .0
+            .record(&Self::namespace(plugin), &Self::key(host, key))
+            .await?
+            .map(|r| r.value))
+    }
+
+    async fn set(&self, plugin: &str, host: &str, key: &str, value: &str) -> Result<(), QueueError> {
+        self.0
+            .put_record(
+                &Self::namespace(plugin),
+                &Self::key(host, key),
+                value,
+                crate::queue::Expect::Any,
+            )
+            .await?;
+        Ok(())
+    }
+}
+
 /// What the host hands one attempt besides the op itself.
 #[derive(Clone)]
 pub struct Attempt {
@@ -53,15 +100,28 @@ pub struct Attempt {
     /// The fee the attempt actually paid, when the executor reports one
     /// (a resubmitted envelope carries the fee it was built with).
     pub spent: Arc<SpentFee>,
+    /// Where the plugin's per-destination notes are kept; without one,
+    /// notes are neither read nor kept.
+    pub notes: Option<Arc<dyn Notes>>,
 }
 
 impl Attempt {
-    /// An attempt with a fresh fee report.
+    /// An attempt with a fresh fee report and no notes.
     pub fn new(checkpoint: Arc<dyn Checkpoint>, fee: Option<FeeBid>) -> Self {
         Self {
             checkpoint,
             fee,
             spent: Arc::new(SpentFee::default()),
+            notes: None,
+        }
+    }
+
+    /// The same attempt, keeping notes in `notes`.
+    #[must_use]
+    pub fn with_notes(self, notes: Arc<dyn Notes>) -> Self {
+        Self {
+            notes: Some(notes),
+            ..self
         }
     }
 

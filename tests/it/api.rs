@@ -616,7 +616,7 @@ async fn metrics_after_a_workload_carry_the_seed_names_and_labels(db: TestDb) ->
 }
 
 /// Every route the API must serve, as (method, OpenAPI path).
-const ROUTES: [(&str, &str); 30] = [
+const ROUTES: [(&str, &str); 33] = [
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),
@@ -643,6 +643,9 @@ const ROUTES: [(&str, &str); 30] = [
     ("get", "/api/admin/breakers"),
     ("post", "/api/admin/breakers/{destination}/open"),
     ("post", "/api/admin/breakers/{destination}/close"),
+    ("get", "/api/admin/destinations"),
+    ("post", "/api/admin/destinations/{destination}/suspend"),
+    ("post", "/api/admin/destinations/{destination}/resume"),
     ("get", "/api/admin/plugins"),
     ("post", "/api/admin/plugins/reload"),
     // Not routes of their own: the same paths' other methods are 405s, and
@@ -669,7 +672,7 @@ async fn the_openapi_document_names_every_route_and_each_asks_for_its_scope(db: 
         }
     }
     documented.sort();
-    let mut want: Vec<(String, String)> = ROUTES[..28]
+    let mut want: Vec<(String, String)> = ROUTES[..31]
         .iter()
         .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
         .collect();
@@ -732,7 +735,7 @@ async fn the_openapi_document_names_every_route_and_each_asks_for_its_scope(db: 
         }
     }
     // A method a path does not serve is refused, not answered.
-    for (method, path) in &ROUTES[28..] {
+    for (method, path) in &ROUTES[31..] {
         let (status, _) = served.call(&method.to_uppercase(), &concrete(path), None, None).await?;
         ensure!(status == 405, "{method} {path}: {status}");
     }

@@ -198,6 +198,9 @@ fn api_router() -> OpenApiRouter<ApiState> {
         .routes(routes!(steering::breakers))
         .routes(routes!(steering::open_breaker))
         .routes(routes!(steering::close_breaker))
+        .routes(routes!(steering::destinations))
+        .routes(routes!(steering::suspend_destination))
+        .routes(routes!(steering::resume_destination))
         .routes(routes!(plugins::status))
         .routes(routes!(plugins::reload))
 }

@@ -364,16 +364,15 @@ pub(super) async fn deliveries(
         priority: body.priority,
         subject: body.subject,
     };
-    let ops = crate::fanout::plan(&request, &kind.correlate_types(), kind.priority)
+    crate::fanout::plan(&request, &kind.correlate_types(), kind.priority)
         .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_activity", e.to_string()))?;
-    for op in &ops {
-        queue::validate_new_op(op, config.limits())?;
-    }
-    state
-        .queue()
-        .release_coalesce(&request.actor, &crate::fanout::undone_announces(&request, &ops))
-        .await?;
-    let results = state.dispatcher().enqueue(&ops).await?;
+    let (results, planned) = state.dispatcher().fan_out(&request).await.map_err(|e| match e {
+        crate::destinations::FanOutFailure::Refused(why) => {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_op", why)
+        }
+        crate::destinations::FanOutFailure::Queue(e) => ApiError::from(e),
+    })?;
+    let ops = planned.ops;
     let mut counts = [0usize; 3];
     let deliveries: Vec<Value> = ops
         .iter()
@@ -391,6 +390,7 @@ pub(super) async fn deliveries(
     Ok(Json(json!({
         "deliveries": deliveries,
         "created": counts[0], "existing": counts[1], "already_pending": counts[2],
+        "skipped_gone": planned.gone,
     }))
     .into_response())
 }

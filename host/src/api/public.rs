@@ -148,8 +148,12 @@ async fn scrape(state: &ApiState) -> Result<Snapshot, ApiError> {
             .collect(),
         None => Vec::new(),
     };
+    let destinations_held = crate::destinations::HealthView::load(queue.as_ref())
+        .await?
+        .held_counts();
     Ok(Snapshot {
         depth,
+        destinations_held,
         stuck_submitted: gauges.stuck_submitted,
         lanes_held: gauges.lanes_held,
         subjects_halted: gauges.subjects_halted,

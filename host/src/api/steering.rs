@@ -315,3 +315,95 @@ pub(super) async fn close_breaker(
         .await?;
     Ok(Json(json!({ "closed": true })))
 }
+
+/// Destination health shared by every host: each destination host with
+/// failures counted or held (unavailable after failing past
+/// `destinations.unavailable_after_ms`, or suspended), and the personal
+/// inboxes remembered as gone after a 410.
+#[utoipa::path(get, path = "/api/admin/destinations", tag = "steering",
+    security(("bearer" = ["outbox:read"])),
+    responses((status = 200, description = "`destinations` ({host, state, failures, first_failure_at, last_failure_at, last_error, since, reason, next_probe_at}); `gone_inboxes` ({inbox, gone_at})", body = Value), Refusals))]
+pub(super) async fn destinations(State(state): State<ApiState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+    state.authorize(&headers, "outbox:read").await?;
+    let queue = state.queue();
+    let hosts = crate::destinations::views(queue.as_ref()).await?;
+    let gone: Vec<Value> = crate::destinations::gone_inboxes(queue.as_ref())
+        .await?
+        .into_iter()
+        .map(|(inbox, at)| json!({ "inbox": inbox, "gone_at": at }))
+        .collect();
+    Ok(Json(json!({ "destinations": hosts, "gone_inboxes": gone })))
+}
+
+/// Why a destination is suspended.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SuspendBody {
+    reason: String,
+}
+
+/// Suspends a destination host on every host: its ops are held (not
+/// attempted, not dead-lettered, no probes) until it is resumed.
+#[utoipa::path(post, path = "/api/admin/destinations/{destination}/suspend", tag = "steering",
+    params(("destination" = String, Path, description = "A URL authority, host[:port]")),
+    request_body = SuspendBody,
+    security(("bearer" = ["outbox:write"])),
+    responses((status = 200, description = "`destination`, suspended", body = Value), Refusals))]
+pub(super) async fn suspend_destination(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    path: Result<Path<String>, PathRejection>,
+    body: Result<Json<SuspendBody>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let actor = state.authorize(&headers, "outbox:write").await?;
+    let host = destination(path)?;
+    let Json(body) = body?;
+    if body.reason.trim().is_empty() || body.reason.len() > 500 {
+        return Err(ApiError::invalid("reason: expected 1 to 500 characters"));
+    }
+    let (before, after) = state
+        .dispatcher()
+        .suspend_destination(&host, &body.reason, &actor.0)
+        .await?;
+    state
+        .audit(
+            &actor,
+            "destination.suspend",
+            format!("destination:{host}"),
+            Some(json!(before)),
+            Some(json!(after)),
+        )
+        .await?;
+    Ok(Json(
+        json!({ "destination": crate::destinations::view(state.queue().as_ref(), &host).await? }),
+    ))
+}
+
+/// Makes a destination host available again on every host, whatever held
+/// it (failing past the period, a shared-inbox 410, an operator), and
+/// forgets its inboxes' 410s; its held ops go at once.
+#[utoipa::path(post, path = "/api/admin/destinations/{destination}/resume", tag = "steering",
+    params(("destination" = String, Path, description = "A URL authority, host[:port]")),
+    security(("bearer" = ["outbox:write"])),
+    responses((status = 200, description = "`resumed`: whether anything was held or counted; `inboxes_forgotten`", body = Value), Refusals))]
+pub(super) async fn resume_destination(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let actor = state.authorize(&headers, "outbox:write").await?;
+    let host = destination(path)?;
+    let (before, after, forgotten) = state.dispatcher().resume_destination(&host, &actor.0).await?;
+    state
+        .audit(
+            &actor,
+            "destination.resume",
+            format!("destination:{host}"),
+            Some(json!({ "health": before, "gone_inboxes": forgotten })),
+            Some(json!(after)),
+        )
+        .await?;
+    Ok(Json(
+        json!({ "resumed": !before.is_clear() || !forgotten.is_empty(), "inboxes_forgotten": forgotten }),
+    ))
+}

@@ -88,6 +88,10 @@ pub enum Command {
     /// Read what the pruner archived (kinds with `archive = "DIR"`).
     #[command(subcommand)]
     Archive(ArchiveCommand),
+    /// Destination health shared by every host: hosts failing, unavailable
+    /// or suspended, and inboxes gone; suspend or resume a host.
+    #[command(subcommand)]
+    Destinations(operator::DestinationsCommand),
 }
 
 /// `laneway archive …`
@@ -451,6 +455,9 @@ pub async fn run(cli: Cli, io: Io<'_>) -> Result<(), CliError> {
         Command::Audit(args) => operator::audit_cmd(open_checked(&config).await?.as_ref(), args, io.stdout).await,
         Command::Outcomes(args) => operator::outcomes_cmd(open_checked(&config).await?.as_ref(), args, io.stdout).await,
         Command::Archive(ArchiveCommand::Show(args)) => archive_show(&config, &args, io.stdout),
+        Command::Destinations(command) => {
+            operator::destinations_cmd(&config, open_checked(&config).await?.as_ref(), command, io.stdout).await
+        }
     }
 }
 
@@ -535,23 +542,34 @@ async fn fanout_cmd(config: &Config, args: FanoutArgs, io: Io<'_>) -> Result<(),
         priority,
         subject: args.subject,
     };
-    let ops = crate::fanout::plan(&request, &kind.correlate_types(), kind.priority)
+    // Refuse a malformed request before touching the database.
+    crate::fanout::plan(&request, &kind.correlate_types(), kind.priority)
         .map_err(|e| CliError::Input(e.to_string()))?;
-    for op in &ops {
-        queue::validate_new_op(op, config.limits())?;
-    }
     let queue = open_checked(config).await?;
-    queue
-        .release_coalesce(&request.actor, &crate::fanout::undone_announces(&request, &ops))
-        .await?;
+    let planned = crate::destinations::plan_fan_out(queue.as_ref(), config, &request)
+        .await
+        .map_err(|e| match e {
+            crate::destinations::FanOutFailure::Refused(why) => CliError::Input(why),
+            crate::destinations::FanOutFailure::Queue(e) => CliError::from(e),
+        })?;
+    let ops = planned.ops;
     let results = queue.enqueue(&ops).await?;
     if args.json {
-        let rows: Vec<_> = ops
+        let mut rows: Vec<_> = ops
             .iter()
             .zip(&results)
             .map(|(op, r)| serde_json::json!({ "inbox": op.lanes[0], "enqueued": r }))
             .collect();
+        rows.extend(
+            planned
+                .gone
+                .iter()
+                .map(|inbox| serde_json::json!({ "inbox": inbox, "skipped": "gone" })),
+        );
         return render::json(io.stdout, &rows);
+    }
+    for inbox in &planned.gone {
+        writeln!(io.stdout, "{inbox}: skipped: it answered 410 Gone before")?;
     }
     for (op, result) in ops.iter().zip(results) {
         let what = match result {

@@ -328,3 +328,124 @@ pub(super) async fn audit_cmd(queue: &dyn Queue, args: AuditArgs, out: &mut dyn 
     }
     Ok(())
 }
+
+/// `laneway destinations …`
+#[derive(Debug, Subcommand)]
+pub enum DestinationsCommand {
+    /// Hosts with failures counted or held, and inboxes gone (410).
+    List(super::JsonArg),
+    /// Hold a host's ops on every host (no attempts, no probes) until resumed.
+    Suspend {
+        /// The destination host (`host[:port]`).
+        host: String,
+        /// Why (kept in the health record and the audit log).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Let a host's ops go again, whatever held it, and forget its inboxes' 410s.
+    Resume {
+        /// The destination host (`host[:port]`).
+        host: String,
+    },
+}
+
+fn destination_host(host: &str) -> Result<&str, CliError> {
+    if host.is_empty() || host.contains(['/', ' ']) {
+        return Err(CliError::Input(format!(
+            "expected a destination host (host[:port], as `destinations list` shows it), got {host:?}"
+        )));
+    }
+    Ok(host)
+}
+
+pub(super) async fn destinations_cmd(
+    config: &crate::config::Config,
+    queue: &dyn Queue,
+    command: DestinationsCommand,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let health = config.destinations.health();
+    let metrics = crate::events::Metrics::new();
+    let now = chrono::Utc::now();
+    match command {
+        DestinationsCommand::List(args) => {
+            let hosts = crate::destinations::views(queue).await?;
+            let gone = crate::destinations::gone_inboxes(queue).await?;
+            if args.json {
+                let gone: Vec<Value> = gone
+                    .iter()
+                    .map(|(inbox, at)| serde_json::json!({ "inbox": inbox, "gone_at": at }))
+                    .collect();
+                return super::render::json(out, &serde_json::json!({ "destinations": hosts, "gone_inboxes": gone }));
+            }
+            if hosts.is_empty() && gone.is_empty() {
+                writeln!(out, "every destination is healthy")?;
+            }
+            for h in &hosts {
+                let first = h.first_failure_at.map(|t| t.to_rfc3339()).unwrap_or_default();
+                writeln!(
+                    out,
+                    "{}  {}  failures {}  since first failure {}  {}",
+                    h.host,
+                    h.state,
+                    h.failures,
+                    if first.is_empty() { "-" } else { &first },
+                    h.reason.as_deref().or(h.last_error.as_deref()).unwrap_or("")
+                )?;
+                if let Some(at) = h.next_probe_at {
+                    writeln!(out, "    next probe {}", at.to_rfc3339())?;
+                }
+            }
+            for (inbox, at) in &gone {
+                writeln!(out, "{inbox}  gone (410) since {}", at.to_rfc3339())?;
+            }
+        }
+        DestinationsCommand::Suspend { host, reason } => {
+            let host = destination_host(&host)?;
+            let actor = cli_actor();
+            let (before, after) = crate::destinations::apply(
+                queue,
+                &metrics,
+                host,
+                &[crate::health::Event::Suspend { reason: &reason }],
+                &actor,
+                now,
+                &health,
+            )
+            .await?;
+            audit(
+                queue,
+                "destination.suspend",
+                format!("destination:{host}"),
+                Some(serde_json::json!(before)),
+                Some(serde_json::json!(after)),
+            )
+            .await?;
+            writeln!(out, "{host}: suspended on every host ({reason})")?;
+        }
+        DestinationsCommand::Resume { host } => {
+            let host = destination_host(&host)?;
+            let (before, after, forgotten) =
+                crate::destinations::resume(queue, &metrics, host, &cli_actor(), now, &health).await?;
+            audit(
+                queue,
+                "destination.resume",
+                format!("destination:{host}"),
+                Some(serde_json::json!({ "health": before, "gone_inboxes": forgotten })),
+                Some(serde_json::json!(after)),
+            )
+            .await?;
+            if before.is_clear() && forgotten.is_empty() {
+                writeln!(out, "{host}: nothing was held or counted")?;
+            } else {
+                writeln!(
+                    out,
+                    "{host}: available again (was {}); {} gone inbox(es) forgotten",
+                    before.state.as_str(),
+                    forgotten.len()
+                )?;
+            }
+        }
+    }
+    Ok(())
+}

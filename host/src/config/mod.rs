@@ -41,6 +41,8 @@ pub struct Config {
     pub retention: RetentionConfig,
     /// `[outcomes]`
     pub outcomes: OutcomesConfig,
+    /// `[destinations]`
+    pub destinations: DestinationsConfig,
     /// `[plugins.NAME]`
     pub plugins: BTreeMap<String, PluginConfig>,
     /// `[keys.ID]`
@@ -96,6 +98,30 @@ pub struct OutcomesConfig {
     pub allowed_hosts: Vec<String>,
     /// How often the relay reads the feed for outcomes to send.
     pub relay_every_ms: u64,
+}
+
+/// `[destinations]`: destination health over days and per-host rate limits,
+/// both shared by every host.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct DestinationsConfig {
+    /// Failing this long without an answer makes a host unavailable.
+    pub unavailable_after_ms: u64,
+    /// One probe op per this interval to an unavailable host.
+    pub probe_every_ms: u64,
+    /// Requests per second to one destination host; 0 is unlimited.
+    pub rate_per_second: f64,
+    /// Requests a quiet host may take at once.
+    pub rate_burst: u32,
+}
+
+impl DestinationsConfig {
+    /// The health rules' settings.
+    pub fn health(&self) -> crate::health::HealthConfig {
+        crate::health::HealthConfig {
+            unavailable_after: std::time::Duration::from_millis(self.unavailable_after_ms),
+            probe_every: std::time::Duration::from_millis(self.probe_every_ms),
+        }
+    }
 }
 
 /// The kind laneway delivers outcome webhooks as.
@@ -745,6 +771,7 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
     let api = section::<ApiConfig>(&mut table, "api", &mut problems);
     let retention = section::<RetentionConfig>(&mut table, "retention", &mut problems);
     let outcomes = section::<OutcomesConfig>(&mut table, "outcomes", &mut problems);
+    let destinations = section::<DestinationsConfig>(&mut table, "destinations", &mut problems);
     let plugins = named_tables::<PluginConfig>(&mut table, "plugins", &mut problems);
     let keys = named_tables::<crate::keys::KeySource>(&mut table, "keys", &mut problems);
     let oracles = named_tables::<OracleConfig>(&mut table, "oracles", &mut problems);
@@ -768,13 +795,29 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
         problems.push(Problem {
             path: key.clone(),
             message:
-                "unknown key (expected one of: database, queue, dispatch, runtime, api, retention, outcomes, plugins, keys, oracles, kinds)"
+                "unknown key (expected one of: database, queue, dispatch, runtime, api, retention, outcomes, destinations, plugins, keys, oracles, kinds)"
                     .to_owned(),
         });
     }
-    if let (Some(database), Some(queue), Some(dispatch), Some(runtime), Some(api), Some(retention), Some(outcomes)) =
-        (database, queue, dispatch, runtime, api, retention, outcomes)
-    {
+    if let (
+        Some(database),
+        Some(queue),
+        Some(dispatch),
+        Some(runtime),
+        Some(api),
+        Some(retention),
+        Some(outcomes),
+        Some(destinations),
+    ) = (
+        database,
+        queue,
+        dispatch,
+        runtime,
+        api,
+        retention,
+        outcomes,
+        destinations,
+    ) {
         let config = Config {
             database,
             queue,
@@ -783,6 +826,7 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
             api,
             retention,
             outcomes,
+            destinations,
             plugins,
             keys,
             oracles,
@@ -986,6 +1030,28 @@ fn validate(config: &Config) -> Vec<Problem> {
         if let Err(e) = crate::egress::HostPattern::parse(entry) {
             bad("outcomes.allowed_hosts", e);
         }
+    }
+    let d = &config.destinations;
+    if d.probe_every_ms < 1000 {
+        bad(
+            "destinations.probe_every_ms",
+            format!("expected at least 1000 (one probe a second), got {}", d.probe_every_ms),
+        );
+    }
+    if d.unavailable_after_ms == 0 {
+        bad(
+            "destinations.unavailable_after_ms",
+            "expected more than 0 (one failure would suspend a host)".to_owned(),
+        );
+    }
+    if !(d.rate_per_second.is_finite() && d.rate_per_second >= 0.0) {
+        bad(
+            "destinations.rate_per_second",
+            format!("expected 0 (unlimited) or a positive number, got {}", d.rate_per_second),
+        );
+    }
+    if d.rate_burst == 0 {
+        bad("destinations.rate_burst", "expected at least 1".to_owned());
     }
     if config.outcomes.relay_every_ms < 10 {
         bad(

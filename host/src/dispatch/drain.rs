@@ -26,9 +26,11 @@ use super::{DispatchError, Inner};
 use crate::breaker::{self, Admission};
 use crate::clock::chrono_duration;
 use crate::config::{Config, KindConfig};
+use crate::destinations::HealthView;
 use crate::events::{LeaseLost, OpSettled, Priced, Settled};
 use crate::executor::{Attempt, Executor, LeaseCheckpoint, Reconciled};
 use crate::fees::{FeeBid, FeeDecision};
+use crate::health::{Admit, Event};
 use crate::lanes::{self, Candidate, Caps, Lane, LaneMode, LaneRules, OpState};
 use crate::op::{AttemptRecord, Lease, OpId};
 use crate::outcome::{Fault, Outcome};
@@ -138,6 +140,20 @@ struct Pass {
     favoured: bool,
     /// The operator's pauses, as of the last full read.
     paused: Paused,
+    /// Destination health shared by every host, as of the last full read
+    /// (and the probes this pass took since).
+    health: HealthView,
+}
+
+/// What one attempt said about its destination host's health.
+#[derive(Debug, Clone)]
+enum Signal {
+    /// It answered.
+    Answered,
+    /// It failed because of the host.
+    Failed(String),
+    /// The inbox answered 410 Gone.
+    Gone,
 }
 
 impl Pass {
@@ -160,6 +176,7 @@ impl Pass {
             starved: false,
             favoured: false,
             paused: Paused::default(),
+            health: HealthView::default(),
         }
     }
 
@@ -273,6 +290,7 @@ impl Pass {
             }
             let halts = self.inner.queue.lane_halts(Some(&outbox)).await?;
             self.paused = Paused::new(&self.inner.queue.pauses().await?);
+            self.health = (*self.inner.health_view().await).clone();
             let lanes: Vec<String> = filling
                 .rows()
                 .iter()
@@ -356,6 +374,7 @@ impl Pass {
         let now = self.inner.clock.now();
         let rules = config.lane_rules();
         let finished = std::mem::take(&mut self.finished);
+        let signals = health_signals(&finished);
         let (completions, notes) = self.decide(finished, &config, now);
         // Ops this round confirms or dead-letters leave their lanes when the
         // round commits; the round may start the next op of such a lane,
@@ -426,6 +445,9 @@ impl Pass {
             .flat_map(|((_, (claimed, _)), _)| claimed.op.lanes.iter().cloned())
             .collect();
         self.record_settles(&completions, notes, settled);
+        // After the settles commit: a crash between the two loses these
+        // attempts' health counts, never an outcome.
+        self.record_health(signals, &config, now).await;
         let claimed_ids: HashSet<OpId> = claimed.iter().map(|c| c.op.id).collect();
         for id in &chosen {
             if claimed_ids.contains(id) {
@@ -614,6 +636,12 @@ impl Pass {
             return OpState::Waiting;
         }
         if let Some(dest) = destination(&row.lanes) {
+            if let Some(Admit::Hold { until }) = self.health.get(dest).map(|h| h.admit(now)) {
+                if let Some(at) = until {
+                    *due_next = Some(due_next.map_or(at, |d| d.min(at)));
+                }
+                return OpState::Waiting;
+            }
             if breakers.peek(dest, now) == Admission::Hold {
                 return OpState::Waiting;
             }
@@ -642,6 +670,7 @@ impl Pass {
     /// Takes host-wide permits and breaker admissions for the ops the
     /// scheduler started, and prices them: what goes to the claim.
     async fn choose(&mut self, start: Vec<OpId>, now: DateTime<Utc>) -> Result<Chosen, DispatchError> {
+        let start = self.probes(start, now).await?;
         let mut chosen = Vec::with_capacity(start.len());
         let mut permits: Vec<OwnedSemaphorePermit> = Vec::with_capacity(start.len());
         let mut trials: Vec<(OpId, String)> = Vec::new();
@@ -665,6 +694,102 @@ impl Pass {
         }
         let bids = self.price(&mut chosen, now).await?;
         Ok((chosen, permits, trials, bids))
+    }
+
+    /// Keeps, of the ops to unavailable destination hosts, one probe per
+    /// host whose probe is due and that this host won (a compare-and-set
+    /// on the shared record); the others wait for the probe's outcome.
+    async fn probes(&mut self, start: Vec<OpId>, now: DateTime<Utc>) -> Result<Vec<OpId>, DispatchError> {
+        let config = self.inner.config.load().destinations.health();
+        let mut decided: HashMap<String, bool> = HashMap::new();
+        let mut keep = Vec::with_capacity(start.len());
+        for id in start {
+            let dest = self
+                .book
+                .get(id)
+                .and_then(|e| destination(&e.row.lanes))
+                .map(str::to_owned);
+            let Some(dest) = dest else {
+                keep.push(id);
+                continue;
+            };
+            let Some(health) = self.health.get(&dest).cloned() else {
+                keep.push(id);
+                continue;
+            };
+            if health.admit(now) != Admit::Probe {
+                keep.push(id);
+                continue;
+            }
+            if decided.contains_key(&dest) {
+                continue;
+            }
+            let won = crate::destinations::take_probe(self.inner.queue.as_ref(), &dest, now, &config).await?;
+            decided.insert(dest.clone(), won);
+            if let Some(next) = health.take_probe(now, &config) {
+                self.health.set(&dest, next);
+                self.inner.forget_health();
+            }
+            if won {
+                info!(op = id, destination = %dest, "Probing an unavailable destination with one op.");
+                keep.push(id);
+            }
+        }
+        Ok(keep)
+    }
+
+    /// Stores what this round's attempts said about their destinations'
+    /// health: failures always, answers only for hosts with a record (so
+    /// healthy traffic writes nothing), a 410 as a gone inbox or, from a
+    /// shared inbox, a suspended host.
+    async fn record_health(&mut self, signals: Vec<(String, String, Signal)>, config: &Config, now: DateTime<Utc>) {
+        if signals.is_empty() {
+            return;
+        }
+        let health_config = config.destinations.health();
+        let queue = self.inner.queue.as_ref();
+        let metrics = &self.inner.metrics;
+        let mut by_dest: Vec<(String, Vec<Signal>)> = Vec::new();
+        for (dest, inbox, signal) in signals {
+            if let Signal::Gone = signal {
+                match crate::destinations::inbox_gone(queue, metrics, &dest, &inbox, now, &health_config).await {
+                    Ok(Some(health)) => {
+                        self.inner.forget_health();
+                        self.health.set(&dest, health);
+                    }
+                    Ok(None) => {}
+                    Err(e) => warn!(inbox = %inbox, error = %e, "Could not record a gone inbox."),
+                }
+                continue;
+            }
+            match by_dest.iter_mut().find(|(d, _)| *d == dest) {
+                Some((_, list)) => list.push(signal),
+                None => by_dest.push((dest, vec![signal])),
+            }
+        }
+        for (dest, list) in by_dest {
+            let failed = list.iter().any(|s| matches!(s, Signal::Failed(_)));
+            if !failed && self.health.get(&dest).is_none() {
+                continue;
+            }
+            let events: Vec<Event<'_>> = list
+                .iter()
+                .map(|s| match s {
+                    Signal::Failed(error) => Event::Failed { error },
+                    Signal::Answered | Signal::Gone => Event::Answered,
+                })
+                .collect();
+            match crate::destinations::apply(queue, metrics, &dest, &events, "delivery", now, &health_config).await {
+                Ok((before, after)) => {
+                    if before != after {
+                        // Every drain here reads the change at its next read.
+                        self.inner.forget_health();
+                    }
+                    self.health.set(&dest, after);
+                }
+                Err(e) => warn!(destination = %dest, error = %e, "Could not record destination health."),
+            }
+        }
     }
 
     /// Starts an execution task for each claimed op.
@@ -955,6 +1080,23 @@ fn others_lanes<'a>(occupants: &'a [crate::queue::Occupant], outbox: &'a str) ->
         .flat_map(|o| o.lanes.iter())
 }
 
+/// What each finished attempt says about its destination's health.
+fn health_signals(finished: &[Finished]) -> Vec<(String, String, Signal)> {
+    finished
+        .iter()
+        .filter_map(|f| {
+            let dest = f.destination.clone()?;
+            let inbox = f.claimed.op.lanes.first().cloned().unwrap_or_default();
+            let signal = match (&f.outcome, f.outcome.destination_failed()?) {
+                (Outcome::Permanent { detail, .. }, _) if detail.as_deref() == Some("410") => Signal::Gone,
+                (_, true) => Signal::Failed(f.outcome.error().unwrap_or_else(|| f.outcome.label().to_owned())),
+                (_, false) => Signal::Answered,
+            };
+            Some((dest, inbox, signal))
+        })
+        .collect()
+}
+
 /// The breaker destination of an op: its first URL lane's authority.
 fn destination(lanes: &[String]) -> Option<&str> {
     lanes.iter().find_map(|lane| breaker::destination(lane))
@@ -996,7 +1138,8 @@ async fn execute(
     // An earlier attempt's receipt stays in doubt until reconcile settles it
     // or proves it dead.
     let earlier_receipt_open = std::sync::atomic::AtomicBool::new(claimed.op.receipt.is_some());
-    let context = Attempt::new(checkpoint.clone(), fee);
+    let context =
+        Attempt::new(checkpoint.clone(), fee).with_notes(Arc::new(crate::executor::QueueNotes(inner.queue.clone())));
     let outcome = match executor {
         None => Outcome::Fault(Fault::NoExecutor),
         Some(executor) => {

@@ -72,7 +72,13 @@ pub(crate) struct Inner {
     pub handover: Mutex<handover::Handover>,
     /// What the events of this dispatcher count.
     pub metrics: Arc<Metrics>,
+    /// The shared destination health, read at most every
+    /// [`HEALTH_REFRESH`] by whichever drain asks first.
+    pub health: Mutex<Option<(std::time::Instant, Arc<crate::destinations::HealthView>)>>,
 }
+
+/// How stale a drain's view of destination health may be.
+const HEALTH_REFRESH: Duration = Duration::from_secs(1);
 
 impl Inner {
     /// `true` if `kind` was already reported; marks it reported otherwise.
@@ -115,6 +121,35 @@ impl Inner {
         for outbox in wake {
             self.trigger(&outbox);
         }
+    }
+
+    /// The shared destination health, read again when older than
+    /// [`HEALTH_REFRESH`]; on a read failure the last view stays.
+    pub async fn health_view(&self) -> Arc<crate::destinations::HealthView> {
+        let cached = self.health.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        if let Some((at, view)) = &cached {
+            if at.elapsed() < HEALTH_REFRESH {
+                return view.clone();
+            }
+        }
+        match crate::destinations::HealthView::load(self.queue.as_ref()).await {
+            Ok(view) => {
+                let view = Arc::new(view);
+                *self.health.lock().unwrap_or_else(PoisonError::into_inner) =
+                    Some((std::time::Instant::now(), view.clone()));
+                view
+            }
+            Err(e) => {
+                warn!(error = %e, "Could not read destination health; using the last view.");
+                cached.map(|(_, v)| v).unwrap_or_default()
+            }
+        }
+    }
+
+    /// Drops the cached health view, so the next read sees an operator's
+    /// change at once.
+    pub fn forget_health(&self) {
+        *self.health.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
 
     pub fn breakers(&self) -> std::sync::MutexGuard<'_, Breakers> {
@@ -236,6 +271,7 @@ impl Dispatcher {
                 share: Mutex::new(share::Share::default()),
                 handover: Mutex::new(handover::Handover::default()),
                 metrics: Arc::new(Metrics::new()),
+                health: Mutex::new(None),
             }),
         }
     }
@@ -344,16 +380,111 @@ impl Dispatcher {
     pub fn close_breaker(&self, destination: &str) -> bool {
         let closed = self.inner.breakers().close(destination);
         if closed {
-            let queue = self.inner.queue.clone();
-            let me = self.clone();
-            tokio::spawn(async move {
-                match queue.due_outboxes(1000).await {
-                    Ok(outboxes) => outboxes.iter().for_each(|o| me.trigger(o)),
-                    Err(e) => warn!(error = %e, "Could not wake outboxes after closing a breaker; the poll will."),
-                }
-            });
+            self.wake_due();
         }
         closed
+    }
+
+    /// Suspends a destination host on every host (an operator's hold with
+    /// no probes) until [`Self::resume_destination`]. Returns its health
+    /// before and after.
+    ///
+    /// # Errors
+    ///
+    /// A queue error.
+    pub async fn suspend_destination(
+        &self,
+        host: &str,
+        reason: &str,
+        actor: &str,
+    ) -> Result<(crate::health::Health, crate::health::Health), QueueError> {
+        self.change_destination(host, crate::health::Event::Suspend { reason }, actor)
+            .await
+    }
+
+    /// Makes a destination host available again on every host (whatever
+    /// held it) and forgets its inboxes' 410s, then wakes every outbox with
+    /// due work. Returns its health before and after, and the inboxes
+    /// forgotten.
+    ///
+    /// # Errors
+    ///
+    /// A queue error.
+    pub async fn resume_destination(
+        &self,
+        host: &str,
+        actor: &str,
+    ) -> Result<(crate::health::Health, crate::health::Health, Vec<String>), QueueError> {
+        let config = self.inner.config.load().destinations.health();
+        let now = self.inner.clock.now();
+        let (before, after, forgotten) = crate::destinations::resume(
+            self.inner.queue.as_ref(),
+            &self.inner.metrics,
+            host,
+            actor,
+            now,
+            &config,
+        )
+        .await?;
+        self.inner.forget_health();
+        if !self.close_breaker(host) {
+            self.wake_due();
+        }
+        Ok((before, after, forgotten))
+    }
+
+    /// An inbound activity came from `host`: if it was held, it is
+    /// available again (the server is evidently up).
+    ///
+    /// # Errors
+    ///
+    /// A queue error.
+    pub async fn destination_heard_from(&self, host: &str) -> Result<(), QueueError> {
+        if self.inner.health_view().await.get(host).is_none() {
+            return Ok(());
+        }
+        let (before, after) = self
+            .change_destination(host, crate::health::Event::Inbound, "inbound")
+            .await?;
+        if before.held() && !after.held() {
+            self.wake_due();
+        }
+        Ok(())
+    }
+
+    async fn change_destination(
+        &self,
+        host: &str,
+        event: crate::health::Event<'_>,
+        by: &str,
+    ) -> Result<(crate::health::Health, crate::health::Health), QueueError> {
+        let config = self.inner.config.load().destinations.health();
+        let now = self.inner.clock.now();
+        let changed = crate::destinations::apply(
+            self.inner.queue.as_ref(),
+            &self.inner.metrics,
+            host,
+            &[event],
+            by,
+            now,
+            &config,
+        )
+        .await?;
+        self.inner.forget_health();
+        Ok(changed)
+    }
+
+    /// Wakes every outbox with due work (after a hold was lifted), so its
+    /// held ops go now rather than at the next poll.
+    fn wake_due(&self) {
+        let queue = self.inner.queue.clone();
+        let me = self.clone();
+        tokio::spawn(async move {
+            match queue.due_outboxes(1000).await {
+                Ok(outboxes) => outboxes.iter().for_each(|o| me.trigger(o)),
+                Err(e) => warn!(error = %e, "Could not wake outboxes after lifting a hold; the poll will."),
+            }
+        });
     }
 
     /// The lease owner name this dispatcher claims under.
@@ -453,21 +584,21 @@ impl Dispatcher {
     }
 
     /// Fans an activity out to its recipients: one op per distinct delivery
-    /// inbox (see [`crate::fanout`]), enqueued in one transaction.
+    /// inbox (see [`crate::fanout`]) except those remembered as gone,
+    /// enqueued in one transaction. Returns each op's result and the plan
+    /// (with the gone inboxes skipped).
     ///
     /// # Errors
     ///
-    /// [`QueueError::InvalidOp`] for an unknown kind or a malformed request.
-    pub async fn fan_out(&self, request: &crate::fanout::FanOut) -> Result<Vec<Enqueued>, QueueError> {
-        let config = self.inner.config.load();
-        let kind = config.kind(&request.kind).map_err(QueueError::InvalidOp)?;
-        let ops = crate::fanout::plan(request, &kind.correlate_types(), kind.priority)
-            .map_err(|e| QueueError::InvalidOp(e.to_string()))?;
-        self.inner
-            .queue
-            .release_coalesce(&request.actor, &crate::fanout::undone_announces(request, &ops))
-            .await?;
-        self.enqueue(&ops).await
+    /// [`crate::destinations::FanOutFailure`].
+    pub async fn fan_out(
+        &self,
+        request: &crate::fanout::FanOut,
+    ) -> Result<(Vec<Enqueued>, crate::destinations::PlannedFanOut), crate::destinations::FanOutFailure> {
+        let config = self.inner.config.load_full();
+        let planned = crate::destinations::plan_fan_out(self.inner.queue.as_ref(), &config, request).await?;
+        let results = self.enqueue(&planned.ops).await?;
+        Ok((results, planned))
     }
 
     /// Runs until [`Dispatcher::shutdown`]: listens for wake-ups, polls for

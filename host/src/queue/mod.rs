@@ -118,6 +118,19 @@ pub enum QueueError {
         /// What was found.
         value: String,
     },
+    /// A shared record holds a value no laneway writes.
+    #[error("record {namespace}/{key} is unreadable: {why}")]
+    BadRecord {
+        /// Its namespace.
+        namespace: &'static str,
+        /// Its key.
+        key: String,
+        /// Why.
+        why: String,
+    },
+    /// A shared record kept changing under every compare-and-set tried.
+    #[error("{0}")]
+    RecordContended(String),
     /// Any other database failure; the operation had no effect.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
@@ -474,6 +487,31 @@ pub struct Depth {
     pub count: i64,
 }
 
+/// A shared record: a JSON value under (namespace, key) with a version
+/// every write bumps, so hosts update it by compare-and-set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The key within its namespace.
+    pub key: String,
+    /// JSON text.
+    pub value: String,
+    /// Bumped by every write, from 1.
+    pub version: i64,
+    /// When it was last written.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// What a record write expects to find.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// No record under the key (an insert).
+    Absent,
+    /// The record at this version.
+    Version(i64),
+    /// Whatever is there, if anything (a blind write).
+    Any,
+}
+
 /// Limits the queue enforces on every enqueue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -770,6 +808,21 @@ pub trait Queue: Send + Sync + std::fmt::Debug {
 
     /// Stores a named position in the outcome feed.
     async fn set_feed_cursor(&self, name: &str, cursor: &str) -> Result<(), QueueError>;
+
+    /// The record under (namespace, key).
+    async fn record(&self, namespace: &str, key: &str) -> Result<Option<Record>, QueueError>;
+
+    /// The records of a namespace with these keys, or every record of it
+    /// when `keys` is `None`, by key.
+    async fn records(&self, namespace: &str, keys: Option<&[String]>) -> Result<Vec<Record>, QueueError>;
+
+    /// Writes a record if what is stored matches `expect`; the new version
+    /// is the old one plus one (1 for an insert).
+    async fn put_record(&self, namespace: &str, key: &str, value: &str, expect: Expect) -> Result<Cas, QueueError>;
+
+    /// Deletes a record if what is stored matches `expect` (`Absent`
+    /// always answers `Stale`).
+    async fn delete_record(&self, namespace: &str, key: &str, expect: Expect) -> Result<Cas, QueueError>;
 
     /// Rows in each table retention bounds (`common::SIZED_TABLES`), for the
     /// soak and for operators sizing retention.

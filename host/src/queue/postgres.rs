@@ -35,6 +35,7 @@ use super::{
     ApiKey, AuditEntry, Latency, NewApiKey, NewAuditEntry, OldestDue, OutcomeEntry, Pause, PauseScope, PruneQuery,
     QueueGauges, Tombstone,
 };
+use super::{Expect, Record};
 use crate::clock::Clock;
 use crate::config::DatabaseConfig;
 use crate::lanes::LaneRules;
@@ -1435,6 +1436,100 @@ impl Queue for PgQueue {
         Ok(())
     }
 
+    async fn record(&self, namespace: &str, key: &str) -> Result<Option<Record>, QueueError> {
+        let row = sqlx::query("SELECT key, value, version, updated_at FROM records WHERE namespace = $1 AND key = $2")
+            .bind(namespace)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(record_from_row).transpose()
+    }
+
+    async fn records(&self, namespace: &str, keys: Option<&[String]>) -> Result<Vec<Record>, QueueError> {
+        let rows = match keys {
+            None => {
+                sqlx::query("SELECT key, value, version, updated_at FROM records WHERE namespace = $1 ORDER BY key")
+                    .bind(namespace)
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+            Some([]) => return Ok(Vec::new()),
+            Some(keys) => {
+                sqlx::query(
+                    "SELECT key, value, version, updated_at FROM records WHERE namespace = $1 \
+                     AND key = ANY($2) ORDER BY key",
+                )
+                .bind(namespace)
+                .bind(keys)
+                .fetch_all(&self.pool)
+                .await?
+            }
+        };
+        rows.iter().map(record_from_row).collect()
+    }
+
+    async fn put_record(&self, namespace: &str, key: &str, value: &str, expect: Expect) -> Result<Cas, QueueError> {
+        let now = self.now();
+        let done = match expect {
+            Expect::Absent => {
+                sqlx::query(
+                    "INSERT INTO records (namespace, key, value, version, updated_at) VALUES ($1, $2, $3, 1, $4) \
+                     ON CONFLICT (namespace, key) DO NOTHING",
+                )
+                .bind(namespace)
+                .bind(key)
+                .bind(value)
+                .bind(now)
+                .execute(&self.pool)
+                .await?
+            }
+            Expect::Version(version) => {
+                sqlx::query(
+                    "UPDATE records SET value = $3, version = version + 1, updated_at = $4 \
+                     WHERE namespace = $1 AND key = $2 AND version = $5",
+                )
+                .bind(namespace)
+                .bind(key)
+                .bind(value)
+                .bind(now)
+                .bind(version)
+                .execute(&self.pool)
+                .await?
+            }
+            Expect::Any => {
+                sqlx::query(
+                    "INSERT INTO records (namespace, key, value, version, updated_at) VALUES ($1, $2, $3, 1, $4) \
+                     ON CONFLICT (namespace, key) DO UPDATE SET value = EXCLUDED.value, \
+                     version = records.version + 1, updated_at = EXCLUDED.updated_at",
+                )
+                .bind(namespace)
+                .bind(key)
+                .bind(value)
+                .bind(now)
+                .execute(&self.pool)
+                .await?
+            }
+        };
+        Ok(cas(done.rows_affected()))
+    }
+
+    async fn delete_record(&self, namespace: &str, key: &str, expect: Expect) -> Result<Cas, QueueError> {
+        let version = match expect {
+            Expect::Absent => return Ok(Cas::Stale),
+            Expect::Version(v) => Some(v),
+            Expect::Any => None,
+        };
+        let done = sqlx::query(
+            "DELETE FROM records WHERE namespace = $1 AND key = $2 AND ($3::BIGINT IS NULL OR version = $3)",
+        )
+        .bind(namespace)
+        .bind(key)
+        .bind(version)
+        .execute(&self.pool)
+        .await?;
+        Ok(cas(done.rows_affected()))
+    }
+
     async fn table_rows(&self) -> Result<Vec<(String, i64)>, QueueError> {
         let mut out = Vec::new();
         for table in super::common::SIZED_TABLES {
@@ -1445,6 +1540,15 @@ impl Queue for PgQueue {
         }
         Ok(out)
     }
+}
+
+fn record_from_row(row: &PgRow) -> Result<Record, QueueError> {
+    Ok(Record {
+        key: row.try_get("key")?,
+        value: row.try_get("value")?,
+        version: row.try_get("version")?,
+        updated_at: row.try_get("updated_at")?,
+    })
 }
 
 fn api_key_from_row(row: &PgRow) -> Result<ApiKey, QueueError> {

@@ -39,6 +39,7 @@ use super::{
     ApiKey, AuditEntry, Latency, NewApiKey, NewAuditEntry, OldestDue, OutcomeEntry, Pause, PauseScope, PruneQuery,
     QueueGauges, Tombstone,
 };
+use super::{Expect, Record};
 use crate::clock::Clock;
 use crate::config::{DatabaseConfig, Synchronous};
 use crate::lanes::LaneRules;
@@ -1925,6 +1926,91 @@ impl Queue for SqliteQueue {
         Ok(())
     }
 
+    async fn record(&self, namespace: &str, key: &str) -> Result<Option<Record>, QueueError> {
+        let row = sqlx::query("SELECT key, value, version, updated_at FROM records WHERE namespace = ? AND key = ?")
+            .bind(namespace)
+            .bind(key)
+            .fetch_optional(&self.reader)
+            .await?;
+        row.as_ref().map(record_from_row).transpose()
+    }
+
+    async fn records(&self, namespace: &str, keys: Option<&[String]>) -> Result<Vec<Record>, QueueError> {
+        let rows = match keys {
+            None => {
+                sqlx::query("SELECT key, value, version, updated_at FROM records WHERE namespace = ? ORDER BY key")
+                    .bind(namespace)
+                    .fetch_all(&self.reader)
+                    .await?
+            }
+            Some([]) => return Ok(Vec::new()),
+            Some(keys) => {
+                let keys = serde_json::to_string(keys).map_err(|e| QueueError::InvalidOp(e.to_string()))?;
+                sqlx::query(
+                    "SELECT key, value, version, updated_at FROM records WHERE namespace = ? \
+                     AND key IN (SELECT value FROM json_each(?)) ORDER BY key",
+                )
+                .bind(namespace)
+                .bind(keys)
+                .fetch_all(&self.reader)
+                .await?
+            }
+        };
+        rows.iter().map(record_from_row).collect()
+    }
+
+    async fn put_record(&self, namespace: &str, key: &str, value: &str, expect: Expect) -> Result<Cas, QueueError> {
+        let now = ms(self.now());
+        let sql = match expect {
+            Expect::Absent => {
+                "INSERT INTO records (namespace, key, value, version, updated_at) VALUES (?1, ?2, ?3, 1, ?4) \
+                 ON CONFLICT (namespace, key) DO NOTHING"
+            }
+            Expect::Version(_) => {
+                "UPDATE records SET value = ?3, version = version + 1, updated_at = ?4 \
+                 WHERE namespace = ?1 AND key = ?2 AND version = ?5"
+            }
+            Expect::Any => {
+                "INSERT INTO records (namespace, key, value, version, updated_at) VALUES (?1, ?2, ?3, 1, ?4) \
+                 ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value, \
+                 version = records.version + 1, updated_at = excluded.updated_at"
+            }
+        };
+        let version = match expect {
+            Expect::Version(v) => v,
+            _ => 0,
+        };
+        let mut tx = self.write().await?;
+        let done = sqlx::query(sql)
+            .bind(namespace)
+            .bind(key)
+            .bind(value)
+            .bind(now)
+            .bind(version)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(cas(done.rows_affected()))
+    }
+
+    async fn delete_record(&self, namespace: &str, key: &str, expect: Expect) -> Result<Cas, QueueError> {
+        let version = match expect {
+            Expect::Absent => return Ok(Cas::Stale),
+            Expect::Version(v) => Some(v),
+            Expect::Any => None,
+        };
+        let mut tx = self.write().await?;
+        let done =
+            sqlx::query("DELETE FROM records WHERE namespace = ?1 AND key = ?2 AND (?3 IS NULL OR version = ?3)")
+                .bind(namespace)
+                .bind(key)
+                .bind(version)
+                .execute(&mut *tx)
+                .await?;
+        tx.commit().await?;
+        Ok(cas(done.rows_affected()))
+    }
+
     async fn table_rows(&self) -> Result<Vec<(String, i64)>, QueueError> {
         let mut out = Vec::new();
         for table in super::common::SIZED_TABLES {
@@ -1958,6 +2044,15 @@ async fn halt_lanes(conn: &mut SqliteConnection, op_id: OpId, now: DateTime<Utc>
     .execute(conn)
     .await?;
     Ok(())
+}
+
+fn record_from_row(row: &SqliteRow) -> Result<Record, QueueError> {
+    Ok(Record {
+        key: row.try_get("key")?,
+        value: row.try_get("value")?,
+        version: row.try_get("version")?,
+        updated_at: from_ms(0, "records.updated_at", row.try_get("updated_at")?)?,
+    })
 }
 
 fn ms(t: DateTime<Utc>) -> i64 {

@@ -1,11 +1,11 @@
 //! The host side of the plugin imports: `http`, `signer`, `log`,
-//! `checkpoint` and `fees`. Each enforces the plugin's grants before doing
+//! `checkpoint`, `fees`, `notes` and `mac`. Each enforces the plugin's grants before doing
 //! anything.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use super::bindings::executor::laneway::plugin::{checkpoint, fees, http, log, signer, types};
+use super::bindings::executor::laneway::plugin::{checkpoint, fees, http, log, mac, notes, signer, types};
 use super::state::HostState;
 use crate::egress::Egress;
 use crate::executor::CheckpointError;
@@ -262,6 +262,67 @@ fn sign_error(e: SignError) -> signer::Error {
         SignError::UnknownKey(k) => signer::Error::UnknownKey(k),
         e @ SignError::WrongAlgorithm { .. } => signer::Error::WrongAlgorithm(e.to_string()),
         SignError::Failed(s) => signer::Error::Failed(s),
+    }
+}
+
+/// Longest note key and value, and most notes written per call: notes are
+/// small facts about a server, not storage.
+const NOTE_KEY_BYTES: usize = 128;
+const NOTE_VALUE_BYTES: usize = 4096;
+const NOTE_HOST_BYTES: usize = 300;
+const NOTES_PER_CALL: u32 = 8;
+
+impl notes::Host for HostState {
+    async fn get(&mut self, host: String, key: String) -> wasmtime::Result<Option<String>> {
+        let Some(notes) = self.notes.clone() else {
+            return Ok(None);
+        };
+        match notes.get(&self.services.plugin, &host, &key).await {
+            Ok(value) => Ok(value),
+            Err(e) => {
+                // A note is a hint: without it the plugin does what it does
+                // on first contact.
+                tracing::warn!(plugin = %self.services.plugin, error = %e, "Could not read a plugin note.");
+                Ok(None)
+            }
+        }
+    }
+
+    async fn set(&mut self, host: String, key: String, value: String) -> wasmtime::Result<Result<(), String>> {
+        let Some(notes) = self.notes.clone() else {
+            return Ok(Err("notes are kept only while an op is executed".into()));
+        };
+        if host.is_empty() || host.len() > NOTE_HOST_BYTES || key.is_empty() || key.len() > NOTE_KEY_BYTES {
+            return Ok(Err(format!(
+                "a note needs a host of 1 to {NOTE_HOST_BYTES} bytes and a key of 1 to {NOTE_KEY_BYTES} bytes"
+            )));
+        }
+        if value.len() > NOTE_VALUE_BYTES {
+            return Ok(Err(format!("a note's value is at most {NOTE_VALUE_BYTES} bytes")));
+        }
+        if self.notes_written >= NOTES_PER_CALL {
+            return Ok(Err(format!("at most {NOTES_PER_CALL} notes are written per call")));
+        }
+        self.notes_written += 1;
+        Ok(notes
+            .set(&self.services.plugin, &host, &key, &value)
+            .await
+            .map_err(|e| e.to_string()))
+    }
+}
+
+impl mac::Host for HostState {
+    async fn hmac_sha256(&mut self, key_id: String, data: Vec<u8>) -> wasmtime::Result<Result<Vec<u8>, signer::Error>> {
+        if !self.services.granted_keys.contains(&key_id) {
+            return Ok(Err(signer::Error::Denied(
+                self.deny(format!("key {key_id:?} is not granted to this plugin")),
+            )));
+        }
+        Ok(self
+            .services
+            .keys
+            .sign(&key_id, Algorithm::HmacSha256, &data)
+            .map_err(sign_error))
     }
 }
 

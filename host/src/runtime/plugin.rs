@@ -52,7 +52,7 @@ impl World {
     /// Interfaces of `laneway:plugin` this world may import.
     fn own_imports(self) -> &'static [&'static str] {
         match self {
-            World::Executor => &["types", "http", "signer", "log", "checkpoint", "fees"],
+            World::Executor => &["types", "http", "signer", "log", "checkpoint", "fees", "notes", "mac"],
             World::FeePolicy => &["types", "log"],
         }
     }

@@ -123,6 +123,10 @@ pub struct HostState {
     /// to report what its config gets wrong, so a refusal is an answer, not
     /// a denial that fails the call.
     pub probing: bool,
+    /// Where `notes` reads and writes, when an op is being executed.
+    pub notes: Option<Arc<dyn crate::executor::Notes>>,
+    /// Notes written in this call (capped per call).
+    pub notes_written: u32,
 }
 
 impl HostState {
@@ -138,8 +142,9 @@ impl HostState {
         op_id: Option<i64>,
         deterministic: bool,
     ) -> Self {
-        let (checkpoint, fee, spent) =
-            attempt.map_or((None, None, None), |a| (Some(a.checkpoint), a.fee, Some(a.spent)));
+        let (checkpoint, fee, spent, notes) = attempt.map_or((None, None, None, None), |a| {
+            (Some(a.checkpoint), a.fee, Some(a.spent), a.notes)
+        });
         let mut wasi = WasiCtx::builder();
         if deterministic {
             wasi.wall_clock(StoppedClock)
@@ -158,6 +163,8 @@ impl HostState {
             denied: None,
             log_lines: 0,
             probing: false,
+            notes,
+            notes_written: 0,
         }
     }
 

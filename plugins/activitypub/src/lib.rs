@@ -1,18 +1,22 @@
 //! ActivityPub delivery: POSTs an op's activity to its inbox (the op's lane),
-//! signed with an HTTP Signature (draft-cavage, `rsa-sha256`, headers
-//! `(request-target) host date digest content-type`) made by the host's
-//! signer, so the actor's private key never enters this plugin. The response
-//! is classified as Mastodon does, configurable per kind.
+//! signed by the host's signer (the actor's private key never enters this
+//! plugin) with draft-cavage or RFC 9421 HTTP signatures, chosen per
+//! destination host: configured, learnt from an `Accept-Signature`
+//! challenge, or by double-knocking (try one scheme, on 401 the other, and
+//! remember in a host note what worked). The response is classified as
+//! Mastodon does, configurable per kind.
+
+mod signing;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
-use base64::Engine as _;
 use laneway_sdk::http::{self, Request};
 use laneway_sdk::signer::{self, Algorithm};
 use laneway_sdk::{Confirmation, Executor, Failure, Op, OpInput, Outcome, Retry};
 use serde::Deserialize;
 use sha2::Digest as _;
+use signing::{b64, Post, Rfc9421, Scheme};
 
 /// How much of a response body an attempt record keeps.
 const BODY_KEPT: usize = 1024;
@@ -24,6 +28,15 @@ struct Actor {
     key: String,
     /// The signature's `keyId` (the actor's public key URL).
     key_id: String,
+    /// `rsa-sha256` (default) or `ed25519` (RFC 9421 only).
+    #[serde(default)]
+    algorithm: Option<String>,
+}
+
+impl Actor {
+    fn ed25519(&self) -> bool {
+        self.algorithm.as_deref() == Some("ed25519")
+    }
 }
 
 /// The kind's `config` table.
@@ -42,6 +55,26 @@ struct Config {
     /// Statuses that retry (default: 401, 408, 429 and 5xx except 501).
     #[serde(default)]
     retryable_statuses: Option<Vec<u16>>,
+    /// `cavage`, `rfc9421` or `double-knock` (default).
+    #[serde(default)]
+    signature: Option<String>,
+    /// Per destination host (`host[:port]`): `cavage` or `rfc9421`.
+    #[serde(default)]
+    signature_hosts: BTreeMap<String, String>,
+}
+
+/// The note under which the scheme a host accepted is remembered.
+const NOTE_SCHEME: &str = "signature";
+/// The note holding the RFC 9421 components a host's challenge asked for.
+const NOTE_COMPONENTS: &str = "rfc9421-components";
+
+/// How this attempt chooses its scheme.
+#[derive(Clone, Copy)]
+enum Choice {
+    /// This one, no second try.
+    Fixed(Scheme),
+    /// Start with this one; on 401, try the other and remember.
+    Knock(Scheme),
 }
 
 impl Config {
@@ -72,10 +105,6 @@ enum Class {
     Delivered,
     Retryable,
     Permanent,
-}
-
-fn b64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 /// `https://host:port/path?q` → (`host:port`, `/path?q`).
@@ -150,15 +179,23 @@ fn body_prefix(body: &[u8]) -> String {
 
 struct ActivityPub;
 
+/// The `signature` setting, if it is a string.
+fn scheme_setting(value: Option<&serde_json::Value>) -> Option<&str> {
+    value.and_then(serde_json::Value::as_str)
+}
+
 /// Keys of the kind's config: the signing identity, per-actor identities,
-/// the status classification, and `correlate_types` (read by the host's
-/// fan-out).
-const KEYS: [&str; 6] = [
+/// the status classification, the signature scheme (per host), and
+/// `correlate_types` (read by the host's fan-out).
+const KEYS: [&str; 9] = [
     "key",
     "key_id",
+    "algorithm",
     "actors",
     "permanent_statuses",
     "retryable_statuses",
+    "signature",
+    "signature_hosts",
     "correlate_types",
 ];
 
@@ -172,9 +209,46 @@ fn validate(config: &str) -> Result<(), Vec<laneway_sdk::Problem>> {
     let Some(table) = check.table("", &value, &KEYS) else {
         return check.finish();
     };
+    let table_signature = table.get("signature");
+    match table_signature {
+        None => {}
+        Some(Value::String(s)) if matches!(s.as_str(), "cavage" | "rfc9421" | "double-knock") => {}
+        Some(other) => check.problem(
+            "signature",
+            format!("expected \"cavage\", \"rfc9421\" or \"double-knock\", got {other}"),
+        ),
+    }
+    match table.get("signature_hosts") {
+        None => {}
+        Some(Value::Object(hosts)) => {
+            for (host, scheme) in hosts {
+                if scheme.as_str().and_then(Scheme::parse).is_none() {
+                    check.problem(
+                        format!("signature_hosts.{host:?}"),
+                        format!("expected \"cavage\" or \"rfc9421\", got {scheme}"),
+                    );
+                }
+            }
+        }
+        Some(other) => check.problem(
+            "signature_hosts",
+            format!("expected a table of host = scheme, got {other}"),
+        ),
+    }
     let identity = |check: &mut ConfigCheck, path: &str, table: &serde_json::Map<String, Value>| {
+        let algorithm = match check.string(path, table, "algorithm", false) {
+            None | Some("rsa-sha256") => Algorithm::RsaSha256,
+            Some("ed25519") => Algorithm::Ed25519,
+            Some(other) => {
+                check.problem(
+                    join(path, "algorithm"),
+                    format!("expected \"rsa-sha256\" or \"ed25519\", got {other:?}"),
+                );
+                Algorithm::RsaSha256
+            }
+        };
         if let Some(key) = check.string(path, table, "key", true) {
-            check::key(check, &join(path, "key"), key, Algorithm::RsaSha256);
+            check::key(check, &join(path, "key"), key, algorithm);
         }
         if let Some(key_id) = check.string(path, table, "key_id", true) {
             if split_url(key_id).is_none() {
@@ -182,7 +256,18 @@ fn validate(config: &str) -> Result<(), Vec<laneway_sdk::Problem>> {
                     join(path, "key_id"),
                     format!("{key_id:?} is not an http(s) URL (the actor's public key id)"),
                 );
+            } else if !signing::key_id_is_plain(key_id) {
+                check.problem(
+                    join(path, "key_id"),
+                    format!("{key_id:?} has a character a signature header cannot carry (non-ASCII, a quote or a backslash)"),
+                );
             }
+        }
+        if matches!(algorithm, Algorithm::Ed25519) && scheme_setting(table_signature) == Some("cavage") {
+            check.problem(
+                join(path, "algorithm"),
+                "an ed25519 key signs RFC 9421 only, but signature = \"cavage\"".to_owned(),
+            );
         }
     };
     let has_default = table.contains_key("key") || table.contains_key("key_id");
@@ -198,7 +283,7 @@ fn validate(config: &str) -> Result<(), Vec<laneway_sdk::Problem>> {
         Some(Value::Object(actors)) => {
             for (actor, entry) in actors {
                 let path = format!("actors.{actor:?}");
-                if let Some(entry) = check.table(&path, entry, &["key", "key_id"]) {
+                if let Some(entry) = check.table(&path, entry, &["key", "key_id", "algorithm"]) {
                     identity(&mut check, &path, entry);
                 }
             }
@@ -264,36 +349,53 @@ impl Executor for ActivityPub {
             return permanent(format!("no signing key is configured for actor {}", op.outbox), None);
         };
         let body = op.payload.into_bytes();
+        let choice = choose(&config, actor, &host);
+        let first = match choice {
+            Choice::Fixed(s) | Choice::Knock(s) => s,
+        };
+        let components = recalled_components(&host);
         let now = SystemTime::now();
-        let date = httpdate::fmt_http_date(now);
-        let digest = format!("SHA-256={}", b64(&sha2::Sha256::digest(&body)));
-        let content_type = "application/activity+json";
-        let signing_string = format!(
-            "(request-target): post {path}\nhost: {host}\ndate: {date}\ndigest: {digest}\ncontent-type: {content_type}"
-        );
-        let signature = match signer::sign(&actor.key, Algorithm::RsaSha256, signing_string.as_bytes()) {
-            Ok(s) => s,
-            Err(e) => return permanent(format!("cannot sign with key {:?}: {e:?}", actor.key), None),
+        let sent = match send(first, actor, &url, &host, &path, &body, &components, now) {
+            Ok(sent) => sent,
+            Err(outcome) => return outcome,
         };
-        let header = format!(
-            "keyId=\"{}\",algorithm=\"rsa-sha256\",headers=\"(request-target) host date digest content-type\",signature=\"{}\"",
-            actor.key_id,
-            b64(&signature)
-        );
-        let request = Request {
-            method: "POST".into(),
-            url,
-            headers: vec![
-                ("content-type".into(), content_type.into()),
-                ("accept".into(), "application/activity+json".into()),
-                ("date".into(), date),
-                ("host".into(), host),
-                ("digest".into(), digest),
-                ("signature".into(), header),
-            ],
-            body,
+        let (scheme, response) = match (choice, &sent) {
+            (Choice::Knock(first), Ok(response)) if response.status == 401 => {
+                // The other scheme, or RFC 9421 with what a challenge asks for.
+                let challenge = response
+                    .headers
+                    .iter()
+                    .find(|(k, _)| k.eq_ignore_ascii_case("accept-signature"))
+                    .and_then(|(_, v)| signing::challenge(v));
+                let (second, components) = match challenge {
+                    Some((asked, _)) => (Scheme::Rfc9421, asked),
+                    None => (first.other(), components.clone()),
+                };
+                if (second == first && components == recalled_components(&host))
+                    || (second == Scheme::Cavage && actor.ed25519())
+                {
+                    (first, sent)
+                } else {
+                    match send(second, actor, &url, &host, &path, &body, &components, now) {
+                        Ok(again) => {
+                            if again.as_ref().is_ok_and(|r| (200..300).contains(&r.status)) && second == Scheme::Rfc9421
+                            {
+                                remember(&host, NOTE_COMPONENTS, &components.join(" "));
+                            }
+                            (second, again)
+                        }
+                        Err(outcome) => return outcome,
+                    }
+                }
+            }
+            _ => (first, sent),
         };
-        match http::send(&request) {
+        if let (Choice::Knock(_), Ok(response)) = (choice, &response) {
+            if (200..300).contains(&response.status) && recalled_scheme(&host) != Some(scheme) {
+                remember(&host, NOTE_SCHEME, scheme.as_str());
+            }
+        }
+        match response {
             Ok(response) => {
                 let status = response.status;
                 let detail = Some(status.to_string());
@@ -301,7 +403,11 @@ impl Executor for ActivityPub {
                     Class::Delivered => Outcome::Confirmed(Confirmation { receipt: None, detail }),
                     Class::Permanent => permanent(format!("HTTP {status}: {}", body_prefix(&response.body)), detail),
                     Class::Retryable => retryable(
-                        format!("HTTP {status}: {}", body_prefix(&response.body)),
+                        format!(
+                            "HTTP {status} ({} signature): {}",
+                            scheme.as_str(),
+                            body_prefix(&response.body)
+                        ),
                         detail,
                         retry_after(&response.headers, now),
                     ),
@@ -311,6 +417,120 @@ impl Executor for ActivityPub {
             Err(e) => retryable(format!("{e:?}"), None, None),
         }
     }
+}
+
+/// The scheme this attempt starts with, and whether it may knock twice.
+fn choose(config: &Config, actor: &Actor, host: &str) -> Choice {
+    if actor.ed25519() {
+        return Choice::Fixed(Scheme::Rfc9421);
+    }
+    if let Some(scheme) = config.signature_hosts.get(host).and_then(|s| Scheme::parse(s)) {
+        return Choice::Fixed(scheme);
+    }
+    match config.signature.as_deref() {
+        Some("cavage") => Choice::Fixed(Scheme::Cavage),
+        Some("rfc9421") => Choice::Fixed(Scheme::Rfc9421),
+        // Fedify's order: RFC 9421 first on first contact, then what the
+        // host accepted last time.
+        _ => Choice::Knock(recalled_scheme(host).unwrap_or(Scheme::Rfc9421)),
+    }
+}
+
+fn recalled_scheme(host: &str) -> Option<Scheme> {
+    laneway_sdk::notes::get(host, NOTE_SCHEME).and_then(|s| Scheme::parse(&s))
+}
+
+/// The RFC 9421 components to sign for a host: what its challenge asked
+/// for, if it did, else the defaults.
+fn recalled_components(host: &str) -> Vec<String> {
+    laneway_sdk::notes::get(host, NOTE_COMPONENTS)
+        .map(|c| c.split(' ').map(str::to_owned).collect::<Vec<_>>())
+        .filter(|c| !c.is_empty())
+        .unwrap_or_else(|| signing::DEFAULT_COMPONENTS.iter().map(|c| (*c).to_owned()).collect())
+}
+
+fn remember(host: &str, key: &str, value: &str) {
+    if let Err(why) = laneway_sdk::notes::set(host, key, value) {
+        laneway_sdk::log::log(
+            laneway_sdk::log::Level::Warn,
+            "could not remember a host's signature scheme",
+            &[("host".into(), host.into()), ("why".into(), why)],
+        );
+    }
+}
+
+/// Signs the POST with `scheme` and sends it. `Err` is an outcome decided
+/// before anything was sent (the key cannot sign).
+#[allow(clippy::too_many_arguments)]
+fn send(
+    scheme: Scheme,
+    actor: &Actor,
+    url: &str,
+    host: &str,
+    path: &str,
+    body: &[u8],
+    components: &[String],
+    now: SystemTime,
+) -> Result<Result<http::Response, http::Error>, Outcome> {
+    let content_type = "application/activity+json";
+    let hash = sha2::Sha256::digest(body);
+    let (path_only, query) = match path.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (path, None),
+    };
+    let mut headers: Vec<(String, String)> = vec![
+        ("content-type".into(), content_type.into()),
+        ("accept".into(), "application/activity+json".into()),
+        ("date".into(), httpdate::fmt_http_date(now)),
+        ("host".into(), host.into()),
+        ("digest".into(), format!("SHA-256={}", b64(&hash))),
+        ("content-digest".into(), format!("sha-256=:{}:", b64(&hash))),
+    ];
+    let post = Post {
+        url,
+        authority: host,
+        path: path_only,
+        query,
+        headers: &headers,
+    };
+    let algorithm = if actor.ed25519() {
+        Algorithm::Ed25519
+    } else {
+        Algorithm::RsaSha256
+    };
+    let sign = |data: &[u8]| {
+        signer::sign(&actor.key, algorithm, data)
+            .map_err(|e| permanent(format!("cannot sign with key {:?}: {e:?}", actor.key), None))
+    };
+    let signed: Vec<(String, String)> = match scheme {
+        Scheme::Cavage => {
+            let signature = sign(signing::cavage_input(&post).as_bytes())?;
+            vec![("signature".into(), signing::cavage_header(&actor.key_id, &signature))]
+        }
+        Scheme::Rfc9421 => {
+            let created = now
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or_default();
+            let params = Rfc9421 {
+                components: components.to_vec(),
+                created,
+                key_id: &actor.key_id,
+                alg: if actor.ed25519() { "ed25519" } else { "rsa-v1_5-sha256" },
+            };
+            let base = params.base(&post).map_err(|why| permanent(why, None))?;
+            let signature = sign(base.as_bytes())?;
+            let (input, value) = params.headers(&signature);
+            vec![("signature-input".into(), input), ("signature".into(), value)]
+        }
+    };
+    headers.extend(signed);
+    Ok(http::send(&Request {
+        method: "POST".into(),
+        url: url.to_owned(),
+        headers,
+        body: body.to_vec(),
+    }))
 }
 
 laneway_sdk::executor!(ActivityPub);

@@ -70,6 +70,11 @@ impl FakeInbox {
         self.lock().scripts.entry(path.to_owned()).or_default().extend(replies);
     }
 
+    /// Drops the replies still queued for `path` (it accepts again).
+    pub fn clear_script(&self, path: &str) {
+        self.lock().scripts.remove(path);
+    }
+
     /// Accepted activities per inbox path, in arrival order.
     pub fn arrivals(&self, path: &str) -> Vec<Arrival> {
         self.lock().arrivals.get(path).cloned().unwrap_or_default()

@@ -3,6 +3,7 @@
 //! every signature, on SQLite and PostgreSQL.
 
 mod fake_inbox;
+mod independent;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -22,6 +23,10 @@ use sha2::Digest as _;
 use crate::dispatch::harness::{settle, Running};
 use crate::support::TestDb;
 use fake_inbox::{FakeInbox, Reply};
+use independent::{
+    an_accept_signature_challenge_is_learnt_and_an_ed25519_actor_signs_rfc9421,
+    rewritten_urls_verify_with_third_party_libraries_and_the_knock_is_remembered,
+};
 
 const KEY_ID: &str = "https://cm.example/actor#main-key";
 const ACTOR: &str = "https://cm.example/actor";
@@ -47,17 +52,23 @@ struct Ap {
 }
 
 async fn setup(db: TestDb, kind_extra: &str) -> anyhow::Result<Ap> {
+    setup_with(db, "", kind_extra).await
+}
+
+/// As [`setup`], with more top-level config (`[destinations]`, …).
+async fn setup_with(db: TestDb, extra: &str, kind_extra: &str) -> anyhow::Result<Ap> {
     let (_, pem, key) = actor_key()?;
     let fake = FakeInbox::default();
     fake.trust(KEY_ID, key.to_public_key());
     let base = fake.serve().await?;
     let config = laneway::config::from_layers(&[
         "[queue]\nlease_ms = 5000\n[dispatch]\npoll_ms = 25\nslot_ttl_ms = 2000\nshutdown_grace_ms = 300\n",
+        extra,
         &format!(
             "[keys.actor]\nalgorithm = \"rsa-sha256\"\nfile = {:?}\n\
              [plugins.ap]\npath = {:?}\nallowed_hosts = [\"http://127.0.0.1:*\"]\nallowed_internal = [\"127.0.0.1\"]\nkeys = [\"actor\"]\n\
              [kinds.activitypub]\nplugin = \"ap\"\nbackoff_base_ms = 20\nbackoff_max_ms = 50\n\
-             config = {{ key = \"actor\", key_id = \"{KEY_ID}\" }}\n{kind_extra}",
+             config = {{ key = \"actor\", key_id = \"{KEY_ID}\", signature = \"cavage\" }}\n{kind_extra}",
             pem.display().to_string(),
             crate::runtime::wasm("activitypub")?.display().to_string(),
         ),
@@ -101,7 +112,8 @@ impl Ap {
                 priority: None,
                 subject: None,
             })
-            .await?)
+            .await?
+            .0)
     }
 }
 
@@ -123,6 +135,10 @@ crate::on_both_backends!(
     a_replayed_announce_already_pending_is_declined,
     inbox_urls_the_client_rewrites_are_signed_as_sent_and_a_big_202_confirms,
     a_reboost_after_an_undo_of_a_pending_announce_is_delivered_last,
+    a_host_failing_past_the_unavailable_period_is_held_probed_and_resumes_on_success,
+    a_personal_inbox_410_is_skipped_later_and_a_shared_inbox_410_suspends_its_host,
+    rewritten_urls_verify_with_third_party_libraries_and_the_knock_is_remembered,
+    an_accept_signature_challenge_is_learnt_and_an_ed25519_actor_signs_rfc9421,
 );
 
 async fn seed_000_fvcv_every_participant_gets_the_ledger_in_chain_order(db: TestDb) -> anyhow::Result<()> {
@@ -464,4 +480,142 @@ async fn a_reboost_after_an_undo_of_a_pending_announce_is_delivered_last(db: Tes
         "ends on the re-boost: {arrived:?}"
     );
     ap.running.stop().await
+}
+
+/// Settings that make the unavailable period short and the breaker inert,
+/// so the shared health alone decides.
+const HEALTH_FAST: &str = "[destinations]\nunavailable_after_ms = 400\nprobe_every_ms = 1000\n\
+                           [dispatch.breaker]\nthreshold = 100000\n";
+
+async fn a_host_failing_past_the_unavailable_period_is_held_probed_and_resumes_on_success(
+    db: TestDb,
+) -> anyhow::Result<()> {
+    let ap = setup_with(db, HEALTH_FAST, "max_attempts = 1000\n").await?;
+    ap.fake
+        .script("/users/down/inbox", std::iter::repeat_n(Reply::Status(503), 100_000));
+    let mut ops = Vec::new();
+    for n in 1..=3 {
+        ops.push(
+            ap.fan_out(announce(&format!("{ACTOR}/announce/{n}"), n), &[ap.inbox("down")])
+                .await?[0]
+                .id(),
+        );
+    }
+    let queue = ap.db.queue.as_ref();
+    let host = ap.base.trim_start_matches("http://").to_owned();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let unavailable = loop {
+        let views = laneway::destinations::views(queue).await?;
+        if let Some(v) = views.into_iter().find(|v| v.host == host && v.state == "unavailable") {
+            break v;
+        }
+        ensure!(tokio::time::Instant::now() < deadline, "never marked unavailable");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    ensure!(
+        unavailable.failures >= 2 && unavailable.next_probe_at.is_some(),
+        "{unavailable:?}"
+    );
+    // Held: within 2.5 s at most the probes of 1 s apart go (at most three).
+    let before = ap.fake.posts("/users/down/inbox");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let probes = ap.fake.posts("/users/down/inbox") - before;
+    ensure!((1..=3).contains(&probes), "{probes} posts while held");
+    for id in &ops {
+        let op = queue.get(*id).await?.context("op")?;
+        ensure!(op.status == Status::Pending, "held, not dead-lettered: {op:?}");
+    }
+    // The host comes back: the next probe succeeds and the backlog goes in order.
+    ap.fake.clear_script("/users/down/inbox");
+    settle(queue, Duration::from_secs(15)).await?;
+    ap.running.stop().await?;
+    ensure!(
+        positions(&ap.fake, "down") == vec![1, 2, 3],
+        "{:?}",
+        positions(&ap.fake, "down")
+    );
+    ensure!(
+        laneway::destinations::views(queue)
+            .await?
+            .iter()
+            .all(|v| v.host != host),
+        "the health record is cleared by the success"
+    );
+    Ok(())
+}
+
+async fn a_personal_inbox_410_is_skipped_later_and_a_shared_inbox_410_suspends_its_host(
+    db: TestDb,
+) -> anyhow::Result<()> {
+    let ap = setup_with(db, HEALTH_FAST, "").await?;
+    let queue = ap.db.queue.as_ref();
+    ap.fake.script("/users/gone/inbox", [Reply::Status(410)]);
+    ap.fan_out(announce(&format!("{ACTOR}/announce/1"), 1), &[ap.inbox("gone")])
+        .await?;
+    settle(queue, Duration::from_secs(10)).await?;
+    // Remembered: the next fan-out leaves it out and says so.
+    let (results, planned) = ap
+        .running
+        .dispatcher
+        .fan_out(&FanOut {
+            kind: "activitypub".into(),
+            actor: ACTOR.into(),
+            activity: announce(&format!("{ACTOR}/announce/2"), 2),
+            recipients: vec![
+                Recipient::parse(&ap.inbox("gone")),
+                Recipient::parse(&ap.inbox("alive")),
+            ],
+            priority: None,
+            subject: None,
+        })
+        .await?;
+    ensure!(planned.gone == vec![ap.inbox("gone")], "{planned:?}");
+    ensure!(
+        results.len() == 1 && planned.ops[0].lanes == vec![ap.inbox("alive")],
+        "{planned:?}"
+    );
+    settle(queue, Duration::from_secs(10)).await?;
+    ensure!(ap.fake.posts("/users/gone/inbox") == 1);
+    let host = ap.base.trim_start_matches("http://").to_owned();
+    ensure!(
+        laneway::destinations::views(queue)
+            .await?
+            .iter()
+            .all(|v| v.host != host),
+        "a personal inbox's 410 does not hold its host"
+    );
+    // A shared inbox's 410 suspends the whole host.
+    let shared = format!("{}/inbox", ap.base);
+    ap.fake.script("/inbox", [Reply::Status(410)]);
+    let to = format!("{}={shared}", ap.inbox("u1"));
+    ap.fan_out(announce(&format!("{ACTOR}/announce/3"), 3), std::slice::from_ref(&to))
+        .await?;
+    settle(queue, Duration::from_secs(10)).await?;
+    let views = laneway::destinations::views(queue).await?;
+    ensure!(
+        views.iter().any(|v| v.host == host && v.state == "suspended"),
+        "{views:?}"
+    );
+    // Held while suspended: a new op waits, with no attempt.
+    let held = ap
+        .fan_out(announce(&format!("{ACTOR}/announce/4"), 4), &[ap.inbox("alive")])
+        .await?[0]
+        .id();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let op = queue.get(held).await?.context("op")?;
+    ensure!(op.status == Status::Pending && op.attempts == 0, "{op:?}");
+    // The operator resumes it: the held op goes, and the gone inbox is forgotten.
+    let (_, after, forgotten) = ap.running.dispatcher.resume_destination(&host, "test").await?;
+    ensure!(
+        after.is_clear() && forgotten == vec![ap.inbox("gone")],
+        "{after:?} {forgotten:?}"
+    );
+    settle(queue, Duration::from_secs(10)).await?;
+    ap.running.stop().await?;
+    ensure!(
+        positions(&ap.fake, "alive") == vec![2, 4],
+        "{:?}",
+        positions(&ap.fake, "alive")
+    );
+    Ok(())
 }

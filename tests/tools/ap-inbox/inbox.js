@@ -1,0 +1,114 @@
+// An ActivityPub inbox for laneway's tests, verifying every POST with
+// libraries laneway did not write: joyent's `http-signature` for
+// draft-cavage (plus the Digest check it leaves to its caller) and
+// `http-message-signatures` for RFC 9421 (plus the Content-Digest check).
+//
+//   node inbox.js KEYS.json OUT.jsonl [--accept cavage|rfc9421|both] [--challenge]
+//
+// KEYS.json maps each keyId to {"pem": "...", "alg": "rsa-sha256"|"ed25519"}.
+// Every request is appended to OUT.jsonl as {path, scheme, status, id, why}.
+// Paths whose user name starts with "gone" answer 410; "flaky" ones answer
+// 503 to their first two POSTs. With --accept, the other scheme gets 401
+// (and, with --challenge, an Accept-Signature naming RFC 9421's components).
+// Prints the port it listens on, then serves until killed.
+'use strict';
+const http = require('http');
+const crypto = require('crypto');
+const fs = require('fs');
+const httpSignature = require('http-signature');
+const { httpbis, createVerifier } = require('http-message-signatures');
+
+const [keysFile, outFile, ...flags] = process.argv.slice(2);
+if (!keysFile || !outFile) {
+  console.error('usage: node inbox.js KEYS.json OUT.jsonl [--accept cavage|rfc9421|both] [--challenge]');
+  process.exit(2);
+}
+const keys = JSON.parse(fs.readFileSync(keysFile, 'utf8'));
+const acceptAt = flags.indexOf('--accept');
+const accept = acceptAt >= 0 ? flags[acceptAt + 1] : 'both';
+const challenge = flags.includes('--challenge');
+const seen = new Map();
+
+function record(entry) {
+  fs.appendFileSync(outFile, JSON.stringify(entry) + '\n');
+}
+
+function sha256(body) {
+  return crypto.createHash('sha256').update(body).digest('base64');
+}
+
+function verifyCavage(req, body) {
+  const parsed = httpSignature.parseRequest(req, {
+    headers: ['(request-target)', 'host', 'date', 'digest'],
+    clockSkew: 3600,
+  });
+  const key = keys[parsed.keyId];
+  if (!key) throw new Error(`unknown keyId ${parsed.keyId}`);
+  if (!httpSignature.verifySignature(parsed, key.pem)) throw new Error('bad signature');
+  if (req.headers['digest'] !== `SHA-256=${sha256(body)}`) throw new Error('digest mismatch');
+}
+
+async function verifyRfc9421(req, body) {
+  const url = `http://${req.headers.host}${req.url}`;
+  const ok = await httpbis.verifyMessage(
+    {
+      keyLookup: async (params) => {
+        const key = keys[params.keyid];
+        if (!key) return null;
+        const alg = key.alg === 'ed25519' ? 'ed25519' : 'rsa-v1_5-sha256';
+        return { id: params.keyid, algs: [alg], verify: createVerifier(key.pem, alg) };
+      },
+      requiredParams: ['created', 'keyid'],
+      requiredFields: ['@method', '@target-uri', 'content-digest'],
+      tolerance: 3600,
+    },
+    { method: req.method, url, headers: req.headers },
+  );
+  if (ok !== true) throw new Error(`signature not verified (${ok})`);
+  if (req.headers['content-digest'] !== `sha-256=:${sha256(body)}:`) throw new Error('content-digest mismatch');
+}
+
+const server = http.createServer((req, res) => {
+  const chunks = [];
+  req.on('data', (c) => chunks.push(c));
+  req.on('end', async () => {
+    const body = Buffer.concat(chunks);
+    const scheme = req.headers['signature-input'] ? 'rfc9421' : req.headers['signature'] ? 'cavage' : 'none';
+    const answer = (status, why, id) => {
+      record({ path: req.url, scheme, status, id: id || null, why: why || null });
+      const headers = {};
+      if (status === 401 && challenge) {
+        headers['accept-signature'] = 'sig1=("@method" "@target-uri" "content-type" "content-digest");alg="rsa-v1_5-sha256"';
+      }
+      res.writeHead(status, headers);
+      res.end(why ? JSON.stringify({ error: why }) : '');
+    };
+    if (req.method !== 'POST') return answer(405, 'POST only');
+    if (accept !== 'both' && scheme !== accept) return answer(401, `this inbox accepts ${accept} signatures only`);
+    try {
+      if (scheme === 'cavage') verifyCavage(req, body);
+      else if (scheme === 'rfc9421') await verifyRfc9421(req, body);
+      else throw new Error('no signature');
+    } catch (e) {
+      return answer(401, String(e.message || e));
+    }
+    let id = null;
+    try {
+      id = JSON.parse(body.toString('utf8')).id || null;
+    } catch (e) {
+      return answer(400, 'body is not JSON');
+    }
+    const user = (req.url.match(/\/users\/([^/]+)\//) || [])[1] || '';
+    if (user.startsWith('gone')) return answer(410, 'gone', id);
+    if (user.startsWith('flaky')) {
+      const n = (seen.get(req.url) || 0) + 1;
+      seen.set(req.url, n);
+      if (n <= 2) return answer(503, 'try later', id);
+    }
+    answer(202, null, id);
+  });
+});
+
+server.listen(0, '127.0.0.1', () => {
+  console.log(server.address().port);
+});
