@@ -211,7 +211,9 @@ impl Breakers {
 /// (host and port) of a URL lane. Lanes that are not URLs (signer accounts)
 /// have no breaker.
 pub fn destination(lane: &str) -> Option<&str> {
-    let (_, rest) = lane.split_once("://")?;
+    // Only URL lanes name a destination: an inbound op's lane
+    // (`sender:https://…`) or a signer account does not.
+    let rest = lane.strip_prefix("https://").or_else(|| lane.strip_prefix("http://"))?;
     let authority = rest.split(['/', '?', '#']).next()?;
     let authority = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
     (!authority.is_empty()).then_some(authority)

@@ -20,6 +20,7 @@ pub mod executor;
 pub mod fanout;
 pub mod fees;
 pub mod health;
+pub mod inbound;
 pub mod keys;
 pub mod lanes;
 pub mod op;

@@ -45,7 +45,7 @@ impl Served {
         Self::over(db, exec.registry(&["activitypub"]), config, None).await
     }
 
-    async fn over(
+    pub(crate) async fn over(
         db: &TestDb,
         executors: Arc<laneway::executor::Registry>,
         config: laneway::config::Config,
@@ -616,7 +616,7 @@ async fn metrics_after_a_workload_carry_the_seed_names_and_labels(db: TestDb) ->
 }
 
 /// Every route the API must serve, as (method, OpenAPI path).
-const ROUTES: [(&str, &str); 33] = [
+const ROUTES: [(&str, &str); 35] = [
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),
@@ -646,6 +646,8 @@ const ROUTES: [(&str, &str); 33] = [
     ("get", "/api/admin/destinations"),
     ("post", "/api/admin/destinations/{destination}/suspend"),
     ("post", "/api/admin/destinations/{destination}/resume"),
+    ("post", "/inbox/{actor}"),
+    ("post", "/inbox"),
     ("get", "/api/admin/plugins"),
     ("post", "/api/admin/plugins/reload"),
     // Not routes of their own: the same paths' other methods are 405s, and
@@ -672,7 +674,7 @@ async fn the_openapi_document_names_every_route_and_each_asks_for_its_scope(db: 
         }
     }
     documented.sort();
-    let mut want: Vec<(String, String)> = ROUTES[..31]
+    let mut want: Vec<(String, String)> = ROUTES[..33]
         .iter()
         .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
         .collect();
@@ -689,6 +691,7 @@ async fn the_openapi_document_names_every_route_and_each_asks_for_its_scope(db: 
             .replace("{scope}", "kind")
             .replace("{target}", "x")
             .replace("{destination}", "x.example")
+            .replace("{actor}", "x")
     };
     for (method, path) in &want {
         let op = &paths[path][method];
@@ -735,7 +738,7 @@ async fn the_openapi_document_names_every_route_and_each_asks_for_its_scope(db: 
         }
     }
     // A method a path does not serve is refused, not answered.
-    for (method, path) in &ROUTES[31..] {
+    for (method, path) in &ROUTES[33..] {
         let (status, _) = served.call(&method.to_uppercase(), &concrete(path), None, None).await?;
         ensure!(status == 405, "{method} {path}: {status}");
     }

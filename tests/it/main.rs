@@ -14,6 +14,6 @@ mod dispatch;
 mod lifecycle;
 mod queue_conformance;
 mod runtime;
-mod stellar;
+pub(crate) mod stellar;
 mod support;
 mod tidy;

@@ -14,6 +14,7 @@
 mod admin;
 pub mod auth;
 mod error;
+mod inbox;
 mod outcomes;
 mod plugins;
 mod producer;
@@ -54,16 +55,32 @@ struct StateInner {
     plugins: Option<(Arc<PluginHost>, FileSource)>,
     /// The public route's token bucket: (tokens, last refill).
     public_bucket: Mutex<(f64, Instant)>,
+    /// Actors' keys for the inboxes (absent if `[inbound]`'s client could
+    /// not be built, which `check-config` reports).
+    keys: Option<Arc<crate::inbound::KeyCache>>,
 }
 
 impl ApiState {
     /// State over a dispatcher (its queue, config, executors and metrics)
     /// and, for the plugin routes, the plugin host with its config source.
     pub fn new(dispatcher: Dispatcher, plugins: Option<(Arc<PluginHost>, FileSource)>) -> Self {
+        let inbound = dispatcher.config().inbound.clone();
+        let keys = match crate::inbound::key_client(&inbound) {
+            Ok((client, egress)) => Some(Arc::new(crate::inbound::KeyCache::new(
+                client,
+                egress,
+                std::time::Duration::from_millis(inbound.key_cache_ms),
+            ))),
+            Err(e) => {
+                tracing::warn!(error = %e, "Cannot build the inbound key client; the inboxes refuse every request.");
+                None
+            }
+        };
         Self {
             inner: Arc::new(StateInner {
                 dispatcher,
                 plugins,
+                keys,
                 // Full at start (the first refill clamps it to the rate).
                 public_bucket: Mutex::new((f64::MAX, Instant::now())),
             }),
@@ -72,6 +89,10 @@ impl ApiState {
 
     fn dispatcher(&self) -> &Dispatcher {
         &self.inner.dispatcher
+    }
+
+    fn keys(&self) -> Option<&crate::inbound::KeyCache> {
+        self.inner.keys.as_deref()
     }
 
     fn queue(&self) -> &Arc<dyn Queue> {
@@ -146,7 +167,8 @@ impl ApiState {
     tags(
         (name = "producer", description = "Enqueue ops (scope ops:write) and follow their outcomes (outcomes:read)"),
         (name = "outbox", description = "Read and repair the queue (outbox:read, outbox:write)"),
-        (name = "steering", description = "Pauses, held lanes, halted subjects, breakers (outbox:read, outbox:write)"),
+        (name = "steering", description = "Pauses, held lanes, halted subjects, breakers, destination health (outbox:read, outbox:write)"),
+        (name = "inbound", description = "ActivityPub inboxes ([inbound]): signed activities, no API key"),
         (name = "plugins", description = "Loaded plugins and reloads (plugins:admin)"),
         (name = "public", description = "Health, metrics and network conditions; no key")
     )
@@ -203,6 +225,8 @@ fn api_router() -> OpenApiRouter<ApiState> {
         .routes(routes!(steering::resume_destination))
         .routes(routes!(plugins::status))
         .routes(routes!(plugins::reload))
+        .routes(routes!(inbox::personal))
+        .routes(routes!(inbox::shared))
 }
 
 /// The OpenAPI document of every route (what `/api/openapi.json` serves).

@@ -43,6 +43,8 @@ pub struct Config {
     pub outcomes: OutcomesConfig,
     /// `[destinations]`
     pub destinations: DestinationsConfig,
+    /// `[inbound]`
+    pub inbound: InboundConfig,
     /// `[plugins.NAME]`
     pub plugins: BTreeMap<String, PluginConfig>,
     /// `[keys.ID]`
@@ -122,6 +124,27 @@ impl DestinationsConfig {
             probe_every: std::time::Duration::from_millis(self.probe_every_ms),
         }
     }
+}
+
+/// `[inbound]`: ActivityPub inboxes on the API listener.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct InboundConfig {
+    /// Serve `POST /inbox/{actor}` and `POST /inbox`.
+    pub enabled: bool,
+    /// The kind inbound activities are enqueued as.
+    pub kind: String,
+    /// The URL senders post to (behind a proxy); empty: `http://{Host}`.
+    pub public_url: String,
+    /// Where actors' keys may be fetched from.
+    pub allowed_hosts: Vec<String>,
+    /// Internal networks key fetches may reach anyway.
+    pub allowed_internal: Vec<String>,
+    /// A key fetch's time limit.
+    pub fetch_timeout_ms: u64,
+    /// How long a fetched key is trusted.
+    pub key_cache_ms: u64,
+    /// How far a signature's time may be from now.
+    pub clock_skew_ms: u64,
 }
 
 /// The kind laneway delivers outcome webhooks as.
@@ -772,6 +795,7 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
     let retention = section::<RetentionConfig>(&mut table, "retention", &mut problems);
     let outcomes = section::<OutcomesConfig>(&mut table, "outcomes", &mut problems);
     let destinations = section::<DestinationsConfig>(&mut table, "destinations", &mut problems);
+    let inbound = section::<InboundConfig>(&mut table, "inbound", &mut problems);
     let plugins = named_tables::<PluginConfig>(&mut table, "plugins", &mut problems);
     let keys = named_tables::<crate::keys::KeySource>(&mut table, "keys", &mut problems);
     let oracles = named_tables::<OracleConfig>(&mut table, "oracles", &mut problems);
@@ -795,7 +819,7 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
         problems.push(Problem {
             path: key.clone(),
             message:
-                "unknown key (expected one of: database, queue, dispatch, runtime, api, retention, outcomes, destinations, plugins, keys, oracles, kinds)"
+                "unknown key (expected one of: database, queue, dispatch, runtime, api, retention, outcomes, destinations, inbound, plugins, keys, oracles, kinds)"
                     .to_owned(),
         });
     }
@@ -808,6 +832,7 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
         Some(retention),
         Some(outcomes),
         Some(destinations),
+        Some(inbound),
     ) = (
         database,
         queue,
@@ -817,6 +842,7 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
         retention,
         outcomes,
         destinations,
+        inbound,
     ) {
         let config = Config {
             database,
@@ -827,6 +853,7 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
             retention,
             outcomes,
             destinations,
+            inbound,
             plugins,
             keys,
             oracles,
@@ -1052,6 +1079,44 @@ fn validate(config: &Config) -> Vec<Problem> {
     }
     if d.rate_burst == 0 {
         bad("destinations.rate_burst", "expected at least 1".to_owned());
+    }
+    let inbound = &config.inbound;
+    for entry in &inbound.allowed_hosts {
+        if let Err(e) = crate::egress::HostPattern::parse(entry) {
+            bad("inbound.allowed_hosts", e);
+        }
+    }
+    for entry in &inbound.allowed_internal {
+        if let Err(e) = crate::egress::Cidr::parse(entry) {
+            bad("inbound.allowed_internal", e);
+        }
+    }
+    if !inbound.public_url.is_empty()
+        && !reqwest::Url::parse(&inbound.public_url).is_ok_and(|u| matches!(u.scheme(), "http" | "https"))
+    {
+        bad(
+            "inbound.public_url",
+            format!("expected an http(s) URL or empty, got {:?}", inbound.public_url),
+        );
+    }
+    if inbound.enabled {
+        match config.kinds.get(&inbound.kind) {
+            None => bad(
+                "inbound.kind",
+                format!("{:?} is not a configured kind ([kinds.{}])", inbound.kind, inbound.kind),
+            ),
+            Some(kind) if kind.plugin.is_none() => bad(
+                &format!("kinds.{}.plugin", inbound.kind),
+                "inbound activities need a handler plugin (the shipped inbound-webhook, for one)".to_owned(),
+            ),
+            Some(_) => {}
+        }
+        if config.api.listen.is_empty() {
+            bad(
+                "inbound.enabled",
+                "the inboxes are served on the API listener, but api.listen is empty".to_owned(),
+            );
+        }
     }
     if config.outcomes.relay_every_ms < 10 {
         bad(

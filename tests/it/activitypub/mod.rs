@@ -3,6 +3,7 @@
 //! every signature, on SQLite and PostgreSQL.
 
 mod fake_inbox;
+mod inbound;
 mod independent;
 
 use std::path::PathBuf;
@@ -23,6 +24,7 @@ use sha2::Digest as _;
 use crate::dispatch::harness::{settle, Running};
 use crate::support::TestDb;
 use fake_inbox::{FakeInbox, Reply};
+use inbound::inbound_activities_are_verified_processed_once_in_sender_order_with_retries_and_dead_letters;
 use independent::{
     an_accept_signature_challenge_is_learnt_and_an_ed25519_actor_signs_rfc9421,
     rewritten_urls_verify_with_third_party_libraries_and_the_knock_is_remembered,
@@ -139,6 +141,7 @@ crate::on_both_backends!(
     a_personal_inbox_410_is_skipped_later_and_a_shared_inbox_410_suspends_its_host,
     rewritten_urls_verify_with_third_party_libraries_and_the_knock_is_remembered,
     an_accept_signature_challenge_is_learnt_and_an_ed25519_actor_signs_rfc9421,
+    inbound_activities_are_verified_processed_once_in_sender_order_with_retries_and_dead_letters,
 );
 
 async fn seed_000_fvcv_every_participant_gets_the_ledger_in_chain_order(db: TestDb) -> anyhow::Result<()> {
@@ -553,6 +556,12 @@ async fn a_personal_inbox_410_is_skipped_later_and_a_shared_inbox_410_suspends_i
     ap.fan_out(announce(&format!("{ACTOR}/announce/1"), 1), &[ap.inbox("gone")])
         .await?;
     settle(queue, Duration::from_secs(10)).await?;
+    // Health is recorded just after the settle commits.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while laneway::destinations::gone_inboxes(queue).await?.is_empty() {
+        ensure!(tokio::time::Instant::now() < deadline, "the 410 was never remembered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // Remembered: the next fan-out leaves it out and says so.
     let (results, planned) = ap
         .running
@@ -591,11 +600,15 @@ async fn a_personal_inbox_410_is_skipped_later_and_a_shared_inbox_410_suspends_i
     ap.fan_out(announce(&format!("{ACTOR}/announce/3"), 3), std::slice::from_ref(&to))
         .await?;
     settle(queue, Duration::from_secs(10)).await?;
-    let views = laneway::destinations::views(queue).await?;
-    ensure!(
-        views.iter().any(|v| v.host == host && v.state == "suspended"),
-        "{views:?}"
-    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let views = laneway::destinations::views(queue).await?;
+        if views.iter().any(|v| v.host == host && v.state == "suspended") {
+            break;
+        }
+        ensure!(tokio::time::Instant::now() < deadline, "never suspended: {views:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // Held while suspended: a new op waits, with no attempt.
     let held = ap
         .fan_out(announce(&format!("{ACTOR}/announce/4"), 4), &[ap.inbox("alive")])

@@ -5,7 +5,7 @@
 mod cadence;
 mod conformance;
 mod fake_rpc;
-mod vault;
+pub(crate) mod vault;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1004,9 +1004,9 @@ async fn past_the_rpc_retention_window_the_sequence_decides_and_nothing_is_paid_
 
 /// The Standard Webhooks reference receiver (`tests/tools/webhook_receiver.py`)
 /// as a process: its port and the file it records requests in.
-struct Receiver {
+pub(crate) struct Receiver {
     child: std::process::Child,
-    port: u16,
+    pub(crate) port: u16,
     log: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -1019,7 +1019,12 @@ impl Drop for Receiver {
 }
 
 impl Receiver {
-    fn start(secret: &str) -> anyhow::Result<Self> {
+    pub(crate) fn start(secret: &str) -> anyhow::Result<Self> {
+        Self::start_failing(secret, 0)
+    }
+
+    /// A receiver that answers its first `fail_first` requests 503.
+    pub(crate) fn start_failing(secret: &str, fail_first: u32) -> anyhow::Result<Self> {
         use std::io::BufRead as _;
         let dir = tempfile::tempdir()?;
         let log = dir.path().join("requests.jsonl");
@@ -1028,6 +1033,7 @@ impl Receiver {
             .arg(script)
             .arg(secret)
             .arg(&log)
+            .arg(fail_first.to_string())
             .stdout(std::process::Stdio::piped())
             .spawn()
             .context("python3 for the webhook receiver")?;
@@ -1045,7 +1051,7 @@ impl Receiver {
         })
     }
 
-    fn requests(&self) -> Vec<serde_json::Value> {
+    pub(crate) fn requests(&self) -> Vec<serde_json::Value> {
         std::fs::read_to_string(&self.log)
             .unwrap_or_default()
             .lines()
