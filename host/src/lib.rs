@@ -29,6 +29,7 @@ pub mod outcome;
 pub mod pricing;
 pub mod pruner;
 pub mod queue;
+pub mod ratelimit;
 pub mod retention;
 pub mod retry;
 pub mod runtime;

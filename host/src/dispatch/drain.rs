@@ -143,6 +143,8 @@ struct Pass {
     /// Destination health shared by every host, as of the last full read
     /// (and the probes this pass took since).
     health: HealthView,
+    /// When a rate-limited destination's next token is there.
+    rate_wake: Option<DateTime<Utc>>,
 }
 
 /// What one attempt said about its destination host's health.
@@ -177,6 +179,7 @@ impl Pass {
             favoured: false,
             paused: Paused::default(),
             health: HealthView::default(),
+            rate_wake: None,
         }
     }
 
@@ -411,6 +414,10 @@ impl Pass {
         };
         let follows = self.follows(&start, &leaving);
         let (chosen, permits, trials, bids) = self.choose(start, now).await?;
+        let due_next = match self.rate_wake.take() {
+            Some(at) => Some(due_next.map_or(at, |d: DateTime<Utc>| d.min(at))),
+            None => due_next,
+        };
         let due_at = |at: DateTime<Utc>| Instant::now() + (at - now).to_std().unwrap_or_default();
         if completions.is_empty() && chosen.is_empty() {
             return Ok(due_next.map(due_at));
@@ -671,6 +678,7 @@ impl Pass {
     /// scheduler started, and prices them: what goes to the claim.
     async fn choose(&mut self, start: Vec<OpId>, now: DateTime<Utc>) -> Result<Chosen, DispatchError> {
         let start = self.probes(start, now).await?;
+        let start = self.rate_limited(start, now).await?;
         let mut chosen = Vec::with_capacity(start.len());
         let mut permits: Vec<OwnedSemaphorePermit> = Vec::with_capacity(start.len());
         let mut trials: Vec<(OpId, String)> = Vec::new();
@@ -736,6 +744,87 @@ impl Pass {
             }
         }
         Ok(keep)
+    }
+
+    /// Keeps, of the ops to each destination host, as many as its shared
+    /// token bucket grants now (`destinations.rate_per_second`); the rest
+    /// wait, with a wake-up when the next token is there. A token taken for
+    /// an op whose claim then fails is spent: the limit errs low.
+    async fn rate_limited(&mut self, start: Vec<OpId>, now: DateTime<Utc>) -> Result<Vec<OpId>, DispatchError> {
+        let limits = self.inner.config.load().destinations.clone();
+        if limits.rate_per_second <= 0.0 || start.is_empty() {
+            return Ok(start);
+        }
+        let mut wanted: Vec<(String, u32)> = Vec::new();
+        for id in &start {
+            if let Some(dest) = self.book.get(*id).and_then(|e| destination(&e.row.lanes)) {
+                match wanted.iter_mut().find(|(d, _)| d == dest) {
+                    Some((_, n)) => *n += 1,
+                    None => wanted.push((dest.to_owned(), 1)),
+                }
+            }
+        }
+        let mut granted: HashMap<String, u32> = HashMap::new();
+        for (dest, want) in wanted {
+            let (got, next_in) = self
+                .draw(&dest, want, limits.rate_per_second, limits.rate_burst, now)
+                .await?;
+            if let Some(wait) = next_in {
+                let at = now + chrono_duration(wait);
+                self.rate_wake = Some(self.rate_wake.map_or(at, |w| w.min(at)));
+            }
+            granted.insert(dest, got);
+        }
+        Ok(start
+            .into_iter()
+            .filter(|id| {
+                let Some(dest) = self.book.get(*id).and_then(|e| destination(&e.row.lanes)) else {
+                    return true;
+                };
+                match granted.get_mut(dest) {
+                    Some(n) if *n > 0 => {
+                        *n -= 1;
+                        true
+                    }
+                    _ => false,
+                }
+            })
+            .collect())
+    }
+
+    /// Draws tokens from a destination's shared bucket by compare-and-set.
+    async fn draw(
+        &self,
+        dest: &str,
+        want: u32,
+        rate: f64,
+        burst: u32,
+        now: DateTime<Utc>,
+    ) -> Result<(u32, Option<Duration>), DispatchError> {
+        let queue = self.inner.queue.as_ref();
+        for _ in 0..8 {
+            let stored = queue.record(crate::ratelimit::BUCKETS, dest).await?;
+            let bucket = stored
+                .as_ref()
+                .and_then(|r| serde_json::from_str::<crate::ratelimit::Bucket>(&r.value).ok());
+            let draw = crate::ratelimit::take(bucket, want, rate, burst, now);
+            if draw.granted == 0 {
+                return Ok((0, draw.next_in));
+            }
+            let value = serde_json::to_string(&draw.bucket).unwrap_or_default();
+            let expect = stored.map_or(crate::queue::Expect::Absent, |r| {
+                crate::queue::Expect::Version(r.version)
+            });
+            if queue
+                .put_record(crate::ratelimit::BUCKETS, dest, &value, expect)
+                .await?
+                .applied()
+            {
+                return Ok((draw.granted, draw.next_in));
+            }
+        }
+        // Contended by other hosts: take nothing this round.
+        Ok((0, Some(Duration::from_millis(20))))
     }
 
     /// Stores what this round's attempts said about their destinations'

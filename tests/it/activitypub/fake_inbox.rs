@@ -36,6 +36,8 @@ pub enum Reply {
 #[derive(Debug, Clone)]
 pub struct Arrival {
     pub body: serde_json::Value,
+    /// When it was accepted.
+    pub at: std::time::Instant,
 }
 
 #[derive(Default)]
@@ -73,6 +75,11 @@ impl FakeInbox {
     /// Drops the replies still queued for `path` (it accepts again).
     pub fn clear_script(&self, path: &str) {
         self.lock().scripts.remove(path);
+    }
+
+    /// Every accepted activity, any path.
+    pub fn all_arrivals(&self) -> Vec<Arrival> {
+        self.lock().arrivals.values().flatten().cloned().collect()
     }
 
     /// Accepted activities per inbox path, in arrival order.
@@ -220,7 +227,10 @@ async fn handle(State(fake): State<FakeInbox>, method: Method, uri: Uri, headers
         inner.duplicates += 1;
         return StatusCode::ACCEPTED.into_response();
     }
-    inner.arrivals.entry(path).or_default().push(Arrival { body: activity });
+    inner.arrivals.entry(path).or_default().push(Arrival {
+        body: activity,
+        at: std::time::Instant::now(),
+    });
     match big {
         Some(n) => (StatusCode::ACCEPTED, "x".repeat(n)).into_response(),
         None => StatusCode::ACCEPTED.into_response(),

@@ -51,6 +51,8 @@ struct Ap {
     fake: FakeInbox,
     base: String,
     running: Running,
+    registry: std::sync::Arc<laneway::executor::Registry>,
+    config: laneway::config::Config,
 }
 
 async fn setup(db: TestDb, kind_extra: &str) -> anyhow::Result<Ap> {
@@ -77,12 +79,14 @@ async fn setup_with(db: TestDb, extra: &str, kind_extra: &str) -> anyhow::Result
     ])?;
     let host = PluginHost::new(&config)?;
     host.apply(&config).await?;
-    let running = Running::start(db.queue.clone(), host.registry(), config);
+    let running = Running::start(db.queue.clone(), host.registry(), config.clone());
     Ok(Ap {
         db,
         fake,
         base,
         running,
+        registry: host.registry(),
+        config,
     })
 }
 
@@ -142,6 +146,7 @@ crate::on_both_backends!(
     rewritten_urls_verify_with_third_party_libraries_and_the_knock_is_remembered,
     an_accept_signature_challenge_is_learnt_and_an_ed25519_actor_signs_rfc9421,
     inbound_activities_are_verified_processed_once_in_sender_order_with_retries_and_dead_letters,
+    a_destination_rate_limit_is_shared_by_every_host,
 );
 
 async fn seed_000_fvcv_every_participant_gets_the_ledger_in_chain_order(db: TestDb) -> anyhow::Result<()> {
@@ -630,5 +635,48 @@ async fn a_personal_inbox_410_is_skipped_later_and_a_shared_inbox_410_suspends_i
         "{:?}",
         positions(&ap.fake, "alive")
     );
+    Ok(())
+}
+
+async fn a_destination_rate_limit_is_shared_by_every_host(db: TestDb) -> anyhow::Result<()> {
+    let ap = setup_with(db, "[destinations]\nrate_per_second = 5.0\nrate_burst = 1\n", "").await?;
+    // A second host on the same database, drawing from the same buckets.
+    let other = Running::start(ap.db.queue.clone(), ap.registry.clone(), ap.config.clone());
+    let second_actor = "https://cm.example/second";
+    for n in 0..6u32 {
+        ap.fan_out(
+            announce(&format!("{ACTOR}/announce/{n}"), n),
+            &[ap.inbox(&format!("a{n}"))],
+        )
+        .await?;
+        other
+            .dispatcher
+            .fan_out(&FanOut {
+                kind: "activitypub".into(),
+                actor: second_actor.into(),
+                activity: announce(&format!("{second_actor}/announce/{n}"), n),
+                recipients: vec![Recipient::parse(&ap.inbox(&format!("b{n}")))],
+                priority: None,
+                subject: None,
+            })
+            .await?;
+    }
+    settle(ap.db.queue.as_ref(), Duration::from_secs(20)).await?;
+    other.stop().await?;
+    ap.running.stop().await?;
+    let mut times: Vec<std::time::Instant> = ap.fake.all_arrivals().iter().map(|a| a.at).collect();
+    times.sort();
+    ensure!(times.len() == 12, "{} arrivals", times.len());
+    // Twelve requests at 5 a second with a burst of one take 11 intervals of
+    // 200 ms; no second ever saw more than six.
+    let span = times[11] - times[0];
+    ensure!(span >= Duration::from_millis(2000), "12 requests in {span:?}");
+    for (i, start) in times.iter().enumerate() {
+        let in_window = times[i..]
+            .iter()
+            .take_while(|t| **t - *start < Duration::from_secs(1))
+            .count();
+        ensure!(in_window <= 6, "{in_window} requests within one second");
+    }
     Ok(())
 }
