@@ -293,7 +293,7 @@ impl Pass {
             }
             let halts = self.inner.queue.lane_halts(Some(&outbox)).await?;
             self.paused = Paused::new(&self.inner.queue.pauses().await?);
-            self.health = (*self.inner.health_view().await).clone();
+            self.health = (*self.inner.health_view()).clone();
             let lanes: Vec<String> = filling
                 .rows()
                 .iter()

@@ -72,9 +72,12 @@ pub(crate) struct Inner {
     pub handover: Mutex<handover::Handover>,
     /// What the events of this dispatcher count.
     pub metrics: Arc<Metrics>,
-    /// The shared destination health, read at most every
-    /// [`HEALTH_REFRESH`] by whichever drain asks first.
-    pub health: Mutex<Option<(std::time::Instant, Arc<crate::destinations::HealthView>)>>,
+    /// The shared destination health, read every [`HEALTH_REFRESH`] (and
+    /// at once after a change here) by one task, so drains read it without
+    /// waiting on the database.
+    pub health: ArcSwap<crate::destinations::HealthView>,
+    /// Asks that task to read it now.
+    pub health_changed: tokio::sync::Notify,
 }
 
 /// How stale a drain's view of destination health may be.
@@ -123,33 +126,31 @@ impl Inner {
         }
     }
 
-    /// The shared destination health, read again when older than
-    /// [`HEALTH_REFRESH`]; on a read failure the last view stays.
-    pub async fn health_view(&self) -> Arc<crate::destinations::HealthView> {
-        let cached = self.health.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        if let Some((at, view)) = &cached {
-            if at.elapsed() < HEALTH_REFRESH {
-                return view.clone();
-            }
-        }
-        match crate::destinations::HealthView::load(self.queue.as_ref()).await {
-            Ok(view) => {
-                let view = Arc::new(view);
-                *self.health.lock().unwrap_or_else(PoisonError::into_inner) =
-                    Some((std::time::Instant::now(), view.clone()));
-                view
-            }
-            Err(e) => {
-                warn!(error = %e, "Could not read destination health; using the last view.");
-                cached.map(|(_, v)| v).unwrap_or_default()
-            }
-        }
+    /// The shared destination health as last read.
+    pub fn health_view(&self) -> Arc<crate::destinations::HealthView> {
+        self.health.load_full()
     }
 
-    /// Drops the cached health view, so the next read sees an operator's
-    /// change at once.
+    /// Asks for the health view to be read again now (this host changed a
+    /// record), so every drain here sees the change at its next read.
     pub fn forget_health(&self) {
-        *self.health.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        self.health_changed.notify_one();
+    }
+
+    /// Reads the shared destination health every [`HEALTH_REFRESH`], or
+    /// at once when asked, until cancelled; a failed read keeps the last.
+    pub async fn refresh_health(&self) {
+        loop {
+            match crate::destinations::HealthView::load(self.queue.as_ref()).await {
+                Ok(view) => self.health.store(Arc::new(view)),
+                Err(e) => warn!(error = %e, "Could not read destination health; using the last view."),
+            }
+            tokio::select! {
+                () = tokio::time::sleep(HEALTH_REFRESH) => {}
+                () = self.health_changed.notified() => {}
+                () = self.cancel.cancelled() => return,
+            }
+        }
     }
 
     pub fn breakers(&self) -> std::sync::MutexGuard<'_, Breakers> {
@@ -271,7 +272,8 @@ impl Dispatcher {
                 share: Mutex::new(share::Share::default()),
                 handover: Mutex::new(handover::Handover::default()),
                 metrics: Arc::new(Metrics::new()),
-                health: Mutex::new(None),
+                health: ArcSwap::from_pointee(crate::destinations::HealthView::default()),
+                health_changed: tokio::sync::Notify::new(),
             }),
         }
     }
@@ -440,7 +442,7 @@ impl Dispatcher {
     ///
     /// A queue error.
     pub async fn destination_heard_from(&self, host: &str) -> Result<(), QueueError> {
-        if self.inner.health_view().await.get(host).is_none() {
+        if self.inner.health_view().get(host).is_none() {
             return Ok(());
         }
         let (before, after) = self
@@ -638,6 +640,7 @@ impl Dispatcher {
             () = self.inner.cancel.cancelled() => {}
             () = listen => {}
             () = poll => {}
+            () = self.inner.refresh_health() => {}
         }
         self.inner.tasks.close();
         self.inner.tasks.wait().await;
