@@ -145,6 +145,8 @@ struct Pass {
     health: HealthView,
     /// When a rate-limited destination's next token is there.
     rate_wake: Option<DateTime<Utc>>,
+    /// Ops sent as an unavailable destination's probe, until they settle.
+    probing: HashSet<OpId>,
 }
 
 /// What one attempt said about its destination host's health.
@@ -180,6 +182,7 @@ impl Pass {
             paused: Paused::default(),
             health: HealthView::default(),
             rate_wake: None,
+            probing: HashSet::new(),
         }
     }
 
@@ -463,6 +466,7 @@ impl Pass {
                 // Held by a lane elsewhere, or changed under the book: a
                 // full read soon explains it, or the outbox holding the lane
                 // here says when it lets go.
+                self.probing.remove(id);
                 self.book.park(*id);
                 if let Some(entry) = self.book.get(*id) {
                     self.inner.handover().wait(&self.slot.outbox, &entry.row.lanes);
@@ -740,6 +744,7 @@ impl Pass {
             }
             if won {
                 info!(op = id, destination = %dest, "Probing an unavailable destination with one op.");
+                self.probing.insert(id);
                 keep.push(id);
             }
         }
@@ -1025,6 +1030,20 @@ impl Pass {
                 checkpointed: f.checkpointed,
             };
             let decision = retry::decide(&policy, &f.outcome, history, now, rand::random::<f64>());
+            // A probe that finds its destination still down is not a dead
+            // letter: its destination is held, and so is it, until the next
+            // probe.
+            let probe = self.probing.remove(&op.id);
+            let decision = match decision {
+                Decision::DeadLetter { error } if probe && f.outcome.destination_failed() == Some(true) => {
+                    Decision::Retry {
+                        at: now + chrono_duration(config.destinations.health().probe_every),
+                        error,
+                        fee_bump: false,
+                    }
+                }
+                other => other,
+            };
             let tries = self.in_pass.entry(op.id).or_default();
             *tries += 1;
             if matches!(decision, Decision::Retry { .. }) && *tries >= in_pass_cap {

@@ -498,7 +498,11 @@ const HEALTH_FAST: &str = "[destinations]\nunavailable_after_ms = 400\nprobe_eve
 async fn a_host_failing_past_the_unavailable_period_is_held_probed_and_resumes_on_success(
     db: TestDb,
 ) -> anyhow::Result<()> {
-    let ap = setup_with(db, HEALTH_FAST, "max_attempts = 1000\n").await?;
+    // The budget is spent before the host is unavailable: the probes go
+    // past it and the op is still not dead-lettered.
+    let fast = "[destinations]\nunavailable_after_ms = 1\nprobe_every_ms = 1000\n\
+                [dispatch.breaker]\nthreshold = 100000\n";
+    let ap = setup_with(db, fast, "max_attempts = 3\n").await?;
     ap.fake
         .script("/users/down/inbox", std::iter::repeat_n(Reply::Status(503), 100_000));
     let mut ops = Vec::new();
@@ -533,6 +537,8 @@ async fn a_host_failing_past_the_unavailable_period_is_held_probed_and_resumes_o
         let op = queue.get(*id).await?.context("op")?;
         ensure!(op.status == Status::Pending, "held, not dead-lettered: {op:?}");
     }
+    let head = queue.get(ops[0]).await?.context("op")?;
+    ensure!(head.attempts > 3, "the probe went past the budget: {head:?}");
     // The host comes back: the next probe succeeds and the backlog goes in order.
     ap.fake.clear_script("/users/down/inbox");
     settle(queue, Duration::from_secs(15)).await?;
