@@ -691,6 +691,14 @@ impl Pass {
             for id in start {
                 let Some(entry) = self.book.get(id) else { continue };
                 let Ok(permit) = self.inner.permits.clone().try_acquire_owned() else {
+                    // Another drain (on another worker thread) took the
+                    // permits the schedule counted: if this pass then has
+                    // nothing running, it is starved, and must say so to be
+                    // woken when permits free, or a poll an hour away
+                    // would be its only wake-up.
+                    if chosen.is_empty() && self.running.is_empty() {
+                        self.starved = true;
+                    }
                     break;
                 };
                 if let Some(dest) = destination(&entry.row.lanes) {

@@ -636,12 +636,15 @@ impl Dispatcher {
             }
         };
         info!(owner = %self.inner.owner, backend = ?self.inner.queue.backend(), "Dispatcher started.");
+        // Its own task: it ends with the dispatcher's cancellation.
+        let inner = self.inner.clone();
+        let refresher = tokio::spawn(async move { inner.refresh_health().await });
         tokio::select! {
             () = self.inner.cancel.cancelled() => {}
             () = listen => {}
             () = poll => {}
-            () = self.inner.refresh_health() => {}
         }
+        refresher.abort();
         self.inner.tasks.close();
         self.inner.tasks.wait().await;
         info!(owner = %self.inner.owner, "Dispatcher stopped.");
