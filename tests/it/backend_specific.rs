@@ -328,3 +328,61 @@ async fn sqlite_rebuilding_ops_keeps_a_used_database_intact() -> anyhow::Result<
     ensure!(lanes == vec!["https://coord.example/inbox".to_owned()], "{lanes:?}");
     Ok(())
 }
+
+/// `examples/plain_sql_producer.sql` runs with psql against a migrated
+/// PostgreSQL schema: it enqueues one op with the kind's default priority,
+/// psql prints the NOTIFY that wakes running hosts, and a second run adds
+/// nothing (the idempotency key).
+#[tokio::test]
+async fn the_plain_sql_producer_example_runs_with_psql_and_wakes_hosts() -> anyhow::Result<()> {
+    let db = crate::support::postgres().await?;
+    let TestBackend::Postgres(queue) = &db.kind else {
+        anyhow::bail!("not PostgreSQL");
+    };
+    db.queue
+        .set_kind_defaults(&[("withdraw".to_owned(), laneway::op::Priority::Critical)])
+        .await?;
+    let schema: String = sqlx::query_scalar("SELECT current_schema()::text")
+        .fetch_one(queue.pool())
+        .await?;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/plain_sql_producer.sql");
+    let run = || {
+        std::process::Command::new("psql")
+            .arg(crate::support::pg_url())
+            .args(["-X", "-v", "ON_ERROR_STOP=1", "-f"])
+            .arg(&script)
+            .env("PGOPTIONS", format!("-c search_path={schema}"))
+            .output()
+            .context("psql")
+    };
+    let first = run()?;
+    let out = String::from_utf8_lossy(&first.stdout).into_owned();
+    anyhow::ensure!(
+        first.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    anyhow::ensure!(
+        out.contains("Asynchronous notification \"laneway_ops\" with payload \"platform\""),
+        "no wake-up printed:\n{out}"
+    );
+    let second = run()?;
+    anyhow::ensure!(second.status.success(), "{}", String::from_utf8_lossy(&second.stderr));
+    let ops = db
+        .queue
+        .list(&laneway::queue::OpFilter {
+            limit: 10,
+            ..Default::default()
+        })
+        .await?;
+    anyhow::ensure!(ops.len() == 1, "{ops:?}");
+    let op = &ops[0];
+    anyhow::ensure!(
+        op.kind == "withdraw"
+            && op.priority == laneway::op::Priority::Critical
+            && op.lanes == vec!["GSIGNEREXAMPLE".to_owned()]
+            && op.status == laneway::op::Status::Pending,
+        "{op:?}"
+    );
+    Ok(())
+}
