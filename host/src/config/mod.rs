@@ -1107,7 +1107,7 @@ fn validate(config: &Config) -> Vec<Problem> {
             ),
             Some(kind) if kind.plugin.is_none() => bad(
                 &format!("kinds.{}.plugin", inbound.kind),
-                "inbound activities need a handler plugin (the shipped inbound-webhook, for one)".to_owned(),
+                "inbound activities need a handler plugin (the shipped `webhook`, for one)".to_owned(),
             ),
             Some(_) => {}
         }

@@ -1,5 +1,5 @@
 //! Inbound activities through the API's inboxes and the shipped
-//! `inbound-webhook` plugin: signatures verified (draft-cavage and RFC
+//! `webhook` plugin: signatures verified (draft-cavage and RFC
 //! 9421, the actor's key fetched, and fetched again after a rotation), one
 //! op per activity id in its sender's lane, processed in order with
 //! retries and a dead letter, each handed to the application as a Standard
@@ -172,7 +172,7 @@ pub(super) async fn inbound_activities_are_verified_processed_once_in_sender_ord
              [kinds.activitypub_inbound]\nplugin = \"inbound\"\nmax_attempts = 3\nbackoff_base_ms = 20\nbackoff_max_ms = 50\n\
              config = {{ url = \"http://127.0.0.1:{}/app/inbound\", key = \"hooks\" }}\n",
             key_file.display().to_string(),
-            crate::runtime::wasm("inbound_webhook")?.display().to_string(),
+            crate::runtime::wasm("webhook")?.display().to_string(),
             app.port
         ),
     ])?;

@@ -127,3 +127,67 @@ async fn a_new_version_serves_within_two_seconds_and_a_corrupt_one_is_refused() 
     );
     Ok(())
 }
+
+/// The plugin authors' example (`examples/webhook-plugin`, written with the
+/// SDK) dropped into a running host by editing its config: an op of a kind
+/// the host did not know waits, and once the config names the plugin and
+/// the kind it is delivered, as a Standard Webhook the reference library
+/// verifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_example_plugin_is_dropped_into_a_running_host_by_editing_its_config() -> anyhow::Result<()> {
+    use base64::Engine as _;
+    let db = support::sqlite_live().await?;
+    let dir = tempfile::tempdir()?;
+    let secret = format!("whsec_{}", base64::engine::general_purpose::STANDARD.encode([3u8; 32]));
+    let receiver = crate::stellar::vault::Receiver::start(&secret)?;
+    let key_file = dir.path().join("hooks.secret");
+    std::fs::write(&key_file, &secret)?;
+    let before = format!(
+        "[queue]\nlease_ms = 5000\n[dispatch]\npoll_ms = 25\n[runtime]\nreload_debounce_ms = 100\n\
+         [keys.hooks]\nalgorithm = \"hmac-sha256\"\nfile = {:?}\n",
+        key_file.display().to_string()
+    );
+    let config_path = dir.path().join("laneway.toml");
+    std::fs::write(&config_path, &before)?;
+    let source = FileSource::Explicit(config_path.clone());
+    let config = laneway::config::load(&source, Vec::new())?;
+    let host = Arc::new(PluginHost::new(&config)?);
+    host.apply(&config).await?;
+    let running = Running::start(db.queue.clone(), host.registry(), config);
+    host.watch(source, running.dispatcher.clone(), Duration::from_millis(100));
+
+    // A producer's op for a kind nobody serves yet waits, using no attempt.
+    let id = db
+        .queue
+        .enqueue(&[NewOp::new("app", "hook", r#"{"event":"signed-up","user":7}"#)])
+        .await?[0]
+        .id();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let waiting = db.queue.get(id).await?.ok_or_else(|| anyhow::anyhow!("op {id}"))?;
+    ensure!(
+        waiting.status == Status::Pending && waiting.attempts == 0,
+        "{waiting:?}"
+    );
+
+    // The operator drops the plugin in: one config edit.
+    let plugin = dir.path().join("webhook.wasm");
+    std::fs::copy(wasm("webhook")?, &plugin)?;
+    let after = format!(
+        "{before}[plugins.webhook]\npath = {:?}\nallowed_hosts = [\"http://127.0.0.1:*\"]\nallowed_internal = [\"127.0.0.1\"]\nkeys = [\"hooks\"]\n\
+         [kinds.hook]\nplugin = \"webhook\"\nlanes = \"optional\"\n\
+         config = {{ url = \"http://127.0.0.1:{}/hooks\", key = \"hooks\" }}\n",
+        plugin.display().to_string(),
+        receiver.port
+    );
+    replace(after.as_bytes(), &config_path)?;
+    settle(db.queue.as_ref(), Duration::from_secs(10)).await?;
+    running.stop().await?;
+    let done = db.queue.get(id).await?.ok_or_else(|| anyhow::anyhow!("op {id}"))?;
+    ensure!(done.status == Status::Confirmed, "{done:?}");
+    let got = receiver.requests();
+    ensure!(
+        got.len() == 1 && got[0]["ok"] == true && got[0]["payload"]["event"] == "signed-up",
+        "{got:?}"
+    );
+    Ok(())
+}

@@ -1,9 +1,30 @@
-//! The shipped inbound-activity handler: POSTs each op's payload (the
-//! verified activity, its sender and recipient) to the application's HTTP
-//! endpoint as a Standard Webhook (`webhook-id`, `webhook-timestamp`,
+//! A laneway executor written from scratch with the SDK (the example of
+//! `docs/plugin-authors.md`): it POSTs each op's payload to the kind's
+//! `url` as a Standard Webhook (`webhook-id`, `webhook-timestamp`,
 //! `webhook-signature: v1,<HMAC-SHA256>`), signed by the host with an
-//! `hmac-sha256` key the plugin never sees. A 2xx is processed; 408, 429
-//! and 5xx retry; any other 4xx dead-letters, like an outbound delivery.
+//! `hmac-sha256` key the plugin never sees (WIT `mac`). A 2xx is a
+//! delivery; 408, 429 and 5xx retry; any other 4xx dead-letters.
+//!
+//! laneway ships it as the handler of inbound ActivityPub activities
+//! (`[kinds.activitypub_inbound]`), whose payload is the verified activity
+//! with its sender and recipient; any other kind may use it as well.
+//!
+//! Drop it into a running laneway by editing the config:
+//!
+//! ```toml
+//! [keys.hooks]
+//! algorithm = "hmac-sha256"
+//! file = "/etc/laneway/hooks.secret"    # whsec_…
+//!
+//! [plugins.webhook]
+//! path = "plugins/target/wasm32-wasip2/release/webhook.wasm"
+//! allowed_hosts = ["https://hooks.example.com"]
+//! keys = ["hooks"]
+//!
+//! [kinds.hook]
+//! plugin = "webhook"
+//! config = { url = "https://hooks.example.com/laneway", key = "hooks" }
+//! ```
 
 use std::time::SystemTime;
 
@@ -23,7 +44,7 @@ struct Config {
 
 const KEYS: [&str; 2] = ["url", "key"];
 
-struct InboundWebhook;
+struct Webhook;
 
 fn validate(config: &str) -> Result<(), Vec<laneway_sdk::Problem>> {
     use laneway_sdk::check::{self, ConfigCheck};
@@ -58,9 +79,9 @@ fn retry(reason: String, detail: Option<String>) -> Outcome {
     })
 }
 
-impl Executor for InboundWebhook {
+impl Executor for Webhook {
     fn describe() -> laneway_sdk::Description {
-        laneway_sdk::describe("inbound-webhook", env!("CARGO_PKG_VERSION"), &["activitypub_inbound"])
+        laneway_sdk::describe("webhook", env!("CARGO_PKG_VERSION"), &["activitypub_inbound", "hook"])
     }
 
     fn validate_config(_kind: String, config: String) -> Result<(), Vec<laneway_sdk::Problem>> {
@@ -73,7 +94,7 @@ impl Executor for InboundWebhook {
             Err(e) => return laneway_sdk::permanent(format!("bad kind config: {e}")),
         };
         // The same id on every attempt, so the application can de-duplicate.
-        let id = format!("lw-in-{}", op.id);
+        let id = format!("lw-{}", op.id);
         let timestamp = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -117,4 +138,4 @@ impl Executor for InboundWebhook {
     }
 }
 
-laneway_sdk::executor!(InboundWebhook);
+laneway_sdk::executor!(Webhook);
