@@ -851,10 +851,23 @@ impl DestinationChanged<'_> {
     }
 }
 
+/// What one pruning run did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PruneReport {
+    /// Ops deleted.
+    pub deleted: u64,
+    /// Ops archived before deletion.
+    pub archived: u64,
+    /// Tombstones written.
+    pub tombstones: u64,
+    /// Expired tombstones dropped.
+    pub expired: u64,
+}
+
 /// A pruning run ended.
 pub enum PruneRan<'a> {
     /// It ran (on this host, which held the lease).
-    Done(&'a crate::pruner::PruneReport),
+    Done(&'a PruneReport),
     /// It failed; what it deleted stays deleted, the rest waits.
     Failed(&'a str),
 }

@@ -30,18 +30,9 @@ pub enum PruneError {
     Archive(#[from] crate::archive::ArchiveError),
 }
 
-/// What one run did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PruneReport {
-    /// Ops deleted.
-    pub deleted: u64,
-    /// Ops archived before deletion.
-    pub archived: u64,
-    /// Tombstones written.
-    pub tombstones: u64,
-    /// Expired tombstones dropped.
-    pub expired: u64,
-}
+// What one pass did; an event type, so the events do not depend on the
+// pruner.
+pub use crate::events::PruneReport;
 
 /// The lease name one-host-at-a-time pruning holds.
 const SINGLETON: &str = "pruner";

@@ -146,3 +146,95 @@ fn cited_ids_are_found_as_written() {
         vec!["OX-13-006", "SYNC-15-012", "IE-06-004"]
     );
 }
+
+/// The `crate::MODULE` references of one top-level module of the host,
+/// outside its `#[cfg(test)]` parts.
+fn module_uses(module: &str) -> anyhow::Result<std::collections::BTreeSet<String>> {
+    let src = repo().join("host/src");
+    let mut files = Vec::new();
+    let dir = src.join(module);
+    if dir.is_dir() {
+        rust_files(&dir, &mut files)?;
+    } else {
+        files.push(src.join(format!("{module}.rs")));
+    }
+    let mut uses = std::collections::BTreeSet::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file)?;
+        let live = text.split("#[cfg(test)]").next().unwrap_or("");
+        let mut rest = live;
+        while let Some(at) = rest.find("crate::") {
+            let name: String = rest[at + 7..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() && name != module {
+                uses.insert(name);
+            }
+            rest = &rest[at + 7..];
+        }
+    }
+    Ok(uses)
+}
+
+/// The host's top-level modules.
+fn host_modules() -> anyhow::Result<Vec<String>> {
+    let mut modules = Vec::new();
+    for entry in std::fs::read_dir(repo().join("host/src"))? {
+        let path = entry?.path();
+        let name = path
+            .file_stem()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if path.is_dir() || (path.extension().is_some_and(|e| e == "rs") && name != "lib" && name != "main") {
+            modules.push(name);
+        }
+    }
+    modules.sort();
+    Ok(modules)
+}
+
+/// The module arrows of ARCHITECTURE: the host's top-level modules form no
+/// cycle (each layer uses only those below it), and the queue uses nothing
+/// of the configuration, the dispatcher, the API, the CLI or the runtime
+/// (it owns its own settings).
+#[test]
+fn modules_depend_only_downward() -> anyhow::Result<()> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let modules = host_modules()?;
+    anyhow::ensure!(modules.len() > 20, "found only {modules:?}");
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for m in &modules {
+        let uses = module_uses(m)?.into_iter().filter(|u| modules.contains(u)).collect();
+        graph.insert(m.clone(), uses);
+    }
+    let mut wrong: Vec<String> = graph["queue"]
+        .iter()
+        .filter(|u| ["config", "dispatch", "api", "cli", "runtime"].contains(&u.as_str()))
+        .map(|u| format!("queue -> {u}"))
+        .collect();
+    // A cycle is a module that reaches itself.
+    for start in &modules {
+        let mut seen = BTreeSet::new();
+        let mut stack: Vec<(String, Vec<String>)> = vec![(start.clone(), vec![start.clone()])];
+        while let Some((at, path)) = stack.pop() {
+            for next in &graph[&at] {
+                if next == start {
+                    wrong.push(format!("cycle: {} -> {start}", path.join(" -> ")));
+                } else if seen.insert(next.clone()) {
+                    let mut longer = path.clone();
+                    longer.push(next.clone());
+                    stack.push((next.clone(), longer));
+                }
+            }
+        }
+    }
+    wrong.sort();
+    wrong.dedup();
+    anyhow::ensure!(
+        wrong.is_empty(),
+        "module arrows pointing up or round:\n{}",
+        wrong.join("\n")
+    );
+    Ok(())
+}

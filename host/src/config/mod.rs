@@ -287,41 +287,9 @@ fn default_log_lines() -> u32 {
     100
 }
 
-/// `[database]`
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct DatabaseConfig {
-    /// `sqlite:FILE` or `postgres://…`.
-    pub url: String,
-    /// Pool size (PostgreSQL) or reader connections (SQLite).
-    pub max_connections: u32,
-    /// Connection acquire timeout.
-    pub connect_timeout_ms: u64,
-    /// SQLite-only settings.
-    pub sqlite: SqliteConfig,
-}
-
-/// `[database.sqlite]`
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct SqliteConfig {
-    /// Durability of a commit.
-    pub synchronous: Synchronous,
-    /// Write-lock wait per connection.
-    pub busy_timeout_ms: u64,
-    /// How often a running host looks for commits by other processes, whose
-    /// enqueues then wake it (SQLite has no `NOTIFY`); 0 leaves them to the
-    /// poll.
-    pub watch_ms: u64,
-}
-
-/// SQLite `synchronous` levels laneway allows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Synchronous {
-    /// Durable through power loss.
-    Full,
-    /// Durable through a process crash only.
-    Normal,
-}
+// The database settings belong to the queue, which owns them; they are read
+// here with the rest of the file.
+pub use crate::queue::{DatabaseConfig, SqliteConfig, Synchronous};
 
 /// `[queue]`
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

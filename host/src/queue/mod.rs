@@ -12,6 +12,7 @@
 mod common;
 mod operator;
 pub mod postgres;
+mod settings;
 pub mod sqlite;
 
 use std::sync::Arc;
@@ -23,7 +24,6 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::clock::Clock;
-use crate::config::DatabaseConfig;
 use crate::lanes::LaneRules;
 use crate::op::{Attempt, AttemptRecord, IllegalTransition, Lease, Op, OpId, Priority, Status};
 
@@ -32,6 +32,7 @@ pub use operator::{
     ApiKey, AuditEntry, Latency, NewApiKey, NewAuditEntry, OldestDue, OutcomeEntry, Pause, PauseScope, PruneQuery,
     QueueGauges, Tombstone,
 };
+pub use settings::{DatabaseConfig, SqliteConfig, Synchronous};
 
 /// Which database a queue lives in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

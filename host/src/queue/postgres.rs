@@ -26,6 +26,7 @@ use super::common::{
 use super::common::{
     api_key_name_taken, json_column, json_from_column, pause_scope, scopes_column, scopes_from_column, shared_payload,
 };
+use super::DatabaseConfig;
 use super::{
     new_token, Backend, BookRow, CandidateOp, Cas, ClaimRequest, Claimed, Completion, Depth, Enqueued, ExpireTo,
     HaltedSubject, HostShare, LaneHalt, LeaseSpec, Limits, NewOp, Occupant, OpFilter, Queue, QueueError, SlotLease,
@@ -37,7 +38,6 @@ use super::{
 };
 use super::{Expect, Record};
 use crate::clock::Clock;
-use crate::config::DatabaseConfig;
 use crate::lanes::LaneRules;
 use crate::op::Status;
 use crate::op::{truncate_error, Attempt, AttemptClass, AttemptRecord, Lease, Op, OpId, Priority, Transition};

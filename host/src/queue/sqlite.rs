@@ -39,9 +39,9 @@ use super::{
     ApiKey, AuditEntry, Latency, NewApiKey, NewAuditEntry, OldestDue, OutcomeEntry, Pause, PauseScope, PruneQuery,
     QueueGauges, Tombstone,
 };
+use super::{DatabaseConfig, Synchronous};
 use super::{Expect, Record};
 use crate::clock::Clock;
-use crate::config::{DatabaseConfig, Synchronous};
 use crate::lanes::LaneRules;
 use crate::op::Status;
 use crate::op::{truncate_error, Attempt, AttemptClass, AttemptRecord, Lease, Op, OpId, Priority, Transition};
