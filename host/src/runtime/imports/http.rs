@@ -1,34 +1,14 @@
-//! The host side of the plugin imports: `http`, `signer`, `log`,
-//! `checkpoint`, `fees`, `notes` and `mac`. Each enforces the plugin's grants before doing
-//! anything.
+//! `http`: outbound requests through the host, checked against the
+//! plugin's allow-list before sending and against internal networks after
+//! name resolution (`GuardedResolver`), size-capped, with the host's
+//! timeouts and connection limits.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use super::bindings::executor::laneway::plugin::{checkpoint, fees, http, log, mac, notes, signer, types};
-use super::state::HostState;
+use super::super::bindings::executor::laneway::plugin::http;
+use super::super::state::HostState;
 use crate::egress::Egress;
-use crate::executor::CheckpointError;
-use crate::keys::{Algorithm, SignError};
-
-/// Longest log message kept.
-const LOG_MESSAGE_BYTES: usize = 1024;
-/// Most fields per log line, and longest field value.
-const LOG_FIELDS: usize = 16;
-const LOG_FIELD_BYTES: usize = 256;
-
-fn cut(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
-impl types::Host for HostState {}
 
 impl HostState {
     /// Checks a URL against the plugin's grants (scheme, allow-list, literal
@@ -225,163 +205,5 @@ impl reqwest::dns::Resolve for GuardedResolver {
             }
             Ok(Box::new(allowed.into_iter()) as reqwest::dns::Addrs)
         })
-    }
-}
-
-impl signer::Host for HostState {
-    async fn sign(
-        &mut self,
-        key_id: String,
-        algorithm: signer::Algorithm,
-        data: Vec<u8>,
-    ) -> wasmtime::Result<Result<Vec<u8>, signer::Error>> {
-        if !self.services.granted_keys.contains(&key_id) {
-            return Ok(Err(signer::Error::Denied(
-                self.deny(format!("key {key_id:?} is not granted to this plugin")),
-            )));
-        }
-        let algorithm = match algorithm {
-            signer::Algorithm::Ed25519 => Algorithm::Ed25519,
-            signer::Algorithm::RsaSha256 => Algorithm::RsaSha256,
-        };
-        Ok(self.services.keys.sign(&key_id, algorithm, &data).map_err(sign_error))
-    }
-
-    async fn public_key(&mut self, key_id: String) -> wasmtime::Result<Result<Vec<u8>, signer::Error>> {
-        if !self.services.granted_keys.contains(&key_id) {
-            return Ok(Err(signer::Error::Denied(
-                self.deny(format!("key {key_id:?} is not granted to this plugin")),
-            )));
-        }
-        Ok(self.services.keys.public_key(&key_id).map_err(sign_error))
-    }
-}
-
-fn sign_error(e: SignError) -> signer::Error {
-    match e {
-        SignError::UnknownKey(k) => signer::Error::UnknownKey(k),
-        e @ SignError::WrongAlgorithm { .. } => signer::Error::WrongAlgorithm(e.to_string()),
-        SignError::Failed(s) => signer::Error::Failed(s),
-    }
-}
-
-/// Longest note key and value, and most notes written per call: notes are
-/// small facts about a server, not storage.
-const NOTE_KEY_BYTES: usize = 128;
-const NOTE_VALUE_BYTES: usize = 4096;
-const NOTE_HOST_BYTES: usize = 300;
-const NOTES_PER_CALL: u32 = 8;
-
-impl notes::Host for HostState {
-    async fn get(&mut self, host: String, key: String) -> wasmtime::Result<Option<String>> {
-        let Some(notes) = self.notes.clone() else {
-            return Ok(None);
-        };
-        match notes.get(&self.services.plugin, &host, &key).await {
-            Ok(value) => Ok(value),
-            Err(e) => {
-                // A note is a hint: without it the plugin does what it does
-                // on first contact.
-                tracing::warn!(plugin = %self.services.plugin, error = %e, "Could not read a plugin note.");
-                Ok(None)
-            }
-        }
-    }
-
-    async fn set(&mut self, host: String, key: String, value: String) -> wasmtime::Result<Result<(), String>> {
-        let Some(notes) = self.notes.clone() else {
-            return Ok(Err("notes are kept only while an op is executed".into()));
-        };
-        if host.is_empty() || host.len() > NOTE_HOST_BYTES || key.is_empty() || key.len() > NOTE_KEY_BYTES {
-            return Ok(Err(format!(
-                "a note needs a host of 1 to {NOTE_HOST_BYTES} bytes and a key of 1 to {NOTE_KEY_BYTES} bytes"
-            )));
-        }
-        if value.len() > NOTE_VALUE_BYTES {
-            return Ok(Err(format!("a note's value is at most {NOTE_VALUE_BYTES} bytes")));
-        }
-        if self.notes_written >= NOTES_PER_CALL {
-            return Ok(Err(format!("at most {NOTES_PER_CALL} notes are written per call")));
-        }
-        self.notes_written += 1;
-        Ok(notes
-            .set(&self.services.plugin, &host, &key, &value)
-            .await
-            .map_err(|e| e.to_string()))
-    }
-}
-
-impl mac::Host for HostState {
-    async fn hmac_sha256(&mut self, key_id: String, data: Vec<u8>) -> wasmtime::Result<Result<Vec<u8>, signer::Error>> {
-        if !self.services.granted_keys.contains(&key_id) {
-            return Ok(Err(signer::Error::Denied(
-                self.deny(format!("key {key_id:?} is not granted to this plugin")),
-            )));
-        }
-        Ok(self
-            .services
-            .keys
-            .sign(&key_id, Algorithm::HmacSha256, &data)
-            .map_err(sign_error))
-    }
-}
-
-impl log::Host for HostState {
-    async fn log(&mut self, level: log::Level, message: String, fields: Vec<(String, String)>) -> wasmtime::Result<()> {
-        self.log_lines += 1;
-        let limit = self.services.log_lines_per_call;
-        if self.log_lines > limit {
-            if self.log_lines == limit + 1 {
-                tracing::warn!(plugin = %self.services.plugin, op = ?self.op_id, "Plugin log limit reached; further lines of this call are dropped.");
-            }
-            return Ok(());
-        }
-        let message = cut(&message, LOG_MESSAGE_BYTES);
-        let fields: Vec<String> = fields
-            .iter()
-            .take(LOG_FIELDS)
-            .map(|(k, v)| format!("{}={}", cut(k, 64), cut(v, LOG_FIELD_BYTES)))
-            .collect();
-        let fields = fields.join(" ");
-        let plugin = self.services.plugin.as_str();
-        let op = self.op_id;
-        match level {
-            log::Level::Trace => tracing::trace!(target: "laneway::plugin", plugin, op, fields, "{message}"),
-            log::Level::Debug => tracing::debug!(target: "laneway::plugin", plugin, op, fields, "{message}"),
-            log::Level::Info => tracing::info!(target: "laneway::plugin", plugin, op, fields, "{message}"),
-            log::Level::Warn => tracing::warn!(target: "laneway::plugin", plugin, op, fields, "{message}"),
-            log::Level::Error => tracing::error!(target: "laneway::plugin", plugin, op, fields, "{message}"),
-        }
-        Ok(())
-    }
-}
-
-impl checkpoint::Host for HostState {
-    async fn save(&mut self, receipt: String) -> wasmtime::Result<Result<(), checkpoint::Error>> {
-        let Some(target) = self.checkpoint.clone() else {
-            return Ok(Err(checkpoint::Error::Failed("no op is being executed".into())));
-        };
-        Ok(match target.checkpoint(&receipt).await {
-            Ok(()) => Ok(()),
-            Err(CheckpointError::LeaseLost) => Err(checkpoint::Error::LeaseLost),
-            Err(CheckpointError::Queue(e)) => Err(checkpoint::Error::Failed(e.to_string())),
-        })
-    }
-}
-
-impl fees::Host for HostState {
-    async fn current(&mut self) -> wasmtime::Result<Option<fees::Bid>> {
-        Ok(self.fee.map(|b| fees::Bid {
-            base_fee: b.base_fee,
-            aggressive: b.aggressive,
-            capped: b.capped,
-        }))
-    }
-
-    async fn spent(&mut self, base_fee: u64) -> wasmtime::Result<()> {
-        if let Some(spent) = &self.spent {
-            spent.report(base_fee);
-        }
-        Ok(())
     }
 }
