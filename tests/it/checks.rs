@@ -326,3 +326,31 @@ async fn a_payload_missing_a_mapped_field_is_refused_at_enqueue() -> anyhow::Res
     );
     Ok(())
 }
+
+/// The shipped starting config is valid as shipped, and with its inbound
+/// block uncommented.
+#[test]
+fn the_shipped_example_config_is_valid_with_and_without_its_inbound_block() -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/laneway.example.toml"),
+    )?;
+    let config = laneway::config::from_toml_str(&text)?;
+    ensure!(!config.inbound.enabled && config.kinds["activitypub"].plugin.as_deref() == Some("activitypub"));
+    let (head, inbound) = text
+        .split_once("# Inbound activities")
+        .ok_or_else(|| anyhow::anyhow!("the inbound block is gone"))?;
+    let uncommented: String = inbound
+        .lines()
+        .skip(1)
+        .map(|l| l.strip_prefix("# ").unwrap_or(l))
+        .filter(|l| !l.starts_with("Money on Stellar"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let config = laneway::config::from_toml_str(&format!("{head}\n{uncommented}\n"))?;
+    ensure!(
+        config.inbound.enabled && config.kinds["activitypub_inbound"].plugin.as_deref() == Some("webhook"),
+        "{:?}",
+        config.inbound
+    );
+    Ok(())
+}
