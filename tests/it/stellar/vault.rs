@@ -574,10 +574,12 @@ async fn a_critical_withdrawal_overtakes_ten_thousand_queued_ops(db: TestDb) -> 
         .iter()
         .position(|t| t.function.as_deref() == Some("withdraw"))
         .context("withdrawal sent")?;
-    // Only the op already in flight on the signer's lane (lane cap 1) may go
-    // between the enqueue and the withdrawal.
+    // Only the op already in flight on the signer's lane (lane cap 1) and
+    // the one a round already under way chose before it read the withdrawal
+    // (a round settles an op and claims its lane's next in one transaction)
+    // may go between the enqueue and the withdrawal.
     ensure!(
-        position <= sent_before + 1,
+        position <= sent_before + 2,
         "withdrawal was transaction {position}, {sent_before} had been sent when it was enqueued"
     );
     host.running.stop().await
