@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::events::{DestinationChanged, Metrics};
 use crate::health::{Event, Health, HealthConfig, HealthState};
-use crate::queue::{Expect, Queue, QueueError};
+use crate::queue::{update_record, Change, Expect, Queue, QueueError};
 
 /// The records namespace of destination hosts' health.
 pub const HEALTH: &str = "destination";
@@ -145,36 +145,37 @@ pub async fn apply(
     now: DateTime<Utc>,
     config: &HealthConfig,
 ) -> Result<(Health, Health), QueueError> {
-    for _ in 0..CAS_TRIES {
-        let stored = read(queue, host).await?;
-        let before = stored.as_ref().map(|(h, _)| h.clone()).unwrap_or_default();
-        let after = events.iter().fold(before.clone(), |h, e| h.after(*e, now, config));
-        if after == before {
-            return Ok((before, after));
-        }
-        let expect = stored.as_ref().map_or(Expect::Absent, |(_, v)| Expect::Version(*v));
-        let written = if after.is_clear() {
-            queue.delete_record(HEALTH, host, expect).await?
-        } else {
-            let value = serde_json::to_string(&after).map_err(|e| QueueError::InvalidOp(e.to_string()))?;
-            queue.put_record(HEALTH, host, &value, expect).await?
+    let changed = update_record(queue, HEALTH, host, CAS_TRIES, |stored| {
+        let before = match stored {
+            Some(r) => parse_health(host, &r.value)?,
+            None => Health::default(),
         };
-        if written.applied() {
-            if after.state != before.state {
-                DestinationChanged::Health {
-                    host,
-                    to: after.state,
-                    reason: after.reason.as_deref(),
-                    by,
-                }
-                .emit(metrics);
-            }
-            return Ok((before, after));
+        let after = events.iter().fold(before.clone(), |h, e| h.after(*e, now, config));
+        let change = if after == before {
+            Change::Keep
+        } else if after.is_clear() {
+            Change::Delete
+        } else {
+            Change::Put(serde_json::to_string(&after).map_err(|e| QueueError::InvalidOp(e.to_string()))?)
+        };
+        Ok((change, (before, after)))
+    })
+    .await?;
+    let Some((before, after)) = changed else {
+        return Err(QueueError::RecordContended(format!(
+            "destination {host:?}: the health record kept changing under {CAS_TRIES} writes"
+        )));
+    };
+    if after.state != before.state {
+        DestinationChanged::Health {
+            host,
+            to: after.state,
+            reason: after.reason.as_deref(),
+            by,
         }
+        .emit(metrics);
     }
-    Err(QueueError::RecordContended(format!(
-        "destination {host:?}: the health record kept changing under {CAS_TRIES} writes"
-    )))
+    Ok((before, after))
 }
 
 /// Makes a host available again, whatever held it, and forgets its
@@ -194,7 +195,8 @@ pub async fn resume(
 ) -> Result<(Health, Health, Vec<String>), QueueError> {
     let mut forgotten = Vec::new();
     for (inbox, _) in gone_inboxes(queue).await? {
-        if crate::breaker::destination(&inbox) == Some(host) && forget_gone(queue, &inbox).await? {
+        if crate::breaker::destination(&inbox) == Some(host) {
+            update_inbox(queue, &inbox, |n| n.gone_at = None).await?;
             forgotten.push(inbox);
         }
     }
@@ -328,20 +330,6 @@ pub async fn gone_inboxes(queue: &dyn Queue) -> Result<Vec<(String, DateTime<Utc
         .collect())
 }
 
-/// Forgets that an inbox is gone (an operator's undo); `false` if it was
-/// not remembered as gone.
-///
-/// # Errors
-///
-/// A queue error.
-pub async fn forget_gone(queue: &dyn Queue, inbox: &str) -> Result<bool, QueueError> {
-    let was = gone(queue, &[inbox.to_owned()]).await?.contains(inbox);
-    if was {
-        update_inbox(queue, inbox, |n| n.gone_at = None).await?;
-    }
-    Ok(was)
-}
-
 /// A 410 Gone from `inbox` (of destination `host`): a shared inbox
 /// suspends the host, a personal one is remembered as gone. Returns the
 /// host's new health when it changed.
@@ -383,22 +371,16 @@ pub async fn inbox_gone(
 }
 
 async fn update_inbox(queue: &dyn Queue, inbox: &str, change: impl Fn(&mut InboxNote)) -> Result<(), QueueError> {
-    for _ in 0..CAS_TRIES {
-        let stored = queue.record(INBOXES, inbox).await?;
+    let written = update_record(queue, INBOXES, inbox, CAS_TRIES, |stored| {
         let mut note = stored
-            .as_ref()
             .and_then(|r| serde_json::from_str::<InboxNote>(&r.value).ok())
             .unwrap_or_default();
         change(&mut note);
         let value = serde_json::to_string(&note).map_err(|e| QueueError::InvalidOp(e.to_string()))?;
-        let expect = stored.map_or(Expect::Absent, |r| Expect::Version(r.version));
-        if queue.put_record(INBOXES, inbox, &value, expect).await?.applied() {
-            return Ok(());
-        }
-    }
-    Err(QueueError::RecordContended(format!(
-        "inbox {inbox:?}: the record kept changing"
-    )))
+        Ok((Change::Put(value), ()))
+    })
+    .await?;
+    written.ok_or_else(|| QueueError::RecordContended(format!("inbox {inbox:?}: the record kept changing")))
 }
 
 /// A fan-out ready to enqueue: its ops, and the recipients' inboxes left

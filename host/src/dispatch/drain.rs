@@ -814,30 +814,28 @@ impl Pass {
         burst: u32,
         now: DateTime<Utc>,
     ) -> Result<(u32, Option<Duration>), DispatchError> {
-        let queue = self.inner.queue.as_ref();
-        for _ in 0..8 {
-            let stored = queue.record(crate::ratelimit::BUCKETS, dest).await?;
-            let bucket = stored
-                .as_ref()
-                .and_then(|r| serde_json::from_str::<crate::ratelimit::Bucket>(&r.value).ok());
-            let draw = crate::ratelimit::take(bucket, want, rate, burst, now);
-            if draw.granted == 0 {
-                return Ok((0, draw.next_in));
-            }
-            let value = serde_json::to_string(&draw.bucket).unwrap_or_default();
-            let expect = stored.map_or(crate::queue::Expect::Absent, |r| {
-                crate::queue::Expect::Version(r.version)
-            });
-            if queue
-                .put_record(crate::ratelimit::BUCKETS, dest, &value, expect)
-                .await?
-                .applied()
-            {
-                return Ok((draw.granted, draw.next_in));
-            }
-        }
+        let drawn = crate::queue::update_record(
+            self.inner.queue.as_ref(),
+            crate::ratelimit::BUCKETS,
+            dest,
+            8,
+            |stored| {
+                let bucket = stored.and_then(|r| serde_json::from_str::<crate::ratelimit::Bucket>(&r.value).ok());
+                let draw = crate::ratelimit::take(bucket, want, rate, burst, now);
+                let change = if draw.granted == 0 {
+                    crate::queue::Change::Keep
+                } else {
+                    crate::queue::Change::Put(
+                        serde_json::to_string(&draw.bucket)
+                            .map_err(|e| crate::queue::QueueError::InvalidOp(e.to_string()))?,
+                    )
+                };
+                Ok((change, (draw.granted, draw.next_in)))
+            },
+        )
+        .await?;
         // Contended by other hosts: take nothing this round.
-        Ok((0, Some(Duration::from_millis(20))))
+        Ok(drawn.unwrap_or((0, Some(Duration::from_millis(20)))))
     }
 
     /// Stores what this round's attempts said about their destinations'

@@ -830,6 +830,49 @@ pub trait Queue: Send + Sync + std::fmt::Debug {
     async fn table_rows(&self) -> Result<Vec<(String, i64)>, QueueError>;
 }
 
+/// What becomes of a shared record in [`update_record`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Leave it as it is (nothing is written).
+    Keep,
+    /// Store this JSON value.
+    Put(String),
+    /// Delete it.
+    Delete,
+}
+
+/// Reads the record (namespace, key), asks `decide` what becomes of it and
+/// writes that by compare-and-set on the version read, reading again and
+/// asking again when another writer got there first. Returns what `decide`
+/// answered with the change that was written (or kept), or `None` after
+/// `tries` lost races. The one read-decide-write loop over shared records.
+///
+/// # Errors
+///
+/// A queue error, or what `decide` refuses.
+pub async fn update_record<R>(
+    queue: &dyn Queue,
+    namespace: &str,
+    key: &str,
+    tries: usize,
+    mut decide: impl FnMut(Option<&Record>) -> Result<(Change, R), QueueError>,
+) -> Result<Option<R>, QueueError> {
+    for _ in 0..tries {
+        let stored = queue.record(namespace, key).await?;
+        let (change, answer) = decide(stored.as_ref())?;
+        let expect = stored.as_ref().map_or(Expect::Absent, |r| Expect::Version(r.version));
+        let written = match change {
+            Change::Keep => return Ok(Some(answer)),
+            Change::Put(value) => queue.put_record(namespace, key, &value, expect).await?,
+            Change::Delete => queue.delete_record(namespace, key, expect).await?,
+        };
+        if written.applied() {
+            return Ok(Some(answer));
+        }
+    }
+    Ok(None)
+}
+
 /// Opens the queue named by the config's database URL.
 ///
 /// # Errors
