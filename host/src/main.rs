@@ -26,7 +26,14 @@ fn main() -> ExitCode {
             };
         }
     };
-    let filter = EnvFilter::try_from_env("LANEWAY_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    // The demo tells its story in its progress and report; its host's log
+    // would scroll through the progress bars, so it is off unless asked for.
+    let default = if matches!(cli.command, cli::Command::Demo(_)) {
+        "off"
+    } else {
+        "info"
+    };
+    let filter = EnvFilter::try_from_env("LANEWAY_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     // Colours only for a person at a terminal; LANEWAY_LOG_FORMAT=json for
     // log shippers.
     let logs = tracing_subscriber::fmt()

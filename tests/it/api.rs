@@ -51,7 +51,7 @@ impl Served {
         config: laneway::config::Config,
         plugins: Option<(Arc<PluginHost>, FileSource)>,
     ) -> anyhow::Result<Self> {
-        let running = Running::start(db.queue.clone(), executors, config);
+        let running = Running::start(db.queue.clone(), executors, config).await?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let base = format!("http://{}", listener.local_addr()?);
         let state = ApiState::new(running.dispatcher.clone(), plugins);

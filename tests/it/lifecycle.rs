@@ -270,7 +270,8 @@ async fn the_pruner_removes_and_archives_exactly_what_its_policy_says(db: TestDb
         db.queue.clone(),
         exec.registry(&["activitypub", "held", "note"]),
         config.clone(),
-    );
+    )
+    .await?;
     let mut confirmed = Vec::new();
     for n in 0..5 {
         let mut op = to("o", &format!("https://h{n}.example/inbox"), n);
@@ -460,7 +461,7 @@ async fn the_pruner_keeps_an_op_until_the_relay_has_sent_its_webhook(db: TestDb)
         secret.path().display().to_string()
     ))?;
     let exec = Scripted::new(0);
-    let running = Running::start(db.queue.clone(), exec.registry(&["note"]), config.clone());
+    let running = Running::start(db.queue.clone(), exec.registry(&["note"]), config.clone()).await?;
     let id = running
         .dispatcher
         .enqueue(&[laneway::queue::NewOp::new("o", "note", "{}")])

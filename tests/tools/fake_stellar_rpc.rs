@@ -14,15 +14,11 @@
 //! transactions sent and landed, sends while the signer already had one
 //! queued (must stay 0), and bad sequences.
 
-#[allow(dead_code)]
-#[path = "../it/stellar/fake_rpc.rs"]
-mod fake_rpc;
-
 use std::str::FromStr as _;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use fake_rpc::{FakeRpc, SendFault};
+use laneway::demo::fake_rpc::{self, FakeRpc, SendFault};
 use tokio::io::AsyncBufReadExt as _;
 
 fn fault(line: &str) -> anyhow::Result<SendFault> {

@@ -18,7 +18,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::clock::SystemClock;
 use crate::config::{self, Config, ConfigError, FileSource};
-use crate::dispatch::{DispatchError, Dispatcher};
+use crate::dispatch::DispatchError;
 use crate::enqueue::{self, EnqueueError, EnqueueRequest};
 use crate::op::{OpId, Priority, Status};
 use crate::queue::{self, Enqueued, OpFilter, Queue, QueueError};
@@ -55,6 +55,10 @@ pub enum Command {
     Ops(OpsCommand),
     /// Run the dispatcher for every outbox until SIGTERM or ctrl-c.
     Run,
+    /// Show laneway at work in under a minute: the real plugins against
+    /// in-process fake inboxes and a fake Stellar network, on a fresh SQLite
+    /// database (--config defaults to config/demo.toml).
+    Demo(DemoCmdArgs),
     /// Inspect and release lanes held by dead letters (poison = "halt").
     #[command(subcommand)]
     Lanes(LanesCommand),
@@ -92,6 +96,17 @@ pub enum Command {
     /// or suspended, and inboxes gone; suspend or resume a host.
     #[command(subcommand)]
     Destinations(operator::DestinationsCommand),
+}
+
+/// `laneway demo`
+#[derive(Debug, Args)]
+pub struct DemoCmdArgs {
+    /// Fewer ops: the same story in a few seconds.
+    #[arg(long)]
+    pub short: bool,
+    /// Leave the host and its API up after the report, until ctrl-c.
+    #[arg(long)]
+    pub keep_running: bool,
 }
 
 /// `laneway archive …`
@@ -365,6 +380,12 @@ pub enum CliError {
     /// Plugins could not be loaded.
     #[error(transparent)]
     Plugins(#[from] LoadError),
+    /// The host could not start.
+    #[error(transparent)]
+    Node(#[from] crate::node::NodeError),
+    /// The demo could not run or finish.
+    #[error(transparent)]
+    Demo(#[from] crate::demo::DemoError),
     /// The API refused a remote command.
     #[error("the API answered {status} {code}: {message}")]
     Remote {
@@ -402,6 +423,16 @@ pub struct Io<'a> {
 /// [`CliError`] for anything the operator must fix. Usage errors come from
 /// [`parse`] before this runs.
 pub async fn run(cli: Cli, io: Io<'_>) -> Result<(), CliError> {
+    // The demo makes its own database and config from config/demo.toml.
+    if let Command::Demo(args) = &cli.command {
+        let demo = crate::demo::DemoArgs {
+            config: cli.config.clone().unwrap_or_else(|| PathBuf::from("config/demo.toml")),
+            short: args.short,
+            keep_running: args.keep_running,
+            env: io.env.clone(),
+        };
+        return Ok(crate::demo::run(demo, io.stdout).await?);
+    }
     // Remote mode needs no config file or database: only the API and a key.
     if let Some(url) = &cli.url {
         return remote::run(url, cli.command, &io.env, io.stdout).await;
@@ -440,6 +471,8 @@ pub async fn run(cli: Cli, io: Io<'_>) -> Result<(), CliError> {
         Command::Fanout(args) => fanout_cmd(&config, args, io).await,
         Command::Ops(ops) => ops_cmd(&config, ops, io.stdout).await,
         Command::Run => run_cmd(config, file).await,
+        // Handled above, before any config is loaded.
+        Command::Demo(_) => Ok(()),
         Command::Plugin(PluginCommand::Check(args)) => plugin_check(&config, args, io.stdout).await,
         Command::Lanes(command) => lanes_cmd(&config, command, io.stdout).await,
         Command::Subjects(command) => subjects_cmd(&config, command, io.stdout).await,
@@ -790,70 +823,14 @@ async fn ops_cmd(config: &Config, command: OpsCommand, out: &mut dyn Write) -> R
 }
 
 async fn run_cmd(config: Config, source: FileSource) -> Result<(), CliError> {
-    let queue = open_checked(&config).await?;
-    queue.set_kind_defaults(&config.kind_defaults()).await?;
-    // Every configured plugin must load before anything is dispatched; a
-    // kind without a plugin has its ops wait (and says so in the log).
-    let plugins = Arc::new(PluginHost::new(&config)?);
-    crate::runtime::host::log_refused(&plugins.apply(&config).await?);
-    let debounce = std::time::Duration::from_millis(config.runtime.reload_debounce_ms);
-    let oracles = config.oracles.clone();
-    let dispatcher = Dispatcher::new(queue.clone(), plugins.registry(), config, Arc::new(SystemClock));
-    dispatcher.set_fee_policies(plugins.clone());
-    for (name, oracle) in oracles {
-        let rpc = crate::oracle::StellarRpc::new(&oracle.rpc_url, std::time::Duration::from_millis(oracle.timeout_ms))
-            .map_err(|e| CliError::Input(format!("oracles.{name}: {e}")))?;
-        let config_json = oracle.config_json();
-        let fee_oracle = crate::oracle::FeeOracle::new(
-            &name,
-            rpc,
-            plugins.clone(),
-            &oracle.policy,
-            config_json,
-            queue.clone(),
-            Arc::new(SystemClock),
-        );
-        let stop = dispatcher.clone();
-        let live = dispatcher.clone();
-        let every = std::time::Duration::from_millis(oracle.poll_ms);
-        tokio::spawn(async move {
-            let settings = move || {
-                live.config()
-                    .oracles
-                    .get(&name)
-                    .map(crate::config::OracleConfig::config_json)
-            };
-            let metrics = stop.metrics().clone();
-            fee_oracle
-                .run(every, async move { stop.cancelled().await }, settings, &metrics)
-                .await;
-        });
-    }
-    plugins.watch(source.clone(), dispatcher.clone(), debounce);
-    spawn_pruner(&dispatcher);
-    spawn_relay(&dispatcher);
-    let listen = dispatcher.config().api.listen.clone();
-    if !listen.is_empty() {
-        // A port in use is the operator's to fix, before anything runs.
-        let listener = tokio::net::TcpListener::bind(&listen)
-            .await
-            .map_err(|e| CliError::Input(format!("api.listen: cannot listen on {listen}: {e}")))?;
-        tracing::info!(listen = %listen, "HTTP API listening (/api/v1, /api/admin, /metrics, /healthz, /readyz).");
-        let state = crate::api::ApiState::new(dispatcher.clone(), Some((plugins.clone(), source.clone())));
-        let stop = dispatcher.clone();
-        tokio::spawn(async move {
-            if let Err(e) = crate::api::serve(listener, state, async move { stop.cancelled().await }).await {
-                tracing::error!(error = %e, "The HTTP API stopped.");
-            }
-        });
-    }
-    let stopper = dispatcher.clone();
+    let node = crate::node::Node::open(config, Some(source)).await?;
+    let stopper = node.dispatcher.clone();
     tokio::spawn(async move {
-        shutdown_signal().await;
+        crate::node::shutdown_signal().await;
         tracing::info!("Shutdown requested; finishing in-flight ops.");
         stopper.shutdown();
     });
-    dispatcher.run().await?;
+    node.stopped().await?;
     Ok(())
 }
 
@@ -888,77 +865,6 @@ fn archive_show(config: &Config, args: &ArchiveShowArgs, out: &mut dyn Write) ->
                     .join(", ")
             }
         ))),
-    }
-}
-
-/// Relays outcomes to webhooks every `outcomes.relay_every_ms` until
-/// shutdown, on whichever host holds the relay's lease.
-fn spawn_relay(dispatcher: &Dispatcher) {
-    let dispatcher = dispatcher.clone();
-    tokio::spawn(async move {
-        loop {
-            let config = dispatcher.config();
-            let wanted = config.kinds.values().any(|k| k.outcome_webhook.is_some());
-            if wanted {
-                if let Err(e) =
-                    crate::webhook::relay_once(dispatcher.queue().as_ref(), &dispatcher, &config, dispatcher.owner())
-                        .await
-                {
-                    tracing::warn!(error = %e, "Outcome relay failed; it goes on from its cursor next time.");
-                }
-            }
-            let every = std::time::Duration::from_millis(config.outcomes.relay_every_ms);
-            tokio::select! {
-                () = dispatcher.cancelled() => return,
-                () = tokio::time::sleep(every) => {}
-            }
-        }
-    });
-}
-
-/// Prunes past retention every `retention.every_ms` (read live, so a
-/// reload retunes it) until shutdown, on whichever host holds the lease.
-fn spawn_pruner(dispatcher: &Dispatcher) {
-    let dispatcher = dispatcher.clone();
-    tokio::spawn(async move {
-        let pruner = crate::pruner::Pruner::new(dispatcher.queue().clone(), Arc::new(SystemClock));
-        loop {
-            let config = dispatcher.config();
-            match pruner.run_once(&config, dispatcher.owner()).await {
-                Ok(Some(report)) => crate::events::PruneRan::Done(&report).emit(dispatcher.metrics()),
-                Ok(None) => {}
-                Err(e) => crate::events::PruneRan::Failed(&e.to_string()).emit(dispatcher.metrics()),
-            }
-            let every = std::time::Duration::from_millis(config.retention.every_ms);
-            tokio::select! {
-                () = dispatcher.cancelled() => return,
-                () = tokio::time::sleep(every) => {}
-            }
-        }
-    });
-}
-
-/// Resolves on ctrl-c or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut sig) => {
-                sig.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
     }
 }
 

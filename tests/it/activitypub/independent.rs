@@ -117,7 +117,7 @@ async fn start(db: TestDb, ed: &ed25519_dalek::SigningKey) -> anyhow::Result<Set
     ])?;
     let host = PluginHost::new(&config)?;
     host.apply(&config).await?;
-    let running = Running::start(db.queue.clone(), host.registry(), config);
+    let running = Running::start(db.queue.clone(), host.registry(), config).await?;
     Ok(Setup { db, running, _dir: dir })
 }
 

@@ -79,7 +79,7 @@ async fn setup_with(db: TestDb, extra: &str, kind_extra: &str) -> anyhow::Result
     ])?;
     let host = PluginHost::new(&config)?;
     host.apply(&config).await?;
-    let running = Running::start(db.queue.clone(), host.registry(), config.clone());
+    let running = Running::start(db.queue.clone(), host.registry(), config.clone()).await?;
     Ok(Ap {
         db,
         fake,
@@ -647,7 +647,7 @@ async fn a_personal_inbox_410_is_skipped_later_and_a_shared_inbox_410_suspends_i
 async fn a_destination_rate_limit_is_shared_by_every_host(db: TestDb) -> anyhow::Result<()> {
     let ap = setup_with(db, "[destinations]\nrate_per_second = 5.0\nrate_burst = 1\n", "").await?;
     // A second host on the same database, drawing from the same buckets.
-    let other = Running::start(ap.db.queue.clone(), ap.registry.clone(), ap.config.clone());
+    let other = Running::start(ap.db.queue.clone(), ap.registry.clone(), ap.config.clone()).await?;
     let second_actor = "https://cm.example/second";
     for n in 0..6u32 {
         ap.fan_out(

@@ -11,9 +11,11 @@ use laneway::clock::SystemClock;
 use laneway::config::{self, Config};
 use laneway::dispatch::Dispatcher;
 use laneway::executor::{Attempt, Executor, Executors, Reconciled, Registry};
+use laneway::node::{Node, Services, Wiring};
 use laneway::op::{Op, OpId, Status};
 use laneway::outcome::Outcome;
 use laneway::queue::{NewOp, Queue};
+use laneway::runtime::host::PluginHost;
 use tokio::sync::Notify;
 
 /// What the executor does with one attempt.
@@ -239,27 +241,43 @@ pub fn fast_config(extra: &str) -> anyhow::Result<Config> {
     config::from_layers(&[base, extra]).context("test config")
 }
 
-/// A dispatcher running in the background.
+/// A dispatcher running in the background, started by the host's own
+/// composition root with the dispatcher alone (no API, oracles, pruner or
+/// relay to race a test's assertions).
 pub struct Running {
     pub dispatcher: Dispatcher,
-    handle: tokio::task::JoinHandle<()>,
+    node: Node,
 }
 
 impl Running {
-    pub fn start(queue: Arc<dyn Queue>, executors: Arc<Registry>, config: Config) -> Self {
-        let dispatcher = Dispatcher::new(queue, executors, config, Arc::new(SystemClock));
-        let d = dispatcher.clone();
-        let handle = tokio::spawn(async move {
-            if let Err(e) = d.run().await {
-                eprintln!("dispatcher failed: {e}");
-            }
-        });
-        Self { dispatcher, handle }
+    pub async fn start(queue: Arc<dyn Queue>, executors: Arc<Registry>, config: Config) -> anyhow::Result<Self> {
+        Self::with(queue, executors, None, config).await
+    }
+
+    /// As [`Running::start`], with the plugin host's fee policies.
+    pub async fn with(
+        queue: Arc<dyn Queue>,
+        executors: Arc<Registry>,
+        plugins: Option<Arc<PluginHost>>,
+        config: Config,
+    ) -> anyhow::Result<Self> {
+        let wiring = Wiring {
+            queue,
+            executors,
+            plugins,
+            source: None,
+            clock: Arc::new(SystemClock),
+            services: Services::DISPATCH_ONLY,
+        };
+        let node = Node::start(config, wiring).await?;
+        Ok(Self {
+            dispatcher: node.dispatcher.clone(),
+            node,
+        })
     }
 
     pub async fn stop(self) -> anyhow::Result<()> {
-        self.dispatcher.shutdown();
-        tokio::time::timeout(Duration::from_secs(10), self.handle)
+        tokio::time::timeout(Duration::from_secs(10), self.node.stop())
             .await
             .context("dispatcher did not stop")??;
         Ok(())

@@ -71,7 +71,7 @@ async fn seed_000_incident_every_recipient_gets_its_entries_in_chain_order(db: T
     // Some entries fail once on the way, as a busy receiver would.
     exec.script(op_ids[3], [Step::Retry, Step::Ok]);
     exec.script(op_ids[10], [Step::Retry, Step::Retry, Step::Ok]);
-    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config("")?);
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config("")?).await?;
     // Concurrent drain triggers from every direction.
     let mut triggers = Vec::new();
     for i in 0..10u64 {
@@ -120,7 +120,7 @@ async fn a_hanging_recipient_delays_only_its_own_lane(db: TestDb) -> anyhow::Res
     let op_ids = ids(db.queue.enqueue(&ops).await?);
     // The slow recipient's first delivery hangs until the test lets it go.
     exec.script(op_ids[0], [Step::Gate(gate.clone())]);
-    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config("")?);
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config("")?).await?;
     running.dispatcher.trigger("actor");
     // Every other lane finishes while the slow one hangs.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -169,7 +169,7 @@ async fn a_transient_failure_holds_its_strict_lane_and_nothing_else(db: TestDb) 
     let a: Vec<OpId> = op_ids.iter().step_by(2).copied().collect();
     let b: Vec<OpId> = op_ids.iter().skip(1).step_by(2).copied().collect();
     exec.script(a[1], [Step::Retry, Step::Retry, Step::Ok]);
-    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config("")?);
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config("")?).await?;
     running.dispatcher.trigger("actor");
     settle(db.queue.as_ref(), Duration::from_secs(10)).await?;
     running.stop().await?;
@@ -211,7 +211,7 @@ async fn a_serial_lane_lets_later_ops_pass_an_op_in_backoff(db: TestDb) -> anyho
     let op_ids = ids(db.queue.enqueue(&ops).await?);
     // s1 fails once and must wait 150 ms; s2 and s3 go meanwhile.
     exec.script(op_ids[1], [Step::RetryAfter(Duration::from_millis(150)), Step::Ok]);
-    let running = Running::start(db.queue.clone(), exec.registry(&["signer"]), fast_config("")?);
+    let running = Running::start(db.queue.clone(), exec.registry(&["signer"]), fast_config("")?).await?;
     running.dispatcher.trigger("platform");
     settle(db.queue.as_ref(), Duration::from_secs(10)).await?;
     running.stop().await?;
@@ -233,7 +233,7 @@ async fn attempts_survive_a_dispatcher_restart_and_exhaustion_dead_letters(db: T
     let id = ids(db.queue.enqueue(&[op]).await?)[0];
     let wait = Step::RetryAfter(Duration::from_millis(300));
     exec.script(id, [wait.clone(), wait.clone(), wait.clone(), wait]);
-    let first = Running::start(db.queue.clone(), exec.registry(&["flaky"]), fast_config(config)?);
+    let first = Running::start(db.queue.clone(), exec.registry(&["flaky"]), fast_config(config)?).await?;
     first.dispatcher.trigger("actor");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while exec.started().is_empty() {
@@ -244,7 +244,7 @@ async fn attempts_survive_a_dispatcher_restart_and_exhaustion_dead_letters(db: T
     let op = db.queue.get(id).await?.context("op")?;
     ensure!(op.attempts == 1 && op.status == Status::Pending, "{op:?}");
     // A new dispatcher (a restart) continues the same budget.
-    let second = Running::start(db.queue.clone(), exec.registry(&["flaky"]), fast_config(config)?);
+    let second = Running::start(db.queue.clone(), exec.registry(&["flaky"]), fast_config(config)?).await?;
     settle(db.queue.as_ref(), Duration::from_secs(10)).await?;
     second.stop().await?;
     let op = db.queue.get(id).await?.context("op")?;
@@ -271,7 +271,7 @@ async fn a_permanent_outcome_dead_letters_on_the_first_attempt(db: TestDb) -> an
         ])
         .await?);
     exec.script(op_ids[0], [Step::Permanent]);
-    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config("")?);
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config("")?).await?;
     running.dispatcher.trigger("actor");
     settle(db.queue.as_ref(), Duration::from_secs(10)).await?;
     running.stop().await?;
@@ -290,7 +290,7 @@ async fn a_halted_subject_waits_without_using_attempts(db: TestDb) -> anyhow::Re
     let free = to("platform", "https://y.example/inbox", 2);
     db.queue.halt_subject("user-9", Some("compliance")).await?;
     let op_ids = ids(db.queue.enqueue(&[frozen, free]).await?);
-    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config("")?);
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config("")?).await?;
     running.dispatcher.trigger("platform");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while db.queue.get(op_ids[1]).await?.map(|o| o.status) != Some(Status::Confirmed) {
@@ -321,7 +321,7 @@ async fn a_poisoned_strict_lane_halts_until_skipped(db: TestDb) -> anyhow::Resul
         .collect();
     let op_ids = ids(db.queue.enqueue(&ops).await?);
     exec.script(op_ids[0], [Step::Permanent]);
-    let running = Running::start(db.queue.clone(), exec.registry(&["ledger"]), fast_config(config)?);
+    let running = Running::start(db.queue.clone(), exec.registry(&["ledger"]), fast_config(config)?).await?;
     running.dispatcher.trigger("cm");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while db.queue.lane_halts(Some("cm")).await?.is_empty() {
@@ -356,7 +356,7 @@ async fn an_open_breaker_holds_ops_without_using_attempts(db: TestDb) -> anyhow:
     let pause = Step::RetryAfter(Duration::from_millis(100));
     exec.script(op_ids[0], [pause.clone(), pause.clone(), Step::Ok]);
     exec.script(op_ids[1], [pause, Step::Ok]);
-    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?);
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?).await?;
     running.dispatcher.trigger("o");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while exec.started().len() < 2 {
@@ -419,7 +419,7 @@ async fn an_expired_lease_is_reconciled_before_redelivery(db: TestDb) -> anyhow:
             detail: None,
         }),
     );
-    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config("")?);
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config("")?).await?;
     settle(db.queue.as_ref(), Duration::from_secs(5)).await?;
     running.stop().await?;
     ensure!(
@@ -461,7 +461,7 @@ async fn shutdown_returns_interrupted_ops_to_the_queue(db: TestDb) -> anyhow::Re
         .await?);
     exec.script(op_ids[0], [Step::Sleep(Duration::from_secs(30)), Step::Ok]);
     exec.script(op_ids[1], [Step::Sleep(Duration::from_millis(20)), Step::Ok]);
-    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?);
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?).await?;
     running.dispatcher.trigger("o");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while exec.started().len() < 2 {
@@ -491,7 +491,7 @@ async fn a_critical_op_goes_first_among_lane_heads(db: TestDb) -> anyhow::Result
     urgent.priority = laneway::op::Priority::Critical;
     ops.push(urgent);
     let op_ids = ids(db.queue.enqueue(&ops).await?);
-    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?);
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?).await?;
     running.dispatcher.trigger("platform");
     settle(db.queue.as_ref(), Duration::from_secs(10)).await?;
     running.stop().await?;
@@ -508,7 +508,7 @@ async fn an_enqueue_through_the_dispatcher_wakes_its_drain_at_once(db: TestDb) -
     let exec = Scripted::new(0);
     // The safety-net poll is an hour away: only the wake-up can deliver.
     let config = "[dispatch]\npoll_ms = 3600000\n";
-    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?);
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?).await?;
     // Let the dispatcher's first (immediate) poll go by.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let started = tokio::time::Instant::now();
@@ -529,7 +529,7 @@ async fn outboxes_sharing_a_lane_hand_it_over_without_waiting_for_the_poll(db: T
     const SHARED: &str = "https://big.example/inbox";
     let exec = Scripted::new(1);
     let config = "[dispatch]\npoll_ms = 3600000\n";
-    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?);
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?).await?;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let mut ops = Vec::new();
     for n in 0..30u32 {
@@ -564,7 +564,7 @@ async fn a_dead_lane_with_a_backlog_past_the_window_does_not_hide_the_other_lane
         .map(|i| to("o", &format!("https://alive{i}.example/i"), i))
         .collect();
     let other_ids = ids(db.queue.enqueue(&others).await?);
-    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?);
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?).await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let delivered = loop {
         let delivered: Vec<OpId> = exec.delivered().iter().map(|e| e.op).collect();
@@ -595,7 +595,7 @@ poll_ms = 3600000
 max_in_flight = 2
 outbox_max_in_flight = 2
 ";
-    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?);
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?).await?;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let busy: Vec<NewOp> = (0..60u32)
         .map(|i| to(&format!("busy-{}", i % 2), &format!("https://b{i}.example/i"), i))
@@ -633,7 +633,7 @@ outbox_max_in_flight = 2
 async fn an_op_whose_backoff_ends_after_the_pass_starts_on_a_timer_not_the_poll(db: TestDb) -> anyhow::Result<()> {
     let exec = Scripted::new(0);
     let config = "[dispatch]\npoll_ms = 3600000\n";
-    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?);
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?).await?;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let id = ids(db.queue.enqueue(&[to("o", "https://a.example/i", 1)]).await?)[0];
     exec.script(id, [Step::RetryAfter(Duration::from_millis(1500)), Step::Ok]);
@@ -660,7 +660,8 @@ async fn a_plain_sql_insert_by_another_connection_wakes_the_dispatcher(db: TestD
         db.queue.clone(),
         exec.registry(&["activitypub"]),
         fast_config("[dispatch]\npoll_ms = 3600000\n")?,
-    );
+    )
+    .await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let insert = "INSERT INTO ops (outbox, kind, lanes, payload) VALUES ('sql-producer', 'activitypub', LANES, '{}')";
     match &db.kind {

@@ -69,7 +69,7 @@ async fn check(db: TestDb, case: Case) -> anyhow::Result<()> {
     for (id, (_, steps)) in ids.iter().zip(&case.ops) {
         exec.script(*id, steps.clone());
     }
-    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), config);
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), config).await?;
     for delay in &case.triggers {
         let d = running.dispatcher.clone();
         let delay = *delay;

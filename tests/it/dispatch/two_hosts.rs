@@ -115,7 +115,7 @@ async fn postgres_two_dispatchers_share_outboxes_and_take_over_from_a_dead_one()
     // A starts first and is draining before B joins, so the test always
     // has a live holder to kill (with both started at once, B could win
     // every slot and A would have nothing to lose).
-    let a = Running::start(Arc::new(first_queue.clone()), registry("A", &watch), config.clone());
+    let a = Running::start(Arc::new(first_queue.clone()), registry("A", &watch), config.clone()).await?;
     for outbox in outboxes {
         a.dispatcher.trigger(outbox);
     }
@@ -138,7 +138,8 @@ async fn postgres_two_dispatchers_share_outboxes_and_take_over_from_a_dead_one()
         Arc::new(second_queue.clone()) as Arc<dyn Queue>,
         registry("B", &watch),
         config,
-    );
+    )
+    .await?;
     for outbox in outboxes {
         b.dispatcher.trigger(outbox);
     }
@@ -200,7 +201,7 @@ async fn postgres_a_second_host_gets_a_share_of_busy_outboxes() -> anyhow::Resul
     db.queue.enqueue(&ops).await?;
     let watch = Arc::new(Mutex::new(Watch::default()));
     let config = fast_config("[dispatch]\npoll_ms = 50\n")?;
-    let a = Running::start(Arc::new(first_queue.clone()), registry("A", &watch), config.clone());
+    let a = Running::start(Arc::new(first_queue.clone()), registry("A", &watch), config.clone()).await?;
     for outbox in outboxes {
         a.dispatcher.trigger(outbox);
     }
@@ -219,7 +220,8 @@ async fn postgres_a_second_host_gets_a_share_of_busy_outboxes() -> anyhow::Resul
         Arc::new(second_queue.clone()) as Arc<dyn Queue>,
         registry("B", &watch),
         config,
-    );
+    )
+    .await?;
     settle(&second_queue, Duration::from_secs(60)).await?;
     a.stop().await?;
     b.stop().await?;

@@ -184,7 +184,7 @@ async fn healthy_kinds_keep_completing_while_every_fault_fixture_misbehaves() ->
         ops.push(op);
     }
     db.queue.enqueue(&ops).await?;
-    let running = Running::start(db.queue.clone(), host.registry(), config);
+    let running = Running::start(db.queue.clone(), host.registry(), config).await?;
     let started = std::time::Instant::now();
     // The healthy kind finishes while the faulty ones are still failing.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);

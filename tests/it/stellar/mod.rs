@@ -4,7 +4,6 @@
 
 mod cadence;
 mod conformance;
-mod fake_rpc;
 pub(crate) mod vault;
 
 use std::sync::Arc;
@@ -17,7 +16,7 @@ use laneway::oracle::{FeeOracle, StellarRpc};
 use laneway::runtime::host::PluginHost;
 
 use crate::support::TestDb;
-use fake_rpc::FakeRpc;
+use laneway::demo::fake_rpc::{self, FakeRpc};
 
 crate::on_both_backends!(live: the_oracle_polls_fee_stats_and_stores_a_shared_snapshot, a_running_oracle_takes_reloaded_policy_settings_at_its_next_sample);
 

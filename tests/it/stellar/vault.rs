@@ -112,8 +112,7 @@ impl Host {
     pub async fn start(queue: Arc<dyn Queue>, config: Config) -> anyhow::Result<Self> {
         let plugins = Arc::new(PluginHost::new(&config)?);
         plugins.apply(&config).await?;
-        let running = Running::start(queue, plugins.registry(), config.clone());
-        running.dispatcher.set_fee_policies(plugins.clone());
+        let running = Running::with(queue, plugins.registry(), Some(plugins.clone()), config.clone()).await?;
         Ok(Self {
             plugins,
             running,

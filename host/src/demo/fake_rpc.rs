@@ -1,4 +1,4 @@
-//! A fake Stellar RPC for tests: JSON-RPC 2.0 on `POST /`, params by name
+//! A fake Stellar RPC, for the demo and the tests: JSON-RPC 2.0 on `POST /`, params by name
 //! or absent (arrays are refused, as stellar-rpc does), with the documented
 //! result shapes and types (fees, counts and close times as strings).
 //!
@@ -75,6 +75,8 @@ pub enum SendFault {
 #[derive(Debug, Clone)]
 pub struct Submitted {
     pub hash: String,
+    /// The source account (the signer's public key).
+    pub source: [u8; 32],
     pub sequence: i64,
     /// `tx.fee` minus the declared resource fee.
     pub inclusion_fee: i64,
@@ -330,12 +332,20 @@ impl FakeRpc {
     }
 
     /// Serves on 127.0.0.1; returns the URL.
-    pub async fn serve(&self) -> anyhow::Result<String> {
+    ///
+    /// # Errors
+    ///
+    /// The port cannot be bound.
+    pub async fn serve(&self) -> std::io::Result<String> {
         self.serve_on(0).await
     }
 
     /// Serves on loopback at `port` (0: any free one); returns the URL.
-    pub async fn serve_on(&self, port: u16) -> anyhow::Result<String> {
+    ///
+    /// # Errors
+    ///
+    /// The port cannot be bound.
+    pub async fn serve_on(&self, port: u16) -> std::io::Result<String> {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
         let url = format!("http://{}/", listener.local_addr()?);
         let app = axum::Router::new().fallback(handle).with_state(self.clone());
@@ -657,6 +667,7 @@ impl Inner {
         let index = self.txs.len();
         self.txs.push(Submitted {
             hash: hash_hex.clone(),
+            source,
             sequence: tx.seq_num.0,
             inclusion_fee,
             function,
@@ -778,12 +789,14 @@ fn applied_result(success: bool) -> String {
 
 /// An ed25519 key pair for tests: the signing key's PKCS#8 PEM (for the
 /// host's key store) and its public key.
-pub fn keypair(seed: u8) -> anyhow::Result<(String, [u8; 32])> {
+///
+/// # Errors
+///
+/// The key cannot be encoded (it always can).
+pub fn keypair(seed: u8) -> Result<(String, [u8; 32]), ed25519_dalek::pkcs8::Error> {
     use ed25519_dalek::pkcs8::EncodePrivateKey as _;
     let signing = ed25519_dalek::SigningKey::from_bytes(&[seed; 32]);
-    let pem = signing
-        .to_pkcs8_pem(ed25519_dalek::pkcs8::spki::der::pem::LineEnding::LF)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let pem = signing.to_pkcs8_pem(ed25519_dalek::pkcs8::spki::der::pem::LineEnding::LF)?;
     Ok((pem.to_string(), signing.verifying_key().to_bytes()))
 }
 
