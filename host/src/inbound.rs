@@ -63,6 +63,23 @@ pub struct Received<'a> {
     pub body: &'a [u8],
 }
 
+/// A request's headers as [`Received::headers`] wants them: names
+/// lowercase (as `http` keeps them), repeated headers joined by `, `.
+pub fn header_pairs(headers: &reqwest::header::HeaderMap) -> Vec<(String, String)> {
+    let mut list: Vec<(String, String)> = Vec::new();
+    for (name, value) in headers {
+        let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+        match list.iter_mut().find(|(n, _)| n == name.as_str()) {
+            Some((_, v)) => {
+                v.push_str(", ");
+                v.push_str(&value);
+            }
+            None => list.push((name.as_str().to_owned(), value)),
+        }
+    }
+    list
+}
+
 impl Received<'_> {
     fn header(&self, name: &str) -> Option<&str> {
         self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())

@@ -80,20 +80,7 @@ async fn receive(
             "inboxes are not enabled ([inbound] enabled = true)",
         ));
     };
-    let header_list: Vec<(String, String)> = {
-        let mut list: Vec<(String, String)> = Vec::new();
-        for (name, value) in headers {
-            let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
-            match list.iter_mut().find(|(n, _)| n == name.as_str()) {
-                Some((_, v)) => {
-                    v.push_str(", ");
-                    v.push_str(&value);
-                }
-                None => list.push((name.as_str().to_owned(), value)),
-            }
-        }
-        list
-    };
+    let header_list = crate::inbound::header_pairs(headers);
     let path_and_query = uri.path_and_query().map_or("/", |p| p.as_str());
     let target_uri = if inbound_config.public_url.is_empty() {
         let host = headers.get("host").and_then(|h| h.to_str().ok()).unwrap_or("localhost");

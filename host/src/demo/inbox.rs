@@ -135,17 +135,7 @@ async fn receive(
 /// Whether the request carries a valid signature by the demo actor's key
 /// over this very request (method, target, digest of this body, date).
 fn verified(served: &Served, uri: &Uri, headers: &HeaderMap, body: &[u8]) -> bool {
-    let mut pairs: Vec<(String, String)> = Vec::new();
-    for (name, value) in headers {
-        let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
-        match pairs.iter_mut().find(|(n, _)| n == name.as_str()) {
-            Some((_, v)) => {
-                v.push_str(", ");
-                v.push_str(&value);
-            }
-            None => pairs.push((name.as_str().to_owned(), value)),
-        }
-    }
+    let pairs = inbound::header_pairs(headers);
     let base = served.inbox.url.split("/users/").next().unwrap_or_default();
     let target = format!("{base}{uri}");
     let request = Received {

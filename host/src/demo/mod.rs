@@ -78,6 +78,9 @@ pub enum DemoError {
     /// The fan-out or an enqueue was refused.
     #[error("the demo's ops were refused: {0}")]
     FanOut(String),
+    /// A plugin refused a kind's config.
+    #[error("a plugin refused the demo's config: {0}")]
+    Refused(String),
     /// Ops were still open at the deadline.
     #[error("the demo did not finish within {secs} s; still open: {open}")]
     Unfinished {
@@ -160,7 +163,6 @@ struct Ledger {
 /// [`DemoError`]; an order check that fails is an error too.
 pub async fn run(args: DemoArgs, out: &mut dyn Write) -> Result<(), DemoError> {
     let size = Size::of(args.short);
-    let dir = demo_dir()?;
     let mut text = std::fs::read_to_string(&args.config).map_err(io(format!(
         "cannot read {} (run the demo from the repository's root, or give --config)",
         args.config.display()
@@ -171,6 +173,7 @@ pub async fn run(args: DemoArgs, out: &mut dyn Write) -> Result<(), DemoError> {
             message: format!("not valid TOML: {}", e.message()),
         }])
     })?;
+    let dir = demo_dir()?;
     let keys = make_keys(&table, &dir)?;
     let actor_key = keys
         .get("actor")
@@ -187,6 +190,17 @@ pub async fn run(args: DemoArgs, out: &mut dyn Write) -> Result<(), DemoError> {
     let database = queue::redact_url(&config.database.url);
     let node = Node::open(config, Some(FileSource::Explicit(path.clone()))).await?;
     let api = node.api_addr();
+    // A kind its plugin refused would leave its ops waiting, and the demo
+    // waiting for them: say why now instead.
+    let refused = node
+        .plugins
+        .as_ref()
+        .map(|p| p.status().refused_kinds)
+        .unwrap_or_default();
+    if !refused.is_empty() {
+        node.stop().await?;
+        return Err(DemoError::Refused(refused.join("; ")));
+    }
 
     writeln!(out, "laneway demo: {}", dir.display()).map_err(io("output"))?;
     for inbox in &fakes.inboxes {
@@ -217,10 +231,10 @@ pub async fn run(args: DemoArgs, out: &mut dyn Write) -> Result<(), DemoError> {
     }
 
     let ops = all_ops(&node, &ledger).await?;
-    let (lanes, landed) = lane_rows(&ops, &ledger, &fakes, &keys);
+    let (lanes, notes) = lane_rows(&ops, &ledger, &fakes, &keys, size.activities);
     let kinds = kind_rows(&node, &ops).await?;
     writeln!(out, "\nLanes\n{}", report::lanes_table(&lanes)).map_err(io("output"))?;
-    for line in landed {
+    for line in notes {
         writeln!(out, "{line}").map_err(io("output"))?;
     }
     writeln!(out, "\nKinds\n{}", report::kinds_table(&kinds)).map_err(io("output"))?;
@@ -545,8 +559,9 @@ fn lane_rows(
     ledger: &Ledger,
     fakes: &Fakes,
     keys: &HashMap<String, DemoKey>,
+    activities: u64,
 ) -> (Vec<LaneRow>, Vec<String>) {
-    let mut landed_kinds = Vec::new();
+    let mut notes = Vec::new();
     let enqueued: HashMap<OpId, usize> = ledger.order.iter().enumerate().map(|(i, id)| (*id, i)).collect();
     let mut rows = Vec::new();
     for inbox in &fakes.inboxes {
@@ -558,6 +573,14 @@ fn lane_rows(
             .filter_map(|o| ledger.positions.get(&o.id).copied())
             .collect();
         let order = report::inbox_order(&confirmed, &inbox.arrivals());
+        let left_out = activities.saturating_sub(u64::try_from(mine.len()).unwrap_or(0));
+        if left_out > 0 {
+            notes.push(format!(
+                "inbox {} answered 410 Gone: laneway remembers it, and the {left_out} later fan-outs left it out \
+                 (`laneway destinations list` shows it)",
+                inbox.name
+            ));
+        }
         rows.push(report::lane_row(format!("inbox {}", inbox.name), &mine, order));
     }
     let mut signers: Vec<(&String, &DemoKey)> = keys.iter().collect();
@@ -615,9 +638,9 @@ fn lane_rows(
                 }
             })
             .collect();
-        landed_kinds.push(format!("signer {id} landed: {}", runs.join(" → ")));
+        notes.push(format!("signer {id} landed: {}", runs.join(" → ")));
     }
-    (rows, landed_kinds)
+    (rows, notes)
 }
 
 /// How to call this binary in a printed command line: its path when it is

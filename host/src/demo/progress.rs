@@ -17,6 +17,7 @@ use crate::queue::OpFilter;
 struct Tally {
     total: u64,
     done: u64,
+    sending: u64,
     retrying: u64,
     dead: u64,
 }
@@ -47,8 +48,15 @@ pub(super) async fn watch(node: &Node, ids: &[OpId], within: Duration) -> Result
             match op.status {
                 Status::Confirmed | Status::Cancelled => t.done += 1,
                 Status::Failed => t.dead += 1,
-                Status::Pending | Status::Submitted if op.attempts > 0 => t.retrying += 1,
-                Status::Pending | Status::Submitted => {}
+                // The attempt counter moves at claim: a first attempt in
+                // flight has 1, a failed one waiting for its retry has 1 too.
+                Status::Submitted if op.attempts > 1 => {
+                    t.sending += 1;
+                    t.retrying += 1;
+                }
+                Status::Submitted => t.sending += 1,
+                Status::Pending if op.attempts > 0 => t.retrying += 1,
+                Status::Pending => {}
             }
         }
         for (kind, t) in &tallies {
@@ -60,7 +68,10 @@ pub(super) async fn watch(node: &Node, ids: &[OpId], within: Duration) -> Result
             });
             bar.set_length(t.total);
             bar.set_position(t.done + t.dead);
-            bar.set_message(format!("{} done · {} retrying · {} dead", t.done, t.retrying, t.dead));
+            bar.set_message(format!(
+                "{} done · {} in flight · {} retrying · {} dead",
+                t.done, t.sending, t.retrying, t.dead
+            ));
         }
         let busy: HashSet<&str> = ops
             .iter()

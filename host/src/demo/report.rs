@@ -58,6 +58,8 @@ pub struct KindRow {
     pub ops: usize,
     /// Inclusion fees bid by the confirmed attempts (stroops), when priced.
     pub fees: Option<i64>,
+    /// The mean of those fees.
+    pub fee_per_op: Option<i64>,
     /// Median enqueue-to-terminal time (ms).
     pub p50_ms: i64,
     /// Slowest enqueue-to-terminal time (ms).
@@ -145,34 +147,24 @@ pub fn kind_row(kind: &str, ops: &[&Op], fees: &[i64]) -> KindRow {
         kind: kind.to_owned(),
         ops: ops.len(),
         fees: (!fees.is_empty()).then(|| fees.iter().sum()),
+        fee_per_op: i64::try_from(fees.len())
+            .ok()
+            .filter(|n| *n > 0)
+            .map(|n| fees.iter().sum::<i64>() / n),
         p50_ms: took.get(took.len() / 2).copied().unwrap_or_default(),
         max_ms: took.last().copied().unwrap_or_default(),
     }
 }
 
-/// The lane table.
-pub fn lanes_table(rows: &[LaneRow]) -> String {
+/// A table in the CLI's style, columns from `right` on right-aligned.
+fn table<const N: usize>(header: [&str; N], rows: Vec<[String; N]>, right: std::ops::Range<usize>) -> String {
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
-    t.set_header([
-        "lane",
-        "kinds",
-        "delivered",
-        "retried",
-        "dead-lettered",
-        "arrival order",
-    ]);
-    for r in rows {
-        t.add_row([
-            r.label.clone(),
-            r.kinds.clone(),
-            r.delivered.to_string(),
-            r.retried.to_string(),
-            r.dead.to_string(),
-            r.order.cell(),
-        ]);
+    t.set_header(header);
+    for row in rows {
+        t.add_row(row);
     }
-    for i in 2..5 {
+    for i in right {
         if let Some(c) = t.column_mut(i) {
             c.set_cell_alignment(CellAlignment::Right);
         }
@@ -180,38 +172,63 @@ pub fn lanes_table(rows: &[LaneRow]) -> String {
     t.to_string()
 }
 
+/// The lane table.
+pub fn lanes_table(rows: &[LaneRow]) -> String {
+    let cells = rows
+        .iter()
+        .map(|r| {
+            [
+                r.label.clone(),
+                r.kinds.clone(),
+                r.delivered.to_string(),
+                r.retried.to_string(),
+                r.dead.to_string(),
+                r.order.cell(),
+            ]
+        })
+        .collect();
+    table(
+        [
+            "lane",
+            "kinds",
+            "delivered",
+            "retried",
+            "dead-lettered",
+            "arrival order",
+        ],
+        cells,
+        2..5,
+    )
+}
+
 /// The kind table.
 pub fn kinds_table(rows: &[KindRow]) -> String {
-    let mut t = Table::new();
-    t.load_preset(UTF8_FULL_CONDENSED);
-    t.set_header([
-        "kind",
-        "ops",
-        "fees paid (stroops)",
-        "fee per op",
-        "latency p50",
-        "latency max",
-    ]);
-    for r in rows {
-        let per_op = match (r.fees, i64::try_from(r.ops)) {
-            (Some(f), Ok(n)) if n > 0 => (f / n).to_string(),
-            _ => "—".to_owned(),
-        };
-        t.add_row([
-            r.kind.clone(),
-            r.ops.to_string(),
-            r.fees.map_or_else(|| "—".to_owned(), |f| f.to_string()),
-            per_op,
-            format!("{} ms", r.p50_ms),
-            format!("{} ms", r.max_ms),
-        ]);
-    }
-    for i in 1..6 {
-        if let Some(c) = t.column_mut(i) {
-            c.set_cell_alignment(CellAlignment::Right);
-        }
-    }
-    t.to_string()
+    let dash = || "—".to_owned();
+    let cells = rows
+        .iter()
+        .map(|r| {
+            [
+                r.kind.clone(),
+                r.ops.to_string(),
+                r.fees.map_or_else(dash, |f| f.to_string()),
+                r.fee_per_op.map_or_else(dash, |f| f.to_string()),
+                format!("{} ms", r.p50_ms),
+                format!("{} ms", r.max_ms),
+            ]
+        })
+        .collect();
+    table(
+        [
+            "kind",
+            "ops",
+            "fees paid (stroops)",
+            "fee per op",
+            "latency p50",
+            "latency max",
+        ],
+        cells,
+        1..6,
+    )
 }
 
 /// Every broken order, one line each (empty when all held).
