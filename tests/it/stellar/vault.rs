@@ -1129,14 +1129,19 @@ async fn a_confirmed_deposit_reaches_a_signed_webhook_verified_by_the_reference_
         "{payload}"
     );
     // The webhook was an op of its own, confirmed, in its own outbox and lane.
-    let hooks = db
-        .queue
-        .list(&laneway::queue::OpFilter {
-            kind: Some("outcome_webhook".to_owned()),
-            limit: 10,
-            ..Default::default()
-        })
-        .await?;
+    // The receiver answers before the dispatcher records the answer, so the
+    // op is confirmed a moment after the request arrived.
+    let filter = laneway::queue::OpFilter {
+        kind: Some("outcome_webhook".to_owned()),
+        limit: 10,
+        ..Default::default()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut hooks = db.queue.list(&filter).await?;
+    while hooks.iter().any(|h| h.status == Status::Submitted) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        hooks = db.queue.list(&filter).await?;
+    }
     ensure!(
         hooks.len() == 1
             && hooks[0].status == Status::Confirmed
