@@ -63,6 +63,8 @@ pub struct Services {
     pub pruner: bool,
     /// The outcome webhook relay.
     pub relay: bool,
+    /// Hot reload: watching the config file and the plugins it names.
+    pub watch: bool,
 }
 
 impl Services {
@@ -72,6 +74,7 @@ impl Services {
         oracles: true,
         pruner: true,
         relay: true,
+        watch: true,
     };
     /// The dispatcher only.
     pub const DISPATCH_ONLY: Self = Self {
@@ -79,6 +82,7 @@ impl Services {
         oracles: false,
         pruner: false,
         relay: false,
+        watch: false,
     };
 }
 
@@ -198,7 +202,7 @@ impl Node {
                     .await;
             });
         }
-        if let (Some(plugins), Some(source)) = (&plugins, &source) {
+        if let (true, Some(plugins), Some(source)) = (services.watch, &plugins, &source) {
             plugins.watch(source.clone(), dispatcher.clone(), debounce);
         }
         if services.pruner {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context};
-use laneway::api::{self, auth, ApiState};
+use laneway::api::auth;
 use laneway::config::FileSource;
 use laneway::op::Status;
 use laneway::queue::{OpFilter, Queue};
@@ -51,12 +51,8 @@ impl Served {
         config: laneway::config::Config,
         plugins: Option<(Arc<PluginHost>, FileSource)>,
     ) -> anyhow::Result<Self> {
-        let running = Running::start(db.queue.clone(), executors, config).await?;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let base = format!("http://{}", listener.local_addr()?);
-        let state = ApiState::new(running.dispatcher.clone(), plugins);
-        let stop = running.dispatcher.clone();
-        tokio::spawn(async move { api::serve(listener, state, async move { stop.cancelled().await }).await });
+        let (running, addr) = Running::with_api(db.queue.clone(), executors, plugins, config).await?;
+        let base = format!("http://{addr}");
         Ok(Self {
             running,
             base,

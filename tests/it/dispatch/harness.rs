@@ -254,6 +254,39 @@ impl Running {
         Self::with(queue, executors, None, config).await
     }
 
+    /// The dispatcher and its HTTP API on a free loopback port (what
+    /// `api.listen` says is replaced); `plugins` and their config file
+    /// serve the reload routes.
+    pub async fn with_api(
+        queue: Arc<dyn Queue>,
+        executors: Arc<Registry>,
+        plugins: Option<(Arc<PluginHost>, laneway::config::FileSource)>,
+        mut config: Config,
+    ) -> anyhow::Result<(Self, std::net::SocketAddr)> {
+        config.api.listen = "127.0.0.1:0".to_owned();
+        let (plugins, source) = plugins.unzip();
+        let wiring = Wiring {
+            queue,
+            executors,
+            plugins,
+            source,
+            clock: Arc::new(SystemClock),
+            services: Services {
+                api: true,
+                ..Services::DISPATCH_ONLY
+            },
+        };
+        let node = Node::start(config, wiring).await?;
+        let addr = node.api_addr().context("the API did not start")?;
+        Ok((
+            Self {
+                dispatcher: node.dispatcher.clone(),
+                node,
+            },
+            addr,
+        ))
+    }
+
     /// As [`Running::start`], with the plugin host's fee policies.
     pub async fn with(
         queue: Arc<dyn Queue>,
