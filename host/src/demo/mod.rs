@@ -15,7 +15,7 @@ pub mod inbox;
 mod progress;
 pub mod report;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -230,7 +230,7 @@ pub async fn run(args: DemoArgs, out: &mut dyn Write) -> Result<(), DemoError> {
         });
     }
 
-    let ops = all_ops(&node, &ledger).await?;
+    let ops = ops_of(&node, &ledger.order).await?;
     let (lanes, notes) = lane_rows(&ops, &ledger, &fakes, &keys, size.activities);
     let kinds = kind_rows(&node, &ops).await?;
     writeln!(out, "\nLanes\n{}", report::lanes_table(&lanes)).map_err(io("output"))?;
@@ -423,7 +423,10 @@ fn effective_config(mut table: toml::Table, dir: &Path, rpc_url: &str) -> Result
                   # start filled in: this is the config the demo's host ran.\n\n";
     toml::to_string(&table)
         .map(|body| format!("{header}{body}"))
-        .map_err(|e| DemoError::Key(format!("cannot write the config: {e}")))
+        .map_err(|e| DemoError::Io {
+            what: "cannot write the demo's config as TOML".to_owned(),
+            source: std::io::Error::other(e),
+        })
 }
 
 fn stellar_address(key: &DemoKey) -> Option<String> {
@@ -542,13 +545,15 @@ async fn enqueue(
     Ok(())
 }
 
-async fn all_ops(node: &Node, ledger: &Ledger) -> Result<Vec<Op>, DemoError> {
+/// The demo's ops (`ids`) as the queue has them now.
+async fn ops_of(node: &Node, ids: &[OpId]) -> Result<Vec<Op>, DemoError> {
+    let wanted: HashSet<OpId> = ids.iter().copied().collect();
     let filter = OpFilter {
         limit: 100_000,
         ..OpFilter::default()
     };
     let mut ops: Vec<Op> = node.dispatcher.queue().list(&filter).await?;
-    ops.retain(|o| ledger.order.contains(&o.id));
+    ops.retain(|o| wanted.contains(&o.id));
     Ok(ops)
 }
 
@@ -616,15 +621,13 @@ fn lane_rows(
                 None => unknown = Some(tx.hash.clone()),
             }
         }
+        let confirmed = mine.iter().filter(|o| o.status == Status::Confirmed).count();
         let order = match unknown {
             Some(hash) => report::Order::Broken(format!("transaction {hash} is no op of this lane")),
-            None if chain.len() != mine.iter().filter(|o| o.status == Status::Confirmed).count() => {
-                report::Order::Broken(format!(
-                    "{} transactions landed for {} confirmed ops",
-                    chain.len(),
-                    mine.len()
-                ))
-            }
+            None if chain.len() != confirmed => report::Order::Broken(format!(
+                "{} transactions landed for {confirmed} confirmed ops",
+                chain.len()
+            )),
             None => report::signer_order(&chain),
         };
         rows.push(report::lane_row(format!("signer {id}"), &mine, order));

@@ -10,7 +10,6 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use super::DemoError;
 use crate::node::Node;
 use crate::op::{Op, OpId, Status};
-use crate::queue::OpFilter;
 
 /// Counts for one kind.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -25,7 +24,6 @@ struct Tally {
 /// Redraws until every op in `ids` is terminal or waits on a held lane;
 /// `Some(what is open)` when `within` runs out first.
 pub(super) async fn watch(node: &Node, ids: &[OpId], within: Duration) -> Result<Option<String>, DemoError> {
-    let wanted: HashSet<OpId> = ids.iter().copied().collect();
     let bars = MultiProgress::new();
     let style = ProgressStyle::with_template("{prefix:>16} {bar:32.cyan/blue} {pos:>3}/{len:<3} {msg}")
         .unwrap_or_else(|_| ProgressStyle::default_bar());
@@ -33,13 +31,8 @@ pub(super) async fn watch(node: &Node, ids: &[OpId], within: Duration) -> Result
     let lanes = bars.add(ProgressBar::new_spinner());
     let deadline = tokio::time::Instant::now() + within;
     let queue = node.dispatcher.queue();
-    let filter = OpFilter {
-        limit: 100_000,
-        ..OpFilter::default()
-    };
     loop {
-        let mut ops: Vec<Op> = queue.list(&filter).await?;
-        ops.retain(|o| wanted.contains(&o.id));
+        let ops = super::ops_of(node, ids).await?;
         let held: HashSet<String> = queue.lane_halts(None).await?.into_iter().map(|h| h.lane).collect();
         let mut tallies: BTreeMap<&str, Tally> = BTreeMap::new();
         for op in &ops {
@@ -89,7 +82,7 @@ pub(super) async fn watch(node: &Node, ids: &[OpId], within: Duration) -> Result
             .filter(|o| matches!(o.status, Status::Pending | Status::Submitted))
             .filter(|o| !o.lanes.iter().any(|l| held.contains(l)))
             .collect();
-        if open.is_empty() && ops.len() == wanted.len() {
+        if open.is_empty() && ops.len() == ids.len() {
             for bar in kinds.values() {
                 bar.finish();
             }

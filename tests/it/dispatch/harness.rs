@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use async_trait::async_trait;
 use laneway::clock::SystemClock;
-use laneway::config::{self, Config};
+use laneway::config::{self, Config, FileSource};
 use laneway::dispatch::Dispatcher;
 use laneway::executor::{Attempt, Executor, Executors, Reconciled, Registry};
 use laneway::node::{Node, Services, Wiring};
@@ -254,39 +254,6 @@ impl Running {
         Self::with(queue, executors, None, config).await
     }
 
-    /// The dispatcher and its HTTP API on a free loopback port (what
-    /// `api.listen` says is replaced); `plugins` and their config file
-    /// serve the reload routes.
-    pub async fn with_api(
-        queue: Arc<dyn Queue>,
-        executors: Arc<Registry>,
-        plugins: Option<(Arc<PluginHost>, laneway::config::FileSource)>,
-        mut config: Config,
-    ) -> anyhow::Result<(Self, std::net::SocketAddr)> {
-        config.api.listen = "127.0.0.1:0".to_owned();
-        let (plugins, source) = plugins.unzip();
-        let wiring = Wiring {
-            queue,
-            executors,
-            plugins,
-            source,
-            clock: Arc::new(SystemClock),
-            services: Services {
-                api: true,
-                ..Services::DISPATCH_ONLY
-            },
-        };
-        let node = Node::start(config, wiring).await?;
-        let addr = node.api_addr().context("the API did not start")?;
-        Ok((
-            Self {
-                dispatcher: node.dispatcher.clone(),
-                node,
-            },
-            addr,
-        ))
-    }
-
     /// As [`Running::start`], with the plugin host's fee policies.
     pub async fn with(
         queue: Arc<dyn Queue>,
@@ -294,13 +261,59 @@ impl Running {
         plugins: Option<Arc<PluginHost>>,
         config: Config,
     ) -> anyhow::Result<Self> {
+        Self::wired(queue, executors, plugins, None, Services::DISPATCH_ONLY, config).await
+    }
+
+    /// The dispatcher and its HTTP API on a free loopback port (what
+    /// `api.listen` says is replaced); `plugins` and their config file
+    /// serve the reload routes.
+    pub async fn with_api(
+        queue: Arc<dyn Queue>,
+        executors: Arc<Registry>,
+        plugins: Option<(Arc<PluginHost>, FileSource)>,
+        mut config: Config,
+    ) -> anyhow::Result<(Self, std::net::SocketAddr)> {
+        config.api.listen = "127.0.0.1:0".to_owned();
+        let (plugins, source) = plugins.unzip();
+        let api = Services {
+            api: true,
+            ..Services::DISPATCH_ONLY
+        };
+        let running = Self::wired(queue, executors, plugins, source, api, config).await?;
+        let addr = running.node.api_addr().context("the API did not start")?;
+        Ok((running, addr))
+    }
+
+    /// The plugins' dispatcher, hot-reloading when `source` or a plugin
+    /// file changes, as `laneway run` does.
+    pub async fn watching(
+        queue: Arc<dyn Queue>,
+        plugins: Arc<PluginHost>,
+        source: FileSource,
+        config: Config,
+    ) -> anyhow::Result<Self> {
+        let watch = Services {
+            watch: true,
+            ..Services::DISPATCH_ONLY
+        };
+        Self::wired(queue, plugins.registry(), Some(plugins), Some(source), watch, config).await
+    }
+
+    async fn wired(
+        queue: Arc<dyn Queue>,
+        executors: Arc<Registry>,
+        plugins: Option<Arc<PluginHost>>,
+        source: Option<FileSource>,
+        services: Services,
+        config: Config,
+    ) -> anyhow::Result<Self> {
         let wiring = Wiring {
             queue,
             executors,
             plugins,
-            source: None,
+            source,
             clock: Arc::new(SystemClock),
-            services: Services::DISPATCH_ONLY,
+            services,
         };
         let node = Node::start(config, wiring).await?;
         Ok(Self {

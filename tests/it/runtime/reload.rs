@@ -50,8 +50,7 @@ async fn a_new_version_serves_within_two_seconds_and_a_corrupt_one_is_refused() 
     let config = laneway::config::load(&source, Vec::new())?;
     let host = Arc::new(PluginHost::new(&config)?);
     host.apply(&config).await?;
-    let running = Running::start(db.queue.clone(), host.registry(), config).await?;
-    host.watch(source, running.dispatcher.clone(), Duration::from_millis(100));
+    let running = Running::watching(db.queue.clone(), host.clone(), source, config).await?;
 
     // A producer enqueues steadily throughout.
     let producer = {
@@ -153,8 +152,7 @@ async fn the_example_plugin_is_dropped_into_a_running_host_by_editing_its_config
     let config = laneway::config::load(&source, Vec::new())?;
     let host = Arc::new(PluginHost::new(&config)?);
     host.apply(&config).await?;
-    let running = Running::start(db.queue.clone(), host.registry(), config).await?;
-    host.watch(source, running.dispatcher.clone(), Duration::from_millis(100));
+    let running = Running::watching(db.queue.clone(), host.clone(), source, config).await?;
 
     // A producer's op for a kind nobody serves yet waits, using no attempt.
     let id = db
