@@ -419,6 +419,9 @@ pub async fn plan_fan_out(
     config: &crate::config::Config,
     request: &crate::fanout::FanOut,
 ) -> Result<PlannedFanOut, FanOutFailure> {
+    config
+        .refuse_internal_kind(&request.kind)
+        .map_err(FanOutFailure::Refused)?;
     let kind = config.kind(&request.kind).map_err(FanOutFailure::Refused)?;
     let ops = crate::fanout::plan(request, &kind.correlate_types(), kind.priority)
         .map_err(|e| FanOutFailure::Refused(e.to_string()))?;

@@ -43,6 +43,27 @@ pub enum EnqueueError {
     /// The kind is not configured.
     #[error("{0}")]
     UnknownKind(String),
+    /// The kind is laneway's own (outcome webhooks, inbound activities).
+    #[error("{0}")]
+    InternalKind(String),
+    /// The kind's plugin owns its lanes and the op names lanes without
+    /// every one the plugin names.
+    #[error("kind {kind:?}: its plugin owns its lanes; the op's lanes must include {missing:?} (or name none)")]
+    LanesNotOwned {
+        /// The kind.
+        kind: String,
+        /// The plugin's lanes the op left out.
+        missing: Vec<String>,
+    },
+    /// The kind's plugin owns its lanes but named none (it is not loaded,
+    /// or it refused the op).
+    #[error("kind {kind:?}: its plugin owns its lanes but named none for this op ({why})")]
+    NoPluginLanes {
+        /// The kind.
+        kind: String,
+        /// Why.
+        why: String,
+    },
     /// The kind orders its ops by lane and none was given.
     #[error("kind {kind:?} needs at least one lane (a recipient inbox or signer account); pass --lane")]
     LanesRequired {
@@ -57,6 +78,9 @@ pub enum EnqueueError {
 ///
 /// [`EnqueueError`] when the kind is unknown or lanes are missing.
 pub fn prepare(request: EnqueueRequest, config: &Config) -> Result<NewOp, EnqueueError> {
+    config
+        .refuse_internal_kind(&request.kind)
+        .map_err(EnqueueError::InternalKind)?;
     let kind = config.kind(&request.kind).map_err(EnqueueError::UnknownKind)?;
     if kind.lanes == LanePresence::Required && request.lanes.iter().all(|l| l.trim().is_empty()) {
         return Err(EnqueueError::LanesRequired { kind: request.kind });
@@ -73,6 +97,35 @@ pub fn prepare(request: EnqueueRequest, config: &Config) -> Result<NewOp, Enqueu
         correlation_id: request.correlation_id,
         not_before: request.not_before,
     })
+}
+
+/// The lanes an op of a kind whose plugin owns its lanes
+/// ([`LanePresence::Plugin`]) is enqueued with: the plugin's when the
+/// producer names none; the producer's when they include every one of the
+/// plugin's; refused otherwise.
+///
+/// # Errors
+///
+/// [`EnqueueError::NoPluginLanes`] or [`EnqueueError::LanesNotOwned`].
+pub fn owned_lanes(kind: &str, given: Vec<String>, plugin: Vec<String>) -> Result<Vec<String>, EnqueueError> {
+    if plugin.is_empty() {
+        return Err(EnqueueError::NoPluginLanes {
+            kind: kind.to_owned(),
+            why: "the plugin named no lane".to_owned(),
+        });
+    }
+    if given.is_empty() {
+        return Ok(plugin);
+    }
+    let missing: Vec<String> = plugin.into_iter().filter(|l| !given.contains(l)).collect();
+    if missing.is_empty() {
+        Ok(given)
+    } else {
+        Err(EnqueueError::LanesNotOwned {
+            kind: kind.to_owned(),
+            missing,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -112,6 +165,37 @@ mod tests {
                 kind: "activitypub".to_owned()
             })
         );
+    }
+
+    #[test]
+    fn internal_kinds_are_refused() {
+        let config = config::from_toml_str("[inbound]\nkind = \"hear\"\n[kinds.hear]\n").expect("valid");
+        for kind in ["outcome_webhook", "hear"] {
+            let err = prepare(request(kind, &["x"]), &config).unwrap_err();
+            assert!(matches!(err, EnqueueError::InternalKind(_)), "{kind}: {err}");
+        }
+        assert!(prepare(request("activitypub", &["x"]), &config).is_ok());
+    }
+
+    #[test]
+    fn a_plugin_that_owns_its_lanes_decides_them() {
+        let lanes = |v: &[&str]| v.iter().map(|l| (*l).to_owned()).collect::<Vec<_>>();
+        assert_eq!(
+            owned_lanes("w", lanes(&[]), lanes(&["GSIGNER"])),
+            Ok(lanes(&["GSIGNER"]))
+        );
+        assert_eq!(
+            owned_lanes("w", lanes(&["user:7", "GSIGNER"]), lanes(&["GSIGNER"])),
+            Ok(lanes(&["user:7", "GSIGNER"]))
+        );
+        assert!(matches!(
+            owned_lanes("w", lanes(&["user:7"]), lanes(&["GSIGNER"])),
+            Err(EnqueueError::LanesNotOwned { missing, .. }) if missing == lanes(&["GSIGNER"])
+        ));
+        assert!(matches!(
+            owned_lanes("w", lanes(&["user:7"]), lanes(&[])),
+            Err(EnqueueError::NoPluginLanes { .. })
+        ));
     }
 
     #[test]

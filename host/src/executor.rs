@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
@@ -51,6 +52,9 @@ pub trait Notes: Send + Sync {
     async fn get(&self, plugin: &str, host: &str, key: &str) -> Result<Option<String>, QueueError>;
     /// Stores it.
     async fn set(&self, plugin: &str, host: &str, key: &str, value: &str) -> Result<(), QueueError>;
+    /// Takes the claim `key` of `plugin` on `host` for `ttl` unless someone
+    /// (on any host) holds it: `true` when taken.
+    async fn claim(&self, plugin: &str, host: &str, key: &str, ttl: Duration) -> Result<bool, QueueError>;
 }
 
 /// Notes kept as shared records, one namespace per plugin.
@@ -87,6 +91,25 @@ impl Notes for QueueNotes {
             )
             .await?;
         Ok(())
+    }
+
+    async fn claim(&self, plugin: &str, host: &str, key: &str, ttl: Duration) -> Result<bool, QueueError> {
+        // The record holds when the claim ends (Unix ms); taking it is a
+        // compare-and-set on its version, so of hosts racing one wins.
+        let namespace = format!("claim:{plugin}");
+        let key = Self::key(host, key);
+        let now = chrono::Utc::now().timestamp_millis();
+        let until = now.saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX));
+        let expect = match self.0.record(&namespace, &key).await? {
+            None => crate::queue::Expect::Absent,
+            Some(held) if held.value.parse::<i64>().is_ok_and(|end| end > now) => return Ok(false),
+            Some(expired) => crate::queue::Expect::Version(expired.version),
+        };
+        Ok(self
+            .0
+            .put_record(&namespace, &key, &until.to_string(), expect)
+            .await?
+            .applied())
     }
 }
 

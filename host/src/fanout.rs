@@ -23,22 +23,36 @@ pub struct Recipient {
 }
 
 impl Recipient {
-    /// Parses `INBOX` or `INBOX=SHARED_INBOX`. The split is at the last
-    /// `=http://` or `=https://`, so an inbox URL may carry a query string
-    /// (`…/inbox?a=1`); a trailing `=` names no shared inbox.
+    /// Parses `INBOX` or `INBOX=SHARED_INBOX`. It splits at an `=` only
+    /// where the right side is itself an absolute http(s) URL and the left
+    /// side a complete one: not inside a query parameter that has no value
+    /// yet (`…/inbox?next=http://…` is one inbox), so an inbox URL may carry
+    /// any query string, `=` signs and all (`?token=abc=` stays as given).
+    /// Of several such places the last is taken.
     pub fn parse(text: &str) -> Self {
-        let split = ["=https://", "=http://"]
-            .iter()
-            .filter_map(|marker| text.rfind(marker))
-            .max()
-            .filter(|at| *at > 0);
+        let absolute = |url: &str| {
+            reqwest::Url::parse(url).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host_str().is_some())
+        };
+        let complete = |left: &str| {
+            absolute(left)
+                && match left.split_once('?') {
+                    // The `=` must not be the one that gives the last
+                    // query parameter its value.
+                    Some((_, query)) => query.rsplit('&').next().is_some_and(|last| last.contains('=')),
+                    None => true,
+                }
+        };
+        let split = text
+            .rmatch_indices('=')
+            .map(|(at, _)| at)
+            .find(|&at| at > 0 && complete(&text[..at]) && absolute(&text[at + 1..]));
         match split {
             Some(at) => Recipient {
                 inbox: text[..at].to_owned(),
                 shared_inbox: Some(text[at + 1..].to_owned()),
             },
             None => Recipient {
-                inbox: text.strip_suffix('=').unwrap_or(text).to_owned(),
+                inbox: text.to_owned(),
                 shared_inbox: None,
             },
         }
@@ -79,6 +93,14 @@ pub enum FanOutError {
     /// No recipient was given.
     #[error("the activity has no recipients")]
     NoRecipients,
+    /// More recipients than one fan-out may name.
+    #[error("a fan-out may name at most {max} recipients, got {got}")]
+    TooManyRecipients {
+        /// The cap.
+        max: usize,
+        /// How many were given.
+        got: usize,
+    },
     /// A recipient's inbox is not an http(s) URL.
     #[error("recipient inbox {0:?} is not an http(s) URL")]
     BadInbox(String),
@@ -142,6 +164,9 @@ pub fn undone_announces(request: &FanOut, ops: &[NewOp]) -> Vec<String> {
     }
 }
 
+/// Most recipients one fan-out may name (checked before any is parsed).
+pub const MAX_RECIPIENTS: usize = 100_000;
+
 /// Object types whose id becomes the correlation id when a kind's config
 /// does not say (`correlate_types = [...]`).
 pub const DEFAULT_CORRELATE_TYPES: [&str; 1] = ["CaseLedgerEntry"];
@@ -181,6 +206,12 @@ pub fn plan(
     if request.recipients.is_empty() {
         return Err(FanOutError::NoRecipients);
     }
+    if request.recipients.len() > MAX_RECIPIENTS {
+        return Err(FanOutError::TooManyRecipients {
+            max: MAX_RECIPIENTS,
+            got: request.recipients.len(),
+        });
+    }
     let id = str_field(&activity, "id");
     let kind = str_field(&activity, "type");
     let object = activity.get("object");
@@ -191,9 +222,10 @@ pub fn plan(
         _ => None,
     };
     let mut inboxes: Vec<String> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for r in &request.recipients {
         let inbox = canonical_inbox(r.delivery_inbox())?;
-        if !inboxes.contains(&inbox) {
+        if seen.insert(inbox.clone()) {
             inboxes.push(inbox);
         }
     }
@@ -245,10 +277,24 @@ mod tests {
         let r = Recipient::parse("https://a.example/u/x/inbox?k=v=https://a.example/inbox?s=1");
         assert_eq!(r.inbox, "https://a.example/u/x/inbox?k=v");
         assert_eq!(r.shared_inbox.as_deref(), Some("https://a.example/inbox?s=1"));
-        let r = Recipient::parse("https://a.example/inbox=");
-        assert_eq!((r.inbox.as_str(), r.shared_inbox), ("https://a.example/inbox", None));
         let r = Recipient::parse("http://a.example/u=http://a.example/shared");
         assert_eq!(r.shared_inbox.as_deref(), Some("http://a.example/shared"));
+        // An inbox whose query ends in `=` is sent as given.
+        let r = Recipient::parse("https://a.example/inbox?token=abc=");
+        assert_eq!(
+            (r.inbox.as_str(), r.shared_inbox),
+            ("https://a.example/inbox?token=abc=", None)
+        );
+        // A query parameter whose value is a URL is not a shared inbox.
+        let r = Recipient::parse("https://a.example/inbox?next=http://b.example/inbox");
+        assert_eq!(
+            (r.inbox.as_str(), r.shared_inbox),
+            ("https://a.example/inbox?next=http://b.example/inbox", None)
+        );
+        // ... but one after a complete inbox is.
+        let r = Recipient::parse("https://a.example/inbox?next=http://b.example/x=https://a.example/shared");
+        assert_eq!(r.inbox, "https://a.example/inbox?next=http://b.example/x");
+        assert_eq!(r.shared_inbox.as_deref(), Some("https://a.example/shared"));
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! *unavailable* (its ops are held, not attempted and not dead-lettered,
 //! except one probe op per interval); a 410 from a shared inbox or an
 //! operator *suspends* it (held, no probes). A success, an inbound activity
-//! from the host or an operator's resume makes it available again.
+//! from the host or an operator's resume makes it available again, except
+//! that an operator's suspension is lifted only by an operator: a server
+//! cannot end its own suspension by sending us an activity.
 //!
 //! Pure: the caller passes the time and stores the result (`destinations`).
 //! The per-host breaker (`breaker`) is the short-term counterpart: it
@@ -79,6 +81,9 @@ pub struct Health {
     pub reason: Option<String>,
     /// When an unavailable host's next probe may go.
     pub next_probe_at: Option<DateTime<Utc>>,
+    /// Suspended by an operator (only an operator resumes it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub by_operator: bool,
 }
 
 /// Something that bears on a host's health.
@@ -136,6 +141,15 @@ impl Health {
     #[must_use]
     pub fn after(&self, event: Event<'_>, now: DateTime<Utc>, config: &HealthConfig) -> Health {
         match event {
+            // The host is up, but an operator's suspension stands: only
+            // what is known against the host is cleared.
+            Event::Answered | Event::Inbound if self.by_operator => Health {
+                failures: 0,
+                first_failure_at: None,
+                last_failure_at: None,
+                last_error: None,
+                ..self.clone()
+            },
             Event::Answered | Event::Inbound | Event::Resume => Health::default(),
             Event::Failed { error } => {
                 let mut next = self.clone();
@@ -155,17 +169,21 @@ impl Health {
                 }
                 next
             }
-            Event::SharedInboxGone { inbox } => self.suspended(format!("410 Gone from shared inbox {inbox}"), now),
-            Event::Suspend { reason } => self.suspended(reason.to_owned(), now),
+            Event::SharedInboxGone { .. } if self.by_operator => self.clone(),
+            Event::SharedInboxGone { inbox } => {
+                self.suspended(format!("410 Gone from shared inbox {inbox}"), now, false)
+            }
+            Event::Suspend { reason } => self.suspended(reason.to_owned(), now, true),
         }
     }
 
-    fn suspended(&self, reason: String, now: DateTime<Utc>) -> Health {
+    fn suspended(&self, reason: String, now: DateTime<Utc>, by_operator: bool) -> Health {
         Health {
             state: HealthState::Suspended,
             since: Some(now),
             reason: Some(reason),
             next_probe_at: None,
+            by_operator,
             ..self.clone()
         }
     }
@@ -274,6 +292,29 @@ mod tests {
         let by_hand = Health::default().after(Event::Suspend { reason: "abuse" }, t(0), &config);
         assert_eq!(by_hand.reason.as_deref(), Some("abuse"));
         assert!(by_hand.after(Event::Resume, t(1), &config).is_clear());
+    }
+
+    #[test]
+    fn only_an_operator_lifts_an_operator_suspension() {
+        let config = HealthConfig::default();
+        let by_hand = failed(&Health::default(), t(0)).after(Event::Suspend { reason: "abuse" }, t(1), &config);
+        assert!(by_hand.by_operator);
+        for event in [
+            Event::Inbound,
+            Event::Answered,
+            Event::SharedInboxGone {
+                inbox: "https://a/inbox",
+            },
+        ] {
+            let after = by_hand.after(event, t(2), &config);
+            assert_eq!(after.state, HealthState::Suspended, "{event:?}");
+            assert_eq!(after.reason.as_deref(), Some("abuse"), "{event:?}");
+            assert_eq!(after.admit(t(3)), Admit::Hold { until: None }, "{event:?}");
+        }
+        assert_eq!(by_hand.after(Event::Inbound, t(2), &config).failures, 0);
+        assert!(by_hand.after(Event::Resume, t(2), &config).is_clear());
+        let text = serde_json::to_string(&by_hand).unwrap_or_default();
+        assert_eq!(serde_json::from_str::<Health>(&text).ok(), Some(by_hand));
     }
 
     #[test]

@@ -168,12 +168,13 @@ impl Node {
         let mut oracles = Vec::new();
         if let (true, Some(plugins)) = (services.oracles, &plugins) {
             for (name, oracle) in &config.oracles {
-                let rpc = StellarRpc::new(&oracle.rpc_url, Duration::from_millis(oracle.timeout_ms)).map_err(|e| {
-                    NodeError::Oracle {
+                let policy = crate::config::oracle_egress(name, &oracle.rpc_url, &config.plugins);
+                let rpc = StellarRpc::new(&oracle.rpc_url, Duration::from_millis(oracle.timeout_ms), policy).map_err(
+                    |e| NodeError::Oracle {
                         name: name.clone(),
                         why: e.to_string(),
-                    }
-                })?;
+                    },
+                )?;
                 let fee_oracle = FeeOracle::new(
                     name,
                     rpc,

@@ -33,13 +33,17 @@ pub enum OracleError {
     Stored(#[from] crate::pricing::PricingError),
 }
 
-/// A minimal Stellar RPC client: JSON-RPC 2.0 over HTTP POST, named params.
+/// A minimal Stellar RPC client: JSON-RPC 2.0 over HTTP POST, named params,
+/// through the egress guard.
 #[derive(Debug)]
 pub struct StellarRpc {
-    http: reqwest::Client,
+    http: crate::egress::Guarded,
     url: String,
     next_id: AtomicU64,
 }
+
+/// The largest RPC answer read (`getFeeStats` is under 2 KiB).
+const MAX_RPC_RESPONSE: usize = 1024 * 1024;
 
 fn fee_field(dist: &Value, key: &str) -> Result<u64, OracleError> {
     // Fees and the transaction count are strings on the wire (Go `,string` tags).
@@ -55,16 +59,23 @@ fn fee_field(dist: &Value, key: &str) -> Result<u64, OracleError> {
 }
 
 impl StellarRpc {
-    /// A client for the RPC server at `url`.
+    /// A client for the RPC server at `url`, reaching what `policy` allows
+    /// (`config::oracle_egress`: the plugins that list the URL).
     ///
     /// # Errors
     ///
-    /// [`OracleError::Rpc`] when the HTTP client cannot be built.
-    pub fn new(url: &str, timeout: Duration) -> Result<Self, OracleError> {
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .build()
-            .map_err(|e| OracleError::Rpc(e.to_string()))?;
+    /// [`OracleError::Rpc`] when the HTTP client cannot be built or the
+    /// policy refuses the URL.
+    pub fn new(url: &str, timeout: Duration, policy: crate::egress::Egress) -> Result<Self, OracleError> {
+        policy
+            .check(url)
+            .map_err(|refusal| OracleError::Rpc(format!("refused: {refusal}")))?;
+        let options = crate::egress::Options {
+            connect_timeout: timeout,
+            timeout,
+            ..crate::egress::Options::default()
+        };
+        let http = crate::egress::Guarded::new(policy, options).map_err(OracleError::Rpc)?;
         Ok(Self {
             http,
             url: url.to_owned(),
@@ -83,15 +94,16 @@ impl StellarRpc {
         if let Some(params) = params {
             request["params"] = params;
         }
-        let body = self
+        let response = self
             .http
-            .post(&self.url)
+            .request(reqwest::Method::POST, &self.url)
+            .map_err(|refusal| OracleError::Rpc(format!("{method}: refused: {refusal}")))?
             .header("content-type", "application/json")
             .body(request.to_string())
             .send()
             .await
-            .map_err(|e| OracleError::Rpc(format!("{method}: {e}")))?
-            .bytes()
+            .map_err(|e| OracleError::Rpc(format!("{method}: {}", crate::egress::client::describe(&e))))?;
+        let body = crate::egress::client::read_capped(response, MAX_RPC_RESPONSE)
             .await
             .map_err(|e| OracleError::Rpc(format!("{method}: {e}")))?;
         let response: Value =

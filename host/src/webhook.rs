@@ -13,7 +13,11 @@
 //! The executor POSTs the body with Standard Webhooks headers
 //! (`webhook-id`, `webhook-timestamp`, `webhook-signature: v1,…` over
 //! `id.timestamp.body`, HMAC-SHA256 with the kind's `hmac-sha256` key). The
-//! key never leaves the host's key store.
+//! key never leaves the host's key store. Where it sends and which key signs
+//! come from the config of the kind the outcome is about, never from the
+//! op's payload (a payload is data a producer could have written), and the
+//! POST goes through the egress guard (`[outcomes] allowed_hosts` and
+//! `allowed_internal`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,17 +34,29 @@ use crate::op::Op;
 use crate::outcome::Outcome;
 use crate::queue::{NewOp, OutcomeEntry, Queue, QueueError};
 
-/// What an `outcome_webhook` op carries.
+/// What an `outcome_webhook` op carries: data only. Where it goes and which
+/// key signs it are the config's (`kinds.KIND.outcome_webhook` and
+/// `outcome_webhook_key`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Delivery {
-    /// Where to POST.
-    pub url: String,
-    /// The `[keys.ID]` that signs it.
-    pub key: String,
+    /// The kind whose outcome this is.
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// Where an op made before the kind was recorded was going: only
+    /// matched against the configured webhooks, never sent to as such.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
     /// `webhook-id`: the same on every attempt, so receivers deduplicate.
     pub id: String,
     /// The body, exactly as sent.
     pub body: String,
+}
+
+/// A configured webhook: where, and the key that signs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Target {
+    url: String,
+    key: String,
 }
 
 /// The Standard Webhooks `v1` signature of a message.
@@ -69,18 +85,48 @@ pub fn body(entry: &OutcomeEntry, last_attempt: Option<&crate::op::Attempt>) -> 
 /// Delivers `outcome_webhook` ops.
 pub struct WebhookExecutor {
     keys: Arc<KeyStore>,
-    http: reqwest::Client,
+    http: Result<crate::egress::Guarded, String>,
+    targets: std::collections::BTreeMap<String, Target>,
 }
 
 impl WebhookExecutor {
-    /// An executor signing with `keys`.
-    pub fn new(keys: Arc<KeyStore>) -> Self {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .unwrap_or_default();
-        Self { keys, http }
+    /// An executor for `config`'s webhooks, signing with `keys`. A policy
+    /// that does not parse (`check-config` reports it) leaves every
+    /// delivery retrying with that error, so fixing the config delivers.
+    pub fn new(keys: Arc<KeyStore>, config: &Config) -> Self {
+        let http = crate::egress::Egress::from_config(
+            "outcomes",
+            &config.outcomes.allowed_hosts,
+            &config.outcomes.allowed_internal,
+        )
+        .and_then(|policy| {
+            crate::egress::Guarded::new(
+                policy,
+                crate::egress::Options {
+                    timeout: Duration::from_secs(10),
+                    ..crate::egress::Options::default()
+                },
+            )
+        });
+        let targets = config
+            .kinds
+            .iter()
+            .filter_map(|(name, kind)| {
+                let (url, key) = (kind.outcome_webhook.clone()?, kind.outcome_webhook_key.clone()?);
+                Some((name.clone(), Target { url, key }))
+            })
+            .collect();
+        Self { keys, http, targets }
+    }
+
+    /// The configured webhook a delivery is for.
+    fn target(&self, delivery: &Delivery) -> Option<&Target> {
+        match (&delivery.kind, &delivery.url) {
+            (Some(kind), _) => self.targets.get(kind),
+            // Queued by an older laneway: only a URL the config still names.
+            (None, Some(url)) => self.targets.values().find(|t| t.url == *url),
+            (None, None) => None,
+        }
     }
 }
 
@@ -91,15 +137,29 @@ impl Executor for WebhookExecutor {
             Ok(d) => d,
             Err(e) => return Outcome::permanent(format!("not an outcome webhook: {e}")),
         };
+        // A webhook removed from the config: retried, so restoring the
+        // config delivers it (an operator can cancel it instead).
+        let Some(target) = self.target(&delivery) else {
+            return Outcome::retry(format!(
+                "no outcome_webhook is configured for kind {:?}",
+                delivery.kind.as_deref().unwrap_or("?")
+            ));
+        };
+        let http = match &self.http {
+            Ok(http) => http,
+            Err(e) => return Outcome::retry(format!("cannot send: {e}")),
+        };
         let timestamp = chrono::Utc::now().timestamp();
-        let signature = match signature(&self.keys, &delivery.key, &delivery.id, timestamp, &delivery.body) {
+        let signature = match signature(&self.keys, &target.key, &delivery.id, timestamp, &delivery.body) {
             Ok(s) => s,
             // A key gone from the config: retried, so fixing the config delivers it.
             Err(e) => return Outcome::retry(format!("cannot sign: {e}")),
         };
-        let response = self
-            .http
-            .post(&delivery.url)
+        let request = match http.request(reqwest::Method::POST, &target.url) {
+            Ok(request) => request,
+            Err(refusal) => return Outcome::permanent(format!("POST {}: refused: {refusal}", target.url)),
+        };
+        let response = request
             .header("content-type", "application/json")
             .header("webhook-id", &delivery.id)
             .header("webhook-timestamp", timestamp.to_string())
@@ -108,7 +168,10 @@ impl Executor for WebhookExecutor {
             .send()
             .await;
         match response {
-            Err(e) => Outcome::retry(format!("POST {}: {e}", delivery.url)),
+            Err(e) => match crate::egress::client::refusal(&e) {
+                Some(refusal) => Outcome::permanent(format!("POST {}: refused: {refusal}", target.url)),
+                None => Outcome::retry(format!("POST {}: {}", target.url, crate::egress::client::describe(&e))),
+            },
             Ok(r) => {
                 let status = r.status();
                 let detail = Some(status.as_u16().to_string());
@@ -168,16 +231,16 @@ pub async fn relay_once(
             let Some(kind) = config.kinds.get(&entry.op.kind) else {
                 continue;
             };
-            let (Some(url), Some(key)) = (&kind.outcome_webhook, &kind.outcome_webhook_key) else {
+            if kind.outcome_webhook.is_none() || kind.outcome_webhook_key.is_none() {
                 continue;
-            };
+            }
             if entry.op.kind == WEBHOOK_KIND {
                 continue;
             }
             let attempts = queue.attempts(entry.op.id).await?;
             let delivery = Delivery {
-                url: url.clone(),
-                key: key.clone(),
+                kind: Some(entry.op.kind.clone()),
+                url: None,
                 id: format!("msg_{}_{}", entry.op.id, entry.cursor.replace('.', "_")),
                 body: body(entry, attempts.last()).to_string(),
             };
@@ -190,7 +253,7 @@ pub async fn relay_once(
         }
         if !ops.is_empty() {
             sent += ops.len();
-            dispatcher.enqueue(&ops).await?;
+            dispatcher.enqueue_internal(&ops).await?;
         }
         queue.set_feed_cursor(RELAY, &last).await?;
         cursor = Some(last);

@@ -29,6 +29,9 @@ crate::on_both_backends!(
     a_breaker_opened_by_hand_holds_its_destination_until_closed,
     the_plugin_routes_show_digests_and_a_refused_reload_changes_nothing,
     the_cli_acts_through_the_api_with_a_key_and_no_database,
+    hostile_producer_input_is_refused_quickly_and_changes_nothing,
+    an_activity_is_stored_and_sent_byte_for_byte,
+    slow_and_endless_requests_are_cut_off_and_health_still_answers,
 );
 
 /// A dispatcher and its API on a free local port.
@@ -1126,5 +1129,221 @@ async fn the_cli_acts_through_the_api_with_a_key_and_no_database(db: TestDb) -> 
         Err(e) => ensure!(e.to_string().contains("--url applies to"), "{e}"),
         Ok(out) => anyhow::bail!("migrate over the API: {out}"),
     }
+    served.running.stop().await
+}
+
+async fn hostile_producer_input_is_refused_quickly_and_changes_nothing(db: TestDb) -> anyhow::Result<()> {
+    let exec = Scripted::new(0);
+    let served = Served::start(&db, &exec, "[api]\nmax_body_bytes = 16777216\n").await?;
+    let producer = served.key("producer", &["ops:write"]).await?;
+    let reader = served.key("reader", &["ops:write", "outbox:read"]).await?;
+    let admin = served.key("admin", &["outbox:read"]).await?;
+    // laneway's own kinds are not producer kinds: a signed webhook to any
+    // URL, or a forged "verified" inbound activity.
+    for (kind, outbox) in [("outcome_webhook", "outcomes:o"), ("activitypub_inbound", "inbound")] {
+        let body = format!(
+            r#"{{"kind":"{kind}","outbox":"{outbox}","lanes":["x"],"payload":{{"url":"http://169.254.169.254/","key":"hooks","id":"m","body":"{{}}"}}}}"#
+        );
+        let (status, answer) = served.call("POST", "/api/v1/ops", Some(&producer), Some(&body)).await?;
+        ensure!(
+            status == 422 && code(&answer) == "internal_kind",
+            "{kind}: {status} {answer}"
+        );
+        let fan = format!(
+            r#"{{"kind":"{kind}","outbox":"o","activity":{{"id":"https://a/1"}},"recipients":["https://b.example/inbox"]}}"#
+        );
+        let (status, answer) = served
+            .call("POST", "/api/v1/activitypub/deliveries", Some(&producer), Some(&fan))
+            .await?;
+        ensure!(status == 422, "fan-out as {kind}: {status} {answer}");
+    }
+    // The library refuses them too, and plain SQL outside their outboxes.
+    let lib = served
+        .running
+        .dispatcher
+        .enqueue(&[laneway::queue::NewOp::new("o", "outcome_webhook", "{}".to_owned())])
+        .await;
+    ensure!(lib.is_err(), "the library enqueued an internal kind");
+    let sql = served
+        .queue
+        .enqueue(&[laneway::queue::NewOp {
+            lanes: vec!["x".into()],
+            ..laneway::queue::NewOp::new("orders", "outcome_webhook", "{}".to_owned())
+        }])
+        .await;
+    ensure!(
+        matches!(sql, Err(laneway::queue::QueueError::InvalidOp(_))),
+        "the database took an internal kind outside its outboxes: {sql:?}"
+    );
+
+    // A repeated idempotency key answers the id and status, not the op,
+    // to a key that may not read ops.
+    let op = r#"{"kind":"activitypub","outbox":"o","lanes":["https://a.example/inbox"],"payload":{"secret":"s3"},"idempotency_key":"k"}"#;
+    let (status, first) = served.call("POST", "/api/v1/ops", Some(&reader), Some(op)).await?;
+    ensure!(status == 201, "{status} {first}");
+    let (status, replay) = served.call("POST", "/api/v1/ops", Some(&producer), Some(op)).await?;
+    ensure!(status == 200 && replay["status"] == "existing", "{status} {replay}");
+    ensure!(
+        !replay.to_string().contains("s3"),
+        "the replay read the payload: {replay}"
+    );
+    ensure!(
+        replay["op"]["status"].is_string() && replay["op"]["payload"].is_null(),
+        "{replay}"
+    );
+    let (_, full) = served.call("POST", "/api/v1/ops", Some(&reader), Some(op)).await?;
+    ensure!(full.to_string().contains("s3"), "a reader sees the op: {full}");
+
+    let before = served
+        .queue
+        .list(&OpFilter {
+            limit: 1000,
+            ..OpFilter::default()
+        })
+        .await?
+        .len();
+    // 120,000 lanes: refused by count before any de-duplication.
+    let lanes: Vec<String> = (0..120_000).map(|n| format!("lane-{n}")).collect();
+    let body = serde_json::json!({ "kind": "activitypub", "outbox": "o", "lanes": lanes, "payload": {} }).to_string();
+    let started = std::time::Instant::now();
+    let (status, answer) = served.call("POST", "/api/v1/ops", Some(&producer), Some(&body)).await?;
+    ensure!(status == 422 && code(&answer) == "invalid_op", "{status} {answer}");
+    ensure!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?} for a lane list",
+        started.elapsed()
+    );
+    // 100,001 recipients: refused by count.
+    let recipients: Vec<String> = (0..100_001).map(|n| format!("https://h{n}.example/inbox")).collect();
+    let body =
+        serde_json::json!({ "outbox": "o", "activity": { "id": "https://a/2" }, "recipients": recipients }).to_string();
+    let (status, answer) = served
+        .call("POST", "/api/v1/activitypub/deliveries", Some(&producer), Some(&body))
+        .await?;
+    ensure!(status == 400 || status == 422, "{status} {answer}");
+    // A delay past any date: a 400, not a panic.
+    let body = r#"{"kind":"activitypub","outbox":"o","lanes":["x"],"payload":{},"delay_ms":18446744073709551615}"#;
+    let (status, answer) = served.call("POST", "/api/v1/ops", Some(&producer), Some(body)).await?;
+    ensure!(status == 400, "{status} {answer}");
+    // NUL bytes and dates out of the database's range are bad input on both backends.
+    let body = "{\"kind\":\"activitypub\",\"outbox\":\"o\\u0000\",\"lanes\":[\"x\"],\"payload\":{}}";
+    let (status, answer) = served.call("POST", "/api/v1/ops", Some(&producer), Some(body)).await?;
+    ensure!(status == 422, "NUL in outbox: {status} {answer}");
+    let body = "{\"kind\":\"activitypub\",\"outbox\":\"o\",\"lanes\":[\"x\\u0000\"],\"payload\":{}}";
+    let (status, answer) = served.call("POST", "/api/v1/ops", Some(&producer), Some(body)).await?;
+    ensure!(status == 422, "NUL in a lane: {status} {answer}");
+    let body = "{\"kind\":\"activitypub\",\"outbox\":\"o\",\"lanes\":[\"x\"],\"payload\":{\"a\":\"\\u0000\"}}";
+    let (status, answer) = served.call("POST", "/api/v1/ops", Some(&producer), Some(body)).await?;
+    ensure!(status < 500, "NUL in a payload: {status} {answer}");
+    for path in [
+        "/api/admin/outbox?subject=a%00b",
+        "/api/admin/outbox?lane=a%00b",
+        "/api/admin/outbox?created_after=%2B262142-01-01T00:00:00Z",
+        "/api/admin/outbox?created_before=-262143-01-01T00:00:00Z",
+    ] {
+        let (status, answer) = served.call("GET", path, Some(&admin), None).await?;
+        ensure!(
+            (400..500).contains(&status) || status == 200,
+            "{path}: {status} {answer}"
+        );
+    }
+    let after = served
+        .queue
+        .list(&OpFilter {
+            limit: 1000,
+            ..OpFilter::default()
+        })
+        .await?
+        .len();
+    ensure!(
+        after <= before + 1,
+        "hostile input changed the queue: {before} -> {after}"
+    );
+    served.running.stop().await
+}
+
+async fn an_activity_is_stored_and_sent_byte_for_byte(db: TestDb) -> anyhow::Result<()> {
+    let exec = Scripted::new(0);
+    let served = Served::start(&db, &exec, "").await?;
+    let producer = served.key("producer", &["ops:write"]).await?;
+    // Keys out of order, a 30-digit integer, a float with trailing zeros,
+    // escapes: what a JSON re-encoder would change.
+    let activity =
+        r#"{"type":"Create","id":"https://a.example/1","n":123456789012345678901234567890,"f":1.50,"z":"\u00e9\/"}"#;
+    let body = format!(r#"{{"outbox":"o","activity":{activity},"recipients":["https://b.example/inbox"]}}"#);
+    let (status, answer) = served
+        .call("POST", "/api/v1/activitypub/deliveries", Some(&producer), Some(&body))
+        .await?;
+    ensure!(status == 200, "{status} {answer}");
+    let id = answer["deliveries"][0]["id"].as_i64().context("an op")?;
+    let stored = served.queue.get(id).await?.context("op")?;
+    ensure!(stored.payload == activity, "stored as {}", stored.payload);
+    let op =
+        format!(r#"{{"kind":"activitypub","outbox":"o","lanes":["https://c.example/inbox"],"payload":{activity}}}"#);
+    let (status, answer) = served.call("POST", "/api/v1/ops", Some(&producer), Some(&op)).await?;
+    ensure!(status == 201, "{status} {answer}");
+    let stored = served
+        .queue
+        .get(answer["id"].as_i64().context("id")?)
+        .await?
+        .context("op")?;
+    ensure!(stored.payload == activity, "stored as {}", stored.payload);
+    served.running.stop().await
+}
+
+async fn slow_and_endless_requests_are_cut_off_and_health_still_answers(db: TestDb) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let exec = Scripted::new(0);
+    let served = Served::start(
+        &db,
+        &exec,
+        "[api]\nheader_timeout_ms = 500\nbody_timeout_ms = 1000\nmax_connections_per_ip = 50\n",
+    )
+    .await?;
+    let addr = served.base.trim_start_matches("http://").to_owned();
+    // Slowloris from 127.0.0.1: headers that never end, more than the cap.
+    let mut slow = Vec::new();
+    for _ in 0..60 {
+        let mut s = tokio::net::TcpStream::connect(&addr).await?;
+        s.write_all(b"POST /api/v1/ops HTTP/1.1\r\nHost: x\r\nX-Slow: ").await?;
+        slow.push(s);
+    }
+    // Another client (another loopback address) is still answered at once.
+    let other = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .timeout(Duration::from_secs(2))
+        .build()?;
+    let port = addr.rsplit(':').next().context("port")?;
+    let health = other.get(format!("http://127.0.0.1:{port}/healthz")).send().await?;
+    ensure!(health.status() == 200, "{}", health.status());
+    // Every slow connection is closed within the header timeout (those over
+    // the per-address cap at once).
+    let started = std::time::Instant::now();
+    for s in &mut slow {
+        let mut buf = [0u8; 256];
+        let read = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf)).await;
+        ensure!(read.is_ok(), "a slow connection was held open past the header timeout");
+    }
+    ensure!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    // A 10 GB body that never comes: answered or cut within the body timeout.
+    let mut s = tokio::net::TcpStream::connect(&addr).await?;
+    s.write_all(
+        b"POST /api/v1/ops HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 10000000000\r\n\r\n{\"kind\":",
+    )
+    .await?;
+    let started = std::time::Instant::now();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(4), s.read_to_end(&mut answer)).await;
+    ensure!(read.is_ok(), "a 10 GB Content-Length was held open");
+    let text = String::from_utf8_lossy(&answer);
+    ensure!(
+        text.is_empty() || text.starts_with("HTTP/1.1 4"),
+        "{:?} after {:?}",
+        text.lines().next(),
+        started.elapsed()
+    );
+    // And after all that, 127.0.0.1 is served again.
+    let (status, _) = served.call("GET", "/healthz", None, None).await?;
+    ensure!(status == 200, "{status}");
     served.running.stop().await
 }

@@ -366,8 +366,8 @@ async fn plugin_check_describes_a_good_component_and_refuses_a_bad_one() -> anyh
     let out = env.ok(&["plugin", "check", &noop], "").await?;
     ensure!(
         out.contains("world:    executor-plugin")
-            && out.contains("laneway:plugin@1.3.0")
-            && out.contains("laneway:plugin/validation@1.3.0"),
+            && out.contains("laneway:plugin@1.4.0")
+            && out.contains("laneway:plugin/validation@1.4.0"),
         "{out}"
     );
     let bad = crate::runtime::wasm("forbidden-import")?.display().to_string();

@@ -456,7 +456,7 @@ async fn the_pruner_keeps_an_op_until_the_relay_has_sent_its_webhook(db: TestDb)
     let config = fast_config(&format!(
         "[queue]\nlease_ms = 1000\n[retention]\nconfirmed_ms = 1000\n\
          [keys.hooks]\nalgorithm = \"hmac-sha256\"\nfile = {:?}\n\
-         [outcomes]\nallowed_hosts = [\"http://127.0.0.1:*\"]\n\
+         [outcomes]\nallowed_hosts = [\"http://127.0.0.1:*\"]\nallowed_internal = [\"127.0.0.1\"]\n\
          [kinds.note]\nlanes = \"optional\"\noutcome_webhook = \"http://127.0.0.1:9/hook\"\noutcome_webhook_key = \"hooks\"\n",
         secret.path().display().to_string()
     ))?;

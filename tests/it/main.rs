@@ -12,6 +12,7 @@ mod checks;
 mod cli;
 mod demo;
 mod dispatch;
+mod egress;
 mod lifecycle;
 mod queue_conformance;
 mod runtime;

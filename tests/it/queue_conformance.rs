@@ -47,6 +47,7 @@ crate::on_both_backends!(
     scan_from_goes_on_in_dispatch_order_after_a_position,
     settle_and_claim_settles_first_in_one_transaction,
     a_claim_that_follows_a_settle_is_made_only_if_the_settle_applies,
+    kind_defaults_written_by_many_hosts_at_once_never_collide,
 );
 
 fn op(outbox: &str, lanes: &[&str]) -> NewOp {
@@ -1207,5 +1208,39 @@ async fn settle_and_claim_settles_first_in_one_transaction(db: TestDb) -> anyhow
     );
     let (settled, got) = q.settle_and_claim(&[], &[], &lease_spec("h"), &rules).await?;
     ensure!(settled.is_empty() && got.is_empty());
+    Ok(())
+}
+
+/// Hosts starting or reloading together each write the kind defaults: the
+/// writes must never collide (two hosts once exited on a duplicate key).
+async fn kind_defaults_written_by_many_hosts_at_once_never_collide(db: TestDb) -> anyhow::Result<()> {
+    use laneway::op::Priority;
+    let defaults: Vec<(String, Priority)> = (0..12)
+        .map(|n| {
+            (
+                format!("kind{n}"),
+                if n % 2 == 0 {
+                    Priority::Normal
+                } else {
+                    Priority::Critical
+                },
+            )
+        })
+        .collect();
+    for round in 0..10 {
+        let mut tasks = Vec::new();
+        for host in 0..6 {
+            let queue = db.queue.clone();
+            let mut mine = defaults.clone();
+            // Hosts mid-rollout disagree about one kind.
+            if host % 2 == 1 {
+                mine.push((format!("extra{round}"), Priority::Low));
+            }
+            tasks.push(tokio::spawn(async move { queue.set_kind_defaults(&mine).await }));
+        }
+        for task in tasks {
+            task.await??;
+        }
+    }
     Ok(())
 }

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use utoipa::{IntoParams, ToSchema};
 
-use super::error::Refusals;
+use super::error::{BodyRefusals, Refusals};
 use super::{ApiError, ApiState, ErrorBody};
 use crate::op::{OpId, Priority, Status};
 use crate::queue::OpFilter;
@@ -237,7 +237,7 @@ pub(super) struct RecoverBody {
 #[utoipa::path(post, path = "/api/admin/outbox/recover", tag = "outbox",
     request_body = RecoverBody,
     security(("bearer" = ["outbox:write"])),
-    responses((status = 200, description = "`recovered`, `skipped` (changed meanwhile or coalesce conflict), `unknown_left_out`, `over_seconds`; with `dry_run`, `would_recover`", body = Value), Refusals))]
+    responses((status = 200, description = "`recovered`, `skipped` (changed meanwhile or coalesce conflict), `unknown_left_out`, `over_seconds`; with `dry_run`, `would_recover`", body = Value), Refusals, BodyRefusals))]
 pub(super) async fn recover(
     State(state): State<ApiState>,
     headers: HeaderMap,

@@ -75,9 +75,17 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Who made a request: what the audit log records.
+/// Who made a request: what the audit log records, and the key's scopes
+/// (a route may show more to a key that may read more).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Actor(pub String);
+pub struct Actor(pub String, pub Vec<String>);
+
+impl Actor {
+    /// Whether the key also carries `scope`.
+    pub fn may(&self, scope: &str) -> bool {
+        self.1.iter().any(|s| s == scope)
+    }
+}
 
 /// Checks the request's key (`Authorization: Bearer lw_…`) and that it
 /// carries `scope`.
@@ -111,7 +119,7 @@ pub async fn authorize(queue: &dyn Queue, headers: &HeaderMap, scope: &str) -> R
             stored.name
         )));
     }
-    Ok(Actor(format!("key:{}", stored.name)))
+    Ok(Actor(format!("key:{}", stored.name), stored.scopes))
 }
 
 #[cfg(test)]

@@ -105,6 +105,18 @@ pub(super) enum Refusals {
     Unavailable(ErrorBody),
 }
 
+/// What a route with a JSON body may also answer.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub(super) enum BodyRefusals {
+    /// `body_too_large`: over `[api] max_body_bytes`; nothing changed.
+    #[response(status = 413)]
+    TooLarge(ErrorBody),
+    /// `unsupported_media_type`: not `Content-Type: application/json`.
+    #[response(status = 415)]
+    UnsupportedMediaType(ErrorBody),
+}
+
 impl From<QueueError> for ApiError {
     fn from(e: QueueError) -> Self {
         let message = e.to_string();
@@ -132,6 +144,8 @@ impl From<EnqueueError> for ApiError {
     fn from(e: EnqueueError) -> Self {
         let code = match e {
             EnqueueError::UnknownKind(_) => "unknown_kind",
+            EnqueueError::InternalKind(_) => "internal_kind",
+            EnqueueError::LanesNotOwned { .. } | EnqueueError::NoPluginLanes { .. } => "lanes_not_owned",
             EnqueueError::LanesRequired { .. } => "lanes_required",
         };
         Self::new(StatusCode::UNPROCESSABLE_ENTITY, code, e.to_string())

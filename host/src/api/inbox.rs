@@ -13,7 +13,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::{ApiError, ApiState, ErrorBody};
 use crate::inbound::{self, InboundError, Received};
@@ -27,6 +27,7 @@ use crate::queue::{Enqueued, NewOp};
     responses((status = 202, description = "Accepted: `id` (the op) and `result` (`created`, or `existing` for a replay)", body = Value),
         (status = 400, description = "`not_an_activity`", body = ErrorBody),
         (status = 401, description = "`bad_signature`: unsigned, malformed, not verifiable or not the actor's", body = ErrorBody),
+        (status = 429, description = "`busy`: too many key fetches for the sender's origin just now", body = ErrorBody),
         (status = 404, description = "`not_found`: inboxes are not enabled", body = ErrorBody)))]
 pub(super) async fn personal(
     State(state): State<ApiState>,
@@ -46,6 +47,7 @@ pub(super) async fn personal(
     responses((status = 202, description = "Accepted: `id` (the op) and `result` (`created`, or `existing` for a replay)", body = Value),
         (status = 400, description = "`not_an_activity`", body = ErrorBody),
         (status = 401, description = "`bad_signature`", body = ErrorBody),
+        (status = 429, description = "`busy`: too many key fetches for the sender's origin just now", body = ErrorBody),
         (status = 404, description = "`not_found`: inboxes are not enabled", body = ErrorBody)))]
 pub(super) async fn shared(
     State(state): State<ApiState>,
@@ -62,6 +64,7 @@ pub const INBOUND_OUTBOX: &str = "inbound";
 fn refused(e: &InboundError) -> ApiError {
     match e {
         InboundError::NotAnActivity(_) => ApiError::new(StatusCode::BAD_REQUEST, "not_an_activity", e.to_string()),
+        InboundError::Busy(_) => ApiError::new(StatusCode::TOO_MANY_REQUESTS, "busy", e.to_string()),
         _ => ApiError::new(StatusCode::UNAUTHORIZED, "bad_signature", e.to_string()),
     }
 }
@@ -112,23 +115,37 @@ async fn receive(
         ))));
     }
     let kind = config.kind(&inbound_config.kind).map_err(ApiError::not_found)?;
-    let payload = json!({
-        "recipient": recipient,
-        "sender": activity.actor,
-        "key_id": signature.key_id(),
-        "signature": signature.scheme(),
-        "activity": serde_json::from_slice::<Value>(body).unwrap_or(Value::Null),
-    });
+    // The activity is handed on byte for byte as the sender signed it.
+    #[derive(serde::Serialize)]
+    struct Payload<'a> {
+        recipient: Option<String>,
+        sender: &'a str,
+        key_id: &'a str,
+        signature: &'a str,
+        activity: &'a serde_json::value::RawValue,
+    }
+    let raw: &serde_json::value::RawValue = std::str::from_utf8(body)
+        .ok()
+        .and_then(|text| serde_json::from_str(text).ok())
+        .ok_or_else(|| refused(&InboundError::NotAnActivity("not UTF-8 JSON".into())))?;
+    let payload = serde_json::to_string(&Payload {
+        recipient,
+        sender: &activity.actor,
+        key_id: signature.key_id(),
+        signature: signature.scheme(),
+        activity: raw,
+    })
+    .map_err(|e| refused(&InboundError::NotAnActivity(e.to_string())))?;
     // One outbox for every inbox: a lane orders an outbox's ops, so one
     // sender's activities to several inboxes stay in order.
-    let mut op = NewOp::new(INBOUND_OUTBOX, inbound_config.kind.clone(), payload.to_string());
+    let mut op = NewOp::new(INBOUND_OUTBOX, inbound_config.kind.clone(), payload);
     op.priority = kind.priority;
     op.lanes = vec![format!("sender:{}", activity.actor)];
     op.idempotency_key = Some(activity.id.clone());
     op.correlation_id = Some(activity.id.clone());
     let result = state
         .dispatcher()
-        .enqueue(std::slice::from_ref(&op))
+        .enqueue_internal(std::slice::from_ref(&op))
         .await?
         .first()
         .copied()

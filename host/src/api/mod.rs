@@ -15,6 +15,7 @@ mod admin;
 pub mod auth;
 mod error;
 mod inbox;
+pub mod listener;
 mod outcomes;
 mod plugins;
 mod producer;
@@ -58,6 +59,8 @@ struct StateInner {
     /// Actors' keys for the inboxes (absent if `[inbound]`'s client could
     /// not be built, which `check-config` reports).
     keys: Option<Arc<crate::inbound::KeyCache>>,
+    /// Places for `?wait=` requests held at once.
+    waiters: Arc<tokio::sync::Semaphore>,
 }
 
 impl ApiState {
@@ -65,11 +68,11 @@ impl ApiState {
     /// and, for the plugin routes, the plugin host with its config source.
     pub fn new(dispatcher: Dispatcher, plugins: Option<(Arc<PluginHost>, FileSource)>) -> Self {
         let inbound = dispatcher.config().inbound.clone();
+        let max_waiters = dispatcher.config().api.max_waiters;
         let keys = match crate::inbound::key_client(&inbound) {
-            Ok((client, egress)) => Some(Arc::new(crate::inbound::KeyCache::new(
+            Ok(client) => Some(Arc::new(crate::inbound::KeyCache::new(
                 client,
-                egress,
-                std::time::Duration::from_millis(inbound.key_cache_ms),
+                crate::inbound::KeySettings::of(&inbound),
             ))),
             Err(e) => {
                 tracing::warn!(error = %e, "Cannot build the inbound key client; the inboxes refuse every request.");
@@ -81,6 +84,7 @@ impl ApiState {
                 dispatcher,
                 plugins,
                 keys,
+                waiters: Arc::new(tokio::sync::Semaphore::new(max_waiters)),
                 // Full at start (the first refill clamps it to the rate).
                 public_bucket: Mutex::new((f64::MAX, Instant::now())),
             }),
@@ -89,6 +93,11 @@ impl ApiState {
 
     fn dispatcher(&self) -> &Dispatcher {
         &self.inner.dispatcher
+    }
+
+    /// A place for a `?wait=` request, if one is free.
+    fn waiter(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.inner.waiters.clone().try_acquire_owned().ok()
     }
 
     fn keys(&self) -> Option<&crate::inbound::KeyCache> {
@@ -254,5 +263,6 @@ pub async fn serve(
     state: ApiState,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state)).with_graceful_shutdown(stop).await
+    let limits = listener::Limits::of(&state.dispatcher().config().api);
+    listener::serve(listener, router(state), limits, stop).await
 }

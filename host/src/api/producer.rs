@@ -12,10 +12,11 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::Utc;
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use utoipa::{IntoParams, ToSchema};
 
-use super::error::Refusals;
+use super::error::{BodyRefusals, Refusals};
 use super::{ApiError, ApiState, ErrorBody};
 use crate::enqueue::{self, EnqueueRequest};
 use crate::op::Priority;
@@ -23,6 +24,9 @@ use crate::queue::{self, Enqueued, NewOp};
 
 /// Most ops one request may carry.
 const MAX_BATCH: usize = 1000;
+
+/// The longest `delay_ms`: a year.
+const MAX_DELAY_MS: u64 = 366 * 24 * 3600 * 1000;
 
 /// One op as a producer posts it.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -38,8 +42,9 @@ pub(super) struct OpBody {
     /// names them when absent.
     #[serde(default)]
     lanes: Vec<String>,
-    /// Any JSON; stored as its text.
-    payload: Value,
+    /// Any JSON; stored and sent byte for byte as given.
+    #[schema(value_type = Object)]
+    payload: Box<RawValue>,
     #[serde(default)]
     idempotency_key: Option<String>,
     #[serde(default)]
@@ -54,8 +59,7 @@ pub(super) struct OpBody {
 }
 
 /// A single op, or `{"ops": [...]}`.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug)]
 enum Body {
     Batch { ops: Vec<OpBody> },
     One(Box<OpBody>),
@@ -87,16 +91,20 @@ pub(super) struct WaitQuery {
         (status = 200, description = "`status: existing` (a repeated key: the op it made), or for a batch `results` in order; with `?wait=`, the op reached a terminal status: `outcome` ({status, attempts, receipt, last_error})", body = Value),
         (status = 202, description = "With `?wait=`: the wait ended first; the op goes on (follow it in `/api/v1/outcomes`)", body = Value),
         (status = 409, description = "`status: already_pending`: an op with this coalesce key is pending; nothing enqueued", body = Value),
+        (status = 429, description = "`too_many_waiters`: too many `?wait=` requests are held; nothing enqueued", body = ErrorBody),
         (status = 422, description = "`unknown_kind`, `lanes_required`, `invalid_op`, `plugin_refused`", body = ErrorBody),
-        Refusals,
+        Refusals, BodyRefusals,
     ))]
 pub(super) async fn enqueue(
     State(state): State<ApiState>,
     headers: HeaderMap,
     query: Result<Query<WaitQuery>, QueryRejection>,
-    body: Result<Json<Value>, JsonRejection>,
+    body: Result<Json<Box<RawValue>>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    state.authorize(&headers, "ops:write").await?;
+    let actor = state.authorize(&headers, "ops:write").await?;
+    // A repeated idempotency key must not read back an op the caller may
+    // not read: without outbox:read it answers the id and status only.
+    let may_read = actor.may("outbox:read");
     let Query(WaitQuery { wait }) = query?;
     let wait = match wait {
         None => None,
@@ -109,13 +117,27 @@ pub(super) async fn enqueue(
     };
     let Json(body) = body?;
     // Untagged enums hide why a body did not fit; parse the single shape
-    // directly so its error names the field.
-    let batch = body.get("ops").is_some();
+    // directly so its error names the field. Payloads stay raw text, so
+    // they are stored exactly as sent (key order, big numbers).
+    #[derive(Deserialize)]
+    struct Probe {
+        ops: Option<serde::de::IgnoredAny>,
+    }
+    let text = body.get();
+    let batch = serde_json::from_str::<Probe>(text).is_ok_and(|p| p.ops.is_some());
+    // (Raw payloads cannot pass through an untagged enum: serde buffers
+    // its content, so each shape is parsed as itself.)
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Batch {
+        ops: Vec<OpBody>,
+    }
     let parsed: Body = if batch {
-        serde_json::from_value(body).map_err(|e| ApiError::invalid(format!("body: {e}")))?
+        let Batch { ops } = serde_json::from_str(text).map_err(|e| ApiError::invalid(format!("body: {e}")))?;
+        Body::Batch { ops }
     } else {
         Body::One(Box::new(
-            serde_json::from_value(body).map_err(|e| ApiError::invalid(format!("body: {e}")))?,
+            serde_json::from_str(text).map_err(|e| ApiError::invalid(format!("body: {e}")))?,
         ))
     };
     let header_key = match headers.get("idempotency-key") {
@@ -129,6 +151,17 @@ pub(super) async fn enqueue(
     if batch && wait.is_some() {
         return Err(ApiError::invalid("wait applies to one op, not a batch"));
     }
+    // Held before anything is written: a refused wait enqueues nothing.
+    let waiter = match wait {
+        Some(_) => Some(state.waiter().ok_or_else(|| {
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_waiters",
+                "too many ?wait= requests are held just now; retry, or enqueue without wait and follow /api/v1/outcomes",
+            )
+        })?),
+        None => None,
+    };
     let bodies = match parsed {
         Body::One(mut one) => {
             if let Some(key) = header_key {
@@ -176,7 +209,7 @@ pub(super) async fn enqueue(
     let results = state.dispatcher().enqueue(&ops).await?;
     let mut answers = Vec::with_capacity(results.len());
     for (op, result) in ops.iter().zip(&results) {
-        answers.push(answer(&state, op, *result).await);
+        answers.push(answer(&state, op, *result, may_read).await);
     }
     if batch {
         return Ok((StatusCode::OK, Json(json!({ "results": answers }))).into_response());
@@ -191,15 +224,20 @@ pub(super) async fn enqueue(
         match state.dispatcher().wait_terminal(*id, wait).await? {
             Some(op) => {
                 status = StatusCode::OK;
-                body["outcome"] = json!({
-                    "status": op.status, "attempts": op.attempts,
-                    "receipt": op.receipt, "last_error": op.last_error,
-                });
-                body["op"] = json!(op);
+                if may_read || matches!(results.first(), Some(Enqueued::Created(_))) {
+                    body["outcome"] = json!({
+                        "status": op.status, "attempts": op.attempts,
+                        "receipt": op.receipt, "last_error": op.last_error,
+                    });
+                    body["op"] = json!(op);
+                } else {
+                    body["outcome"] = json!({ "status": op.status });
+                }
             }
             None => status = StatusCode::ACCEPTED,
         }
     }
+    drop(waiter);
     Ok((status, Json(body)).into_response())
 }
 
@@ -209,7 +247,7 @@ fn at_index(i: usize, e: ApiError) -> ApiError {
 
 async fn prepare(state: &ApiState, body: OpBody) -> Result<NewOp, ApiError> {
     let config = state.dispatcher().config();
-    let payload = body.payload.to_string();
+    let payload = body.payload.get().to_owned();
     let mut lanes = body.lanes;
     let has_plugin = config.kinds.get(&body.kind).is_some_and(|k| k.plugin.is_some());
     if lanes.is_empty() && has_plugin {
@@ -226,9 +264,17 @@ async fn prepare(state: &ApiState, body: OpBody) -> Result<NewOp, ApiError> {
                 )
             })?;
     }
-    let not_before = body
-        .delay_ms
-        .map(|ms| Utc::now() + chrono::Duration::milliseconds(i64::try_from(ms).unwrap_or(i64::MAX / 1000)));
+    let not_before = match body.delay_ms {
+        None => None,
+        Some(ms) if ms <= MAX_DELAY_MS => i64::try_from(ms)
+            .ok()
+            .and_then(|ms| Utc::now().checked_add_signed(chrono::Duration::milliseconds(ms))),
+        Some(ms) => {
+            return Err(ApiError::invalid(format!(
+                "delay_ms: expected at most {MAX_DELAY_MS} (a year), got {ms}"
+            )))
+        }
+    };
     let request = EnqueueRequest {
         kind: body.kind,
         outbox: body.outbox,
@@ -245,14 +291,30 @@ async fn prepare(state: &ApiState, body: OpBody) -> Result<NewOp, ApiError> {
 }
 
 /// One op's answer: what happened, the op as stored, and for a new op of a
-/// priced kind the fee estimate.
-async fn answer(state: &ApiState, op: &NewOp, result: Enqueued) -> Value {
+/// priced kind the fee estimate. An op that was already there (a repeated
+/// idempotency or coalesce key) is shown whole only to a key that may read
+/// ops (`outbox:read`); otherwise its id and status, so replaying someone
+/// else's key reads nothing of their op.
+async fn answer(state: &ApiState, op: &NewOp, result: Enqueued, may_read: bool) -> Value {
     let (status, id) = match result {
         Enqueued::Created(id) => ("created", id),
         Enqueued::Existing(id) => ("existing", id),
         Enqueued::AlreadyPending(id) => ("already_pending", id),
     };
     let stored = state.queue().get(id).await.ok().flatten();
+    if !may_read && !matches!(result, Enqueued::Created(_)) {
+        let mut answer = json!({
+            "status": status, "id": id,
+            "op": stored.as_ref().map(|o| json!({ "id": o.id, "status": o.status })),
+        });
+        if matches!(result, Enqueued::AlreadyPending(_)) {
+            answer["error"] = json!({
+                "code": "coalesced",
+                "message": format!("op {id} with this coalesce key is already pending; nothing enqueued"),
+            });
+        }
+        return answer;
+    }
     let estimate = match result {
         Enqueued::Created(_) => state.dispatcher().estimate(&op.kind, op.priority).await.ok().flatten(),
         _ => None,
@@ -276,8 +338,7 @@ async fn answer(state: &ApiState, op: &NewOp, result: Enqueued) -> Value {
     answer
 }
 
-/// Most recipients one fan-out may name.
-const MAX_RECIPIENTS: usize = 100_000;
+use crate::fanout::MAX_RECIPIENTS;
 
 /// An addressee: its inbox, or `{inbox, shared_inbox}`.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -304,9 +365,10 @@ pub(super) struct DeliveriesBody {
     kind: Option<String>,
     /// The sending actor (the outbox the ops go in).
     outbox: String,
-    /// The activity, sent verbatim (its `id` makes the fan-out idempotent
-    /// per inbox).
-    activity: Value,
+    /// The activity, stored and sent byte for byte as given (its `id`
+    /// makes the fan-out idempotent per inbox).
+    #[schema(value_type = Object)]
+    activity: Box<RawValue>,
     /// One op per distinct delivery inbox (shared inboxes de-duplicate).
     recipients: Vec<RecipientBody>,
     /// critical, normal or low (the kind's default when absent).
@@ -326,7 +388,7 @@ pub(super) struct DeliveriesBody {
     responses(
         (status = 200, description = "`deliveries` ({inbox, status: created|existing|already_pending, id}) in recipient order, and the count of each status", body = Value),
         (status = 422, description = "`unknown_kind`, `invalid_activity`, `invalid_op`", body = ErrorBody),
-        Refusals,
+        Refusals, BodyRefusals,
     ))]
 pub(super) async fn deliveries(
     State(state): State<ApiState>,
@@ -349,7 +411,7 @@ pub(super) async fn deliveries(
     let request = crate::fanout::FanOut {
         kind: kind_name.clone(),
         actor: body.outbox,
-        activity: body.activity.to_string(),
+        activity: body.activity.get().to_owned(),
         recipients: body
             .recipients
             .into_iter()

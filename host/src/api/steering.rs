@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use utoipa::ToSchema;
 
-use super::error::Refusals;
+use super::error::{BodyRefusals, Refusals};
 use super::{ApiError, ApiState, ErrorBody};
 use crate::queue::PauseScope;
 
@@ -40,7 +40,7 @@ pub(super) struct PauseBody {
 #[utoipa::path(post, path = "/api/admin/pauses", tag = "steering",
     request_body = PauseBody,
     security(("bearer" = ["outbox:write"])),
-    responses((status = 200, description = "`paused`: false when it already was", body = Value), Refusals))]
+    responses((status = 200, description = "`paused`: false when it already was", body = Value), Refusals, BodyRefusals))]
 pub(super) async fn pause(
     State(state): State<ApiState>,
     headers: HeaderMap,
@@ -122,7 +122,7 @@ pub(super) struct LaneBody {
     request_body = LaneBody,
     security(("bearer" = ["outbox:write"])),
     responses((status = 200, description = "`released`: how many holds were lifted", body = Value),
-        (status = 404, description = "`not_found`: not held", body = ErrorBody), Refusals))]
+        (status = 404, description = "`not_found`: not held", body = ErrorBody), Refusals, BodyRefusals))]
 pub(super) async fn skip_lane(
     State(state): State<ApiState>,
     headers: HeaderMap,
@@ -171,7 +171,7 @@ pub(super) struct SubjectBody {
 #[utoipa::path(post, path = "/api/admin/subjects/halt", tag = "steering",
     request_body = SubjectBody,
     security(("bearer" = ["outbox:write"])),
-    responses((status = 200, description = "`halted`", body = Value), Refusals))]
+    responses((status = 200, description = "`halted`", body = Value), Refusals, BodyRefusals))]
 pub(super) async fn halt_subject(
     State(state): State<ApiState>,
     headers: HeaderMap,
@@ -203,7 +203,7 @@ pub(super) async fn halt_subject(
     request_body = SubjectBody,
     security(("bearer" = ["outbox:write"])),
     responses((status = 200, description = "`unhalted`", body = Value),
-        (status = 404, description = "`not_found`: not halted", body = ErrorBody), Refusals))]
+        (status = 404, description = "`not_found`: not halted", body = ErrorBody), Refusals, BodyRefusals))]
 pub(super) async fn unhalt_subject(
     State(state): State<ApiState>,
     headers: HeaderMap,
@@ -348,7 +348,7 @@ pub(super) struct SuspendBody {
     params(("destination" = String, Path, description = "A URL authority, host[:port]")),
     request_body = SuspendBody,
     security(("bearer" = ["outbox:write"])),
-    responses((status = 200, description = "`destination`, suspended", body = Value), Refusals))]
+    responses((status = 200, description = "`destination`, suspended", body = Value), Refusals, BodyRefusals))]
 pub(super) async fn suspend_destination(
     State(state): State<ApiState>,
     headers: HeaderMap,

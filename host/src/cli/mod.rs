@@ -45,7 +45,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Create or upgrade the database schema.
-    Migrate,
+    Migrate(JsonArg),
     /// Put one op on the queue.
     Enqueue(EnqueueArgs),
     /// Fan an activity out to its recipients: one op per distinct inbox.
@@ -70,7 +70,7 @@ pub enum Command {
     Plugin(PluginCommand),
     /// Check the configuration, its keys and plugins, and every kind's config
     /// (asked of its plugin), and say so.
-    CheckConfig,
+    CheckConfig(JsonArg),
     /// Signing keys held by the host (public parts only).
     #[command(subcommand)]
     Keys(KeysCommand),
@@ -124,6 +124,9 @@ pub struct ArchiveShowArgs {
     /// The archive directory (default: every kind's `archive`).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Print the record as one line of JSON (it is JSON either way).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `laneway keys …`
@@ -191,6 +194,9 @@ pub struct LaneArgs {
     /// The lane.
     #[arg(long)]
     pub lane: String,
+    /// Print JSON instead of a sentence.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `laneway subjects …`
@@ -212,6 +218,9 @@ pub struct HaltArgs {
     /// Why, for the record.
     #[arg(long)]
     pub reason: Option<String>,
+    /// Print JSON instead of a sentence.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// A subject argument.
@@ -219,6 +228,9 @@ pub struct HaltArgs {
 pub struct SubjectArgs {
     /// The subject (user or actor id).
     pub subject: String,
+    /// Print JSON instead of a sentence.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `laneway enqueue`
@@ -443,29 +455,36 @@ pub async fn run(cli: Cli, io: Io<'_>) -> Result<(), CliError> {
     };
     let config = config::load(&file, io.env.clone())?;
     match cli.command {
-        Command::CheckConfig => {
+        Command::CheckConfig(args) => {
             check_plugins(&config).await?;
-            writeln!(
+            let database = queue::redact_url(&config.database.url);
+            render::done(
                 io.stdout,
-                "configuration is valid (database: {}; {} plugin{}, {} kind{})",
-                queue::redact_url(&config.database.url),
-                config.plugins.len(),
-                if config.plugins.len() == 1 { "" } else { "s" },
-                config.kinds.len(),
-                if config.kinds.len() == 1 { "" } else { "s" },
-            )?;
-            Ok(())
+                args.json,
+                &serde_json::json!({
+                    "valid": true, "database": database,
+                    "plugins": config.plugins.len(), "kinds": config.kinds.len(),
+                }),
+                &format!(
+                    "configuration is valid (database: {database}; {} plugin{}, {} kind{})",
+                    config.plugins.len(),
+                    if config.plugins.len() == 1 { "" } else { "s" },
+                    config.kinds.len(),
+                    if config.kinds.len() == 1 { "" } else { "s" },
+                ),
+            )
         }
-        Command::Migrate => {
+        Command::Migrate(args) => {
             let queue = open(&config).await?;
             queue.migrate().await?;
             queue.set_kind_defaults(&config.kind_defaults()).await?;
-            writeln!(
+            let database = queue::redact_url(&config.database.url);
+            render::done(
                 io.stdout,
-                "database is at the current schema ({})",
-                queue::redact_url(&config.database.url)
-            )?;
-            Ok(())
+                args.json,
+                &serde_json::json!({ "migrated": true, "database": database }),
+                &format!("database is at the current schema ({database})"),
+            )
         }
         Command::Enqueue(args) => enqueue_cmd(&config, args, io).await,
         Command::Fanout(args) => fanout_cmd(&config, args, io).await,
@@ -628,13 +647,21 @@ struct EnqueueOutput {
 async fn enqueue_cmd(config: &Config, args: EnqueueArgs, io: Io<'_>) -> Result<(), CliError> {
     let priority = parse_priority(args.priority.as_deref())?;
     let payload = read_input(&args.payload, "payload", io.stdin)?;
-    let not_before = args
-        .delay_ms
-        .map(|ms| Utc::now() + chrono::Duration::milliseconds(i64::try_from(ms).unwrap_or(i64::MAX)));
+    let not_before = match args.delay_ms {
+        None => None,
+        Some(ms) => Some(
+            i64::try_from(ms)
+                .ok()
+                .and_then(|ms| Utc::now().checked_add_signed(chrono::Duration::try_milliseconds(ms)?))
+                .ok_or_else(|| CliError::Input(format!("--delay-ms {ms} is too far in the future")))?,
+        ),
+    };
+    config.refuse_internal_kind(&args.kind).map_err(CliError::Input)?;
     // Plugins are loaded only when the op needs one (its lanes come from the
     // kind's executor, or its kind is priced), and then once for both.
     let kind_config = config.kinds.get(&args.kind);
-    let needs_lanes = args.lanes.is_empty() && kind_config.is_some_and(|k| k.plugin.is_some());
+    let owned = kind_config.is_some_and(|k| k.lanes == config::LanePresence::Plugin);
+    let needs_lanes = (args.lanes.is_empty() || owned) && kind_config.is_some_and(|k| k.plugin.is_some());
     let priced = kind_config.is_some_and(|k| k.fee_oracle.is_some());
     let host = if needs_lanes || priced {
         let host = Arc::new(PluginHost::new(config)?);
@@ -659,12 +686,18 @@ async fn enqueue_cmd(config: &Config, args: EnqueueArgs, io: Io<'_>) -> Result<(
     };
     let mut lanes = args.lanes;
     if let (true, Some(host)) = (needs_lanes, &host) {
-        // No lanes given: the kind's plugin says which (e.g. the inbox).
-        lanes = host
+        // No lanes given, or the plugin owns them: the kind's plugin says
+        // which (the inbox, the signer's account).
+        let named = host
             .registry()
             .lanes_for(&args.kind, &args.outbox, &payload)
             .await
             .map_err(|e| CliError::Input(format!("kind {}: the plugin refused the op: {e}", args.kind)))?;
+        lanes = if owned {
+            enqueue::owned_lanes(&args.kind, lanes, named)?
+        } else {
+            named
+        };
     }
     let request = EnqueueRequest {
         kind: args.kind,
@@ -852,6 +885,14 @@ fn archive_show(config: &Config, args: &ArchiveShowArgs, out: &mut dyn Write) ->
         }
     }
     match found {
+        Some(record) if args.json => {
+            writeln!(
+                out,
+                "{}",
+                serde_json::to_string(&record).map_err(|e| CliError::Input(e.to_string()))?
+            )?;
+            Ok(())
+        }
         Some(record) => render::json(out, &record),
         None => Err(CliError::Input(format!(
             "op {} is not in the archive (searched: {})",
@@ -895,12 +936,15 @@ async fn lanes_cmd(config: &Config, command: LanesCommand, out: &mut dyn Write) 
                 Some(serde_json::json!({ "released": removed })),
             )
             .await?;
-            writeln!(
+            render::done(
                 out,
-                "lane {} of outbox {} continues past its dead letter",
-                args.lane, args.outbox
-            )?;
-            Ok(())
+                args.json,
+                &serde_json::json!({ "outbox": args.outbox, "lane": args.lane, "released": removed }),
+                &format!(
+                    "lane {} of outbox {} continues past its dead letter",
+                    args.lane, args.outbox
+                ),
+            )
         }
     }
 }
@@ -918,10 +962,11 @@ async fn subjects_cmd(config: &Config, command: SubjectsCommand, out: &mut dyn W
                 Some(serde_json::json!({ "reason": args.reason })),
             )
             .await?;
-            writeln!(
+            render::done(
                 out,
-                "subject {} halted: its ops wait without using attempts",
-                args.subject
+                args.json,
+                &serde_json::json!({ "subject": args.subject, "halted": true, "reason": args.reason }),
+                &format!("subject {} halted: its ops wait without using attempts", args.subject),
             )?;
         }
         SubjectsCommand::Unhalt(args) => {
@@ -936,7 +981,12 @@ async fn subjects_cmd(config: &Config, command: SubjectsCommand, out: &mut dyn W
                 None,
             )
             .await?;
-            writeln!(out, "subject {} resumed", args.subject)?;
+            render::done(
+                out,
+                args.json,
+                &serde_json::json!({ "subject": args.subject, "halted": false }),
+                &format!("subject {} resumed", args.subject),
+            )?;
         }
         SubjectsCommand::List(args) => {
             let halted = queue.halted_subjects().await?;
@@ -1036,4 +1086,36 @@ async fn plugin_check(config: &Config, args: PluginCheckArgs, out: &mut dyn Writ
         writeln!(out, "    {import}")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    /// The README's promise: every command takes `--json`.
+    #[test]
+    fn every_command_takes_json() {
+        fn leaves(command: &clap::Command, path: String, out: &mut Vec<(String, bool)>) {
+            let subcommands: Vec<&clap::Command> =
+                command.get_subcommands().filter(|c| c.get_name() != "help").collect();
+            if subcommands.is_empty() {
+                let json = command.get_arguments().any(|a| a.get_long() == Some("json"));
+                out.push((path, json));
+                return;
+            }
+            for sub in subcommands {
+                leaves(sub, format!("{path} {}", sub.get_name()), out);
+            }
+        }
+        let mut found = Vec::new();
+        leaves(&super::Cli::command(), "laneway".to_owned(), &mut found);
+        // `run` and `demo` are processes, not answers: their output is logs
+        // (LANEWAY_LOG_FORMAT=json) and a live display.
+        let missing: Vec<&str> = found
+            .iter()
+            .filter(|(path, json)| !json && path != "laneway run" && path != "laneway demo")
+            .map(|(p, _)| p.as_str())
+            .collect();
+        assert!(missing.is_empty(), "commands without --json: {missing:?}");
+    }
 }

@@ -32,6 +32,9 @@ pub struct ApiKeyNewArgs {
     /// Comma-separated: ops:write, outbox:read, outbox:write, plugins:admin, metrics:read.
     #[arg(long, value_delimiter = ',', required = true)]
     pub scopes: Vec<String>,
+    /// Print JSON (the secret in `secret`) instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// A key's name.
@@ -39,6 +42,9 @@ pub struct ApiKeyNewArgs {
 pub struct ApiKeyNameArgs {
     /// The key's name.
     pub name: String,
+    /// Print JSON instead of a sentence.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `laneway pause` / `laneway resume`
@@ -51,6 +57,9 @@ pub struct PauseArgs {
     /// Why, for the record (pause only).
     #[arg(long)]
     pub reason: Option<String>,
+    /// Print JSON instead of a sentence.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `laneway audit`
@@ -200,6 +209,11 @@ pub(super) async fn api_keys_cmd(
                 Some(serde_json::json!({ "id": key.id, "scopes": key.scopes })),
             )
             .await?;
+            if args.json {
+                let value = serde_json::json!({ "name": key.name, "id": key.id, "scopes": key.scopes, "secret": minted.secret });
+                writeln!(out, "{value}")?;
+                return Ok(());
+            }
             writeln!(out, "{}", minted.secret)?;
             writeln!(
                 out,
@@ -234,8 +248,12 @@ pub(super) async fn api_keys_cmd(
                 return Err(CliError::Input(format!("no live API key named {:?}", args.name)));
             }
             audit(queue, "api_key.revoke", format!("api_key:{}", args.name), None, None).await?;
-            writeln!(out, "API key {:?} revoked", args.name)?;
-            Ok(())
+            render::done(
+                out,
+                args.json,
+                &serde_json::json!({ "name": args.name, "revoked": true }),
+                &format!("API key {:?} revoked", args.name),
+            )
         }
     }
 }
@@ -257,16 +275,24 @@ pub(super) async fn pause_cmd(queue: &dyn Queue, args: PauseArgs, out: &mut dyn 
             Some(serde_json::json!({ "reason": args.reason })),
         )
         .await?;
-        writeln!(
+        render::done(
             out,
-            "{} {} paused: its ops wait, using no attempts, on every host within its poll",
-            scope.as_str(),
-            args.target
-        )?;
+            args.json,
+            &serde_json::json!({ "scope": scope.as_str(), "target": args.target, "paused": true }),
+            &format!(
+                "{} {} paused: its ops wait, using no attempts, on every host within its poll",
+                scope.as_str(),
+                args.target
+            ),
+        )
     } else {
-        writeln!(out, "{} {} was already paused", scope.as_str(), args.target)?;
+        render::done(
+            out,
+            args.json,
+            &serde_json::json!({ "scope": scope.as_str(), "target": args.target, "paused": false }),
+            &format!("{} {} was already paused", scope.as_str(), args.target),
+        )
     }
-    Ok(())
 }
 
 pub(super) async fn resume_cmd(queue: &dyn Queue, args: PauseArgs, out: &mut dyn Write) -> Result<(), CliError> {
@@ -286,8 +312,12 @@ pub(super) async fn resume_cmd(queue: &dyn Queue, args: PauseArgs, out: &mut dyn
         None,
     )
     .await?;
-    writeln!(out, "{} {} resumed", scope.as_str(), args.target)?;
-    Ok(())
+    render::done(
+        out,
+        args.json,
+        &serde_json::json!({ "scope": scope.as_str(), "target": args.target, "resumed": true }),
+        &format!("{} {} resumed", scope.as_str(), args.target),
+    )
 }
 
 pub(super) async fn pauses_cmd(queue: &dyn Queue, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
@@ -341,11 +371,17 @@ pub enum DestinationsCommand {
         /// Why (kept in the health record and the audit log).
         #[arg(long)]
         reason: String,
+        /// Print JSON instead of a sentence.
+        #[arg(long)]
+        json: bool,
     },
     /// Let a host's ops go again, whatever held it, and forget its inboxes' 410s.
     Resume {
         /// The destination host (`host[:port]`).
         host: String,
+        /// Print JSON instead of a sentence.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -400,7 +436,7 @@ pub(super) async fn destinations_cmd(
                 writeln!(out, "{inbox}  gone (410) since {}", at.to_rfc3339())?;
             }
         }
-        DestinationsCommand::Suspend { host, reason } => {
+        DestinationsCommand::Suspend { host, reason, json } => {
             let host = destination_host(&host)?;
             let actor = cli_actor();
             let (before, after) = crate::destinations::apply(
@@ -421,9 +457,14 @@ pub(super) async fn destinations_cmd(
                 Some(serde_json::json!(after)),
             )
             .await?;
-            writeln!(out, "{host}: suspended on every host ({reason})")?;
+            render::done(
+                out,
+                json,
+                &serde_json::json!({ "host": host, "health": after }),
+                &format!("{host}: suspended on every host ({reason})"),
+            )?;
         }
-        DestinationsCommand::Resume { host } => {
+        DestinationsCommand::Resume { host, json } => {
             let host = destination_host(&host)?;
             let (before, after, forgotten) =
                 crate::destinations::resume(queue, &metrics, host, &cli_actor(), now, &health).await?;
@@ -435,7 +476,10 @@ pub(super) async fn destinations_cmd(
                 Some(serde_json::json!(after)),
             )
             .await?;
-            if before.is_clear() && forgotten.is_empty() {
+            if json {
+                let value = serde_json::json!({ "host": host, "before": before, "health": after, "gone_inboxes_forgotten": forgotten });
+                writeln!(out, "{value}")?;
+            } else if before.is_clear() && forgotten.is_empty() {
                 writeln!(out, "{host}: nothing was held or counted")?;
             } else {
                 writeln!(

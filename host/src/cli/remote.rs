@@ -105,29 +105,29 @@ fn call_for(command: Command) -> Result<Call, CliError> {
         Command::Lanes(LanesCommand::Skip(a)) => Call::post(
             "/api/admin/lanes/skip".to_owned(),
             Some(json!({ "outbox": a.outbox, "lane": a.lane })),
-            false,
+            a.json,
         ),
         Command::Subjects(SubjectsCommand::Halt(a)) => Call::post(
             "/api/admin/subjects/halt".to_owned(),
             Some(json!({ "subject": a.subject, "reason": a.reason })),
-            false,
+            a.json,
         ),
         Command::Subjects(SubjectsCommand::Unhalt(a)) => Call::post(
             "/api/admin/subjects/unhalt".to_owned(),
             Some(json!({ "subject": a.subject })),
-            false,
+            a.json,
         ),
         Command::Subjects(SubjectsCommand::List(a)) => Call::get("/api/admin/subjects".to_owned(), a.json),
         Command::Pause(a) => Call::post(
             "/api/admin/pauses".to_owned(),
             Some(json!({ "scope": a.scope, "target": a.target, "reason": a.reason })),
-            false,
+            a.json,
         ),
         Command::Resume(a) => Call {
             method: reqwest::Method::DELETE,
             path: format!("/api/admin/pauses/{}/{}", enc(&a.scope), enc(&a.target)),
             body: None,
-            json: false,
+            json: a.json,
         },
         Command::Pauses(a) => Call::get("/api/admin/pauses".to_owned(), a.json),
         Command::Audit(a) => Call::get(

@@ -186,3 +186,18 @@ pub fn subjects_table(out: &mut dyn Write, subjects: &[HaltedSubject]) -> Result
     writeln!(out, "{t}")?;
     Ok(())
 }
+
+/// A command's answer: `value` as one line of JSON with `--json`, else the
+/// sentence.
+///
+/// # Errors
+///
+/// An I/O error writing it.
+pub fn done(out: &mut dyn Write, json: bool, value: &serde_json::Value, text: &str) -> Result<(), CliError> {
+    if json {
+        writeln!(out, "{value}")?;
+    } else {
+        writeln!(out, "{text}")?;
+    }
+    Ok(())
+}

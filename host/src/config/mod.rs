@@ -17,7 +17,7 @@ mod load;
 mod validate;
 
 pub use load::{from_layers, from_toml_str, load, process_env, FileSource};
-pub use validate::oracle_url_unlisted;
+pub use validate::{oracle_egress, oracle_url_unlisted};
 
 /// The defaults, compiled in: the documented file is the defaults.
 pub const DEFAULTS: &str = include_str!("../../../config/default.toml");
@@ -75,6 +75,16 @@ pub struct ApiConfig {
     pub recover_per_second: u32,
     /// Requests per second the public network-conditions route answers.
     pub public_per_second: u32,
+    /// A request's headers must arrive within this.
+    pub header_timeout_ms: u64,
+    /// A request's body must arrive within this of the request's start.
+    pub body_timeout_ms: u64,
+    /// Connections open at once.
+    pub max_connections: usize,
+    /// Connections open at once from one client address.
+    pub max_connections_per_ip: usize,
+    /// `POST /api/v1/ops?wait=` requests held at once (429 past it).
+    pub max_waiters: usize,
 }
 
 /// `[retention]`: how long terminal ops and pruned ops' idempotency keys
@@ -102,6 +112,9 @@ pub struct OutcomesConfig {
     /// Where outcome webhooks may be sent (`kinds.NAME.outcome_webhook`),
     /// as plugins' `allowed_hosts` patterns.
     pub allowed_hosts: Vec<String>,
+    /// Internal networks webhooks may reach anyway (a receiver on
+    /// loopback); every other internal address is refused.
+    pub allowed_internal: Vec<String>,
     /// How often the relay reads the feed for outcomes to send.
     pub relay_every_ms: u64,
 }
@@ -147,6 +160,8 @@ pub struct InboundConfig {
     pub fetch_timeout_ms: u64,
     /// How long a fetched key is trusted.
     pub key_cache_ms: u64,
+    /// How soon a key that stopped verifying may be fetched again.
+    pub key_refetch_ms: u64,
     /// How far a signature's time may be from now.
     pub clock_skew_ms: u64,
 }
@@ -357,6 +372,11 @@ pub enum LanePresence {
     Required,
     /// Zero lanes allowed (the op gets a lane of its own).
     Optional,
+    /// The kind's plugin names the lanes (a Stellar kind's signer account):
+    /// an op gets them when it names none, and an op that names lanes must
+    /// include every one of them, so no producer can step outside the
+    /// plugin's ordering (one transaction per signer).
+    Plugin,
 }
 
 /// `[kinds.NAME]`
@@ -613,6 +633,25 @@ impl Config {
     /// # Errors
     ///
     /// A message listing the configured kinds when `kind` is not one.
+    /// Whether `kind` is one only laneway itself enqueues: its outcome
+    /// webhooks and the inbound activities it verified. Producers (the API,
+    /// the CLI, the library's enqueue and fan-out) are refused them, since
+    /// their ops speak with laneway's authority.
+    pub fn is_internal_kind(&self, kind: &str) -> bool {
+        kind == WEBHOOK_KIND || kind == self.inbound.kind
+    }
+
+    /// The refusal a producer gets for an internal kind.
+    pub fn refuse_internal_kind(&self, kind: &str) -> Result<(), String> {
+        if self.is_internal_kind(kind) {
+            return Err(format!(
+                "kind {kind:?} is laneway's own (outcome webhooks and verified inbound activities are enqueued by \
+                 laneway itself); producers cannot enqueue it"
+            ));
+        }
+        Ok(())
+    }
+
     pub fn kind(&self, kind: &str) -> Result<&KindConfig, String> {
         self.kinds.get(kind).ok_or_else(|| {
             format!(

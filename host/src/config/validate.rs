@@ -96,6 +96,15 @@ pub(super) fn validate(config: &Config) -> Vec<Problem> {
         ("api.max_page", u64::from(api.max_page), 10_000),
         ("api.recover_per_second", u64::from(api.recover_per_second), 100_000),
         ("api.public_per_second", u64::from(api.public_per_second), 100_000),
+        ("api.header_timeout_ms", api.header_timeout_ms, 300_000),
+        ("api.body_timeout_ms", api.body_timeout_ms, 3_600_000),
+        ("api.max_connections", api.max_connections as u64, 1_000_000),
+        (
+            "api.max_connections_per_ip",
+            api.max_connections_per_ip as u64,
+            1_000_000,
+        ),
+        ("api.max_waiters", api.max_waiters as u64, 100_000),
     ] {
         if !(1..=max).contains(&value) {
             bad(path, format!("expected 1 to {max}, got {value}"));
@@ -122,6 +131,11 @@ pub(super) fn validate(config: &Config) -> Vec<Problem> {
     for entry in &config.outcomes.allowed_hosts {
         if let Err(e) = crate::egress::HostPattern::parse(entry) {
             bad("outcomes.allowed_hosts", e);
+        }
+    }
+    for entry in &config.outcomes.allowed_internal {
+        if let Err(e) = crate::egress::Cidr::parse(entry) {
+            bad("outcomes.allowed_internal", e);
         }
     }
     let d = &config.destinations;
@@ -216,7 +230,7 @@ pub(super) fn validate(config: &Config) -> Vec<Problem> {
         }
         match (&kind.outcome_webhook, &kind.outcome_webhook_key) {
             (Some(url), key) => {
-                if let Some(why) = webhook_url_refused(url, &config.outcomes.allowed_hosts) {
+                if let Some(why) = webhook_url_refused(url, &config.outcomes) {
                     bad(&path("outcome_webhook"), why);
                 }
                 match key.as_ref().map(|k| (k, config.keys.get(k))) {
@@ -401,21 +415,70 @@ pub(super) fn validate(config: &Config) -> Vec<Problem> {
 /// oracle URL that no plugin may reach is a typo or another network's node,
 /// and its quotes would price the wrong network. Checked where plugins are
 /// loaded, so it is reported together with the kinds' own problems.
-/// Why a webhook URL cannot be used, if it cannot.
-fn webhook_url_refused(url: &str, allowed: &[String]) -> Option<String> {
-    let Ok(parsed) = reqwest::Url::parse(url) else {
-        return Some(format!("expected an http(s) URL, got {url:?}"));
-    };
-    let (Some(host), Some(port)) = (parsed.host_str(), parsed.port_or_known_default()) else {
-        return Some(format!("expected an http(s) URL with a host, got {url:?}"));
-    };
-    if !matches!(parsed.scheme(), "http" | "https") {
-        return Some(format!("expected an http(s) URL, got {url:?}"));
-    }
-    let listed = crate::egress::listed(allowed, parsed.scheme(), host, port);
-    (!listed).then(|| format!("{}://{host}:{port} is not in outcomes.allowed_hosts", parsed.scheme()))
+/// Why a webhook URL cannot be used, if it cannot: the egress guard's own
+/// judgement (scheme, allow-list, an internal IP literal in any spelling);
+/// a name is judged again on what it resolves to when the webhook is sent.
+fn webhook_url_refused(url: &str, outcomes: &super::OutcomesConfig) -> Option<String> {
+    // Entries that do not parse are reported on their own keys.
+    let allowed: Vec<String> = outcomes
+        .allowed_hosts
+        .iter()
+        .filter(|h| crate::egress::HostPattern::parse(h).is_ok())
+        .cloned()
+        .collect();
+    let internal: Vec<String> = outcomes
+        .allowed_internal
+        .iter()
+        .filter(|c| crate::egress::Cidr::parse(c).is_ok())
+        .cloned()
+        .collect();
+    let policy = crate::egress::Egress::from_config("outcomes", &allowed, &internal).ok()?;
+    policy.check(url).err().map(|refusal| match refusal {
+        crate::egress::Refusal::Malformed(_) | crate::egress::Refusal::Scheme(_) => {
+            format!("expected an http(s) URL with a host, got {url:?}")
+        }
+        other => other.to_string(),
+    })
 }
 
+/// The egress policy the fee oracle polls `rpc_url` with: the allow-lists
+/// and internal allowances of the plugins that list it (the oracle prices
+/// their kinds, so it may reach what they may).
+pub fn oracle_egress(name: &str, rpc_url: &str, plugins: &BTreeMap<String, PluginConfig>) -> crate::egress::Egress {
+    let mut policy = crate::egress::Egress {
+        section: format!("oracles.{name} (through the plugins listing its rpc_url)"),
+        ..crate::egress::Egress::default()
+    };
+    let Ok(url) = reqwest::Url::parse(rpc_url) else {
+        return policy;
+    };
+    let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else {
+        return policy;
+    };
+    for plugin in plugins.values() {
+        if crate::egress::listed(&plugin.allowed_hosts, url.scheme(), host, port) {
+            policy.allowed.extend(
+                plugin
+                    .allowed_hosts
+                    .iter()
+                    .filter_map(|h| crate::egress::HostPattern::parse(h).ok()),
+            );
+            policy.allowed_internal.extend(
+                plugin
+                    .allowed_internal
+                    .iter()
+                    .filter_map(|c| crate::egress::Cidr::parse(c).ok()),
+            );
+        }
+    }
+    policy
+}
+
+/// Why an oracle's RPC URL is suspect: the host polls it itself, but the
+/// chain kinds it prices reach their RPC through a plugin's allow-list, so an
+/// oracle URL that no plugin may reach is a typo or another network's node,
+/// and its quotes would price the wrong network. Checked where plugins are
+/// loaded, so it is reported together with the kinds' own problems.
 pub fn oracle_url_unlisted(rpc_url: &str, plugins: &BTreeMap<String, PluginConfig>) -> Option<String> {
     let url = reqwest::Url::parse(rpc_url).ok()?;
     let (host, port) = (url.host_str()?, url.port_or_known_default()?);

@@ -143,8 +143,9 @@ struct Pass {
     /// Destination health shared by every host, as of the last full read
     /// (and the probes this pass took since).
     health: HealthView,
-    /// When a rate-limited destination's next token is there.
-    rate_wake: Option<DateTime<Utc>>,
+    /// When an op `choose` held back may go: a rate-limited destination's
+    /// next token, or a held destination's next probe.
+    held_wake: Option<DateTime<Utc>>,
     /// Ops sent as an unavailable destination's probe, until they settle.
     probing: HashSet<OpId>,
 }
@@ -181,7 +182,7 @@ impl Pass {
             favoured: false,
             paused: Paused::default(),
             health: HealthView::default(),
-            rate_wake: None,
+            held_wake: None,
             probing: HashSet::new(),
         }
     }
@@ -417,7 +418,7 @@ impl Pass {
         };
         let follows = self.follows(&start, &leaving);
         let (chosen, permits, trials, bids) = self.choose(start, now).await?;
-        let due_next = match self.rate_wake.take() {
+        let due_next = match self.held_wake.take() {
             Some(at) => Some(due_next.map_or(at, |d: DateTime<Utc>| d.min(at))),
             None => due_next,
         };
@@ -737,12 +738,25 @@ impl Pass {
                 keep.push(id);
                 continue;
             };
-            if health.admit(now) != Admit::Probe {
-                keep.push(id);
-                continue;
-            }
-            if decided.contains_key(&dest) {
-                continue;
+            match health.admit(now) {
+                Admit::Go => {
+                    keep.push(id);
+                    continue;
+                }
+                // Held, or held since this pass took the host's probe for
+                // an earlier op: only the probe goes; the others look again
+                // when the next probe may go.
+                Admit::Hold { until } => {
+                    if let Some(at) = until {
+                        self.held_wake = Some(self.held_wake.map_or(at, |w| w.min(at)));
+                    }
+                    continue;
+                }
+                Admit::Probe if decided.contains_key(&dest) => {
+                    self.wake_for_next_probe(now, &config);
+                    continue;
+                }
+                Admit::Probe => {}
             }
             let won = crate::destinations::take_probe(self.inner.queue.as_ref(), &dest, now, &config).await?;
             decided.insert(dest.clone(), won);
@@ -754,9 +768,18 @@ impl Pass {
                 info!(op = id, destination = %dest, "Probing an unavailable destination with one op.");
                 self.probing.insert(id);
                 keep.push(id);
+            } else {
+                self.wake_for_next_probe(now, &config);
             }
         }
         Ok(keep)
+    }
+
+    /// Looks again when the probe taken now (here or on another host) is
+    /// followed by the next one.
+    fn wake_for_next_probe(&mut self, now: DateTime<Utc>, config: &crate::health::HealthConfig) {
+        let at = now + chrono_duration(config.probe_every);
+        self.held_wake = Some(self.held_wake.map_or(at, |w| w.min(at)));
     }
 
     /// Keeps, of the ops to each destination host, as many as its shared
@@ -784,7 +807,7 @@ impl Pass {
                 .await?;
             if let Some(wait) = next_in {
                 let at = now + chrono_duration(wait);
-                self.rate_wake = Some(self.rate_wake.map_or(at, |w| w.min(at)));
+                self.held_wake = Some(self.held_wake.map_or(at, |w| w.min(at)));
             }
             granted.insert(dest, got);
         }

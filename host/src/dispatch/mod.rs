@@ -562,14 +562,48 @@ impl Dispatcher {
     /// The queue's error, or [`QueueError::InvalidOp`] when an executor
     /// refuses an op; nothing was enqueued.
     pub async fn enqueue(&self, ops: &[NewOp]) -> Result<Vec<Enqueued>, QueueError> {
+        let config = self.inner.config.load();
+        for op in ops {
+            config.refuse_internal_kind(&op.kind).map_err(QueueError::InvalidOp)?;
+        }
+        self.enqueue_internal(ops).await
+    }
+
+    /// [`Dispatcher::enqueue`] for laneway's own kinds too: the outcome
+    /// relay and the verified inbox, never a producer.
+    pub(crate) async fn enqueue_internal(&self, ops: &[NewOp]) -> Result<Vec<Enqueued>, QueueError> {
+        let config = self.inner.config.load();
         let mut ops = ops.to_vec();
-        for op in ops.iter_mut().filter(|op| op.lanes.is_empty()) {
-            op.lanes = self
+        for op in &mut ops {
+            let plugin_lanes = config
+                .kinds
+                .get(&op.kind)
+                .is_some_and(|k| k.lanes == crate::config::LanePresence::Plugin);
+            // With no executor loaded the plugin cannot say; the executor
+            // checks the op's lanes before sending once one is.
+            let loaded = self.inner.executors.get(&op.kind).is_some();
+            if plugin_lanes && !loaded && op.lanes.is_empty() {
+                return Err(QueueError::InvalidOp(format!(
+                    "kind {}: its plugin owns its lanes and none is loaded to name them",
+                    op.kind
+                )));
+            }
+            let owned = plugin_lanes && loaded;
+            if !owned && !op.lanes.is_empty() {
+                continue;
+            }
+            let named = self
                 .inner
                 .executors
                 .lanes_for(&op.kind, &op.outbox, &op.payload)
                 .await
                 .map_err(|e| QueueError::InvalidOp(format!("kind {}: the executor refused the op: {e}", op.kind)))?;
+            op.lanes = if owned {
+                crate::enqueue::owned_lanes(&op.kind, std::mem::take(&mut op.lanes), named)
+                    .map_err(|e| QueueError::InvalidOp(e.to_string()))?
+            } else {
+                named
+            };
         }
         let ops = ops.as_slice();
         let results = self.inner.queue.enqueue(ops).await?;

@@ -12,6 +12,11 @@ use crate::op::{state, truncate_error, OpId, Priority, Status, Transition};
 /// Longest outbox, kind, lane, key, subject or correlation id accepted.
 const MAX_NAME_BYTES: usize = 2048;
 
+/// Most lanes one op may name (checked before anything else is done with
+/// them): an op orders itself behind a recipient, a signer, a subject; a
+/// few dozen is generous.
+pub const MAX_LANES_PER_OP: usize = 64;
+
 /// Checks an op before anything is written, and returns it with duplicate
 /// lanes dropped (first occurrence kept).
 ///
@@ -20,6 +25,12 @@ const MAX_NAME_BYTES: usize = 2048;
 /// [`QueueError::InvalidOp`] naming the first problem found.
 pub fn validate_new_op(op: &NewOp, limits: Limits) -> Result<NewOp, QueueError> {
     let invalid = |msg: String| Err(QueueError::InvalidOp(msg));
+    if op.lanes.len() > MAX_LANES_PER_OP {
+        return invalid(format!(
+            "an op may name at most {MAX_LANES_PER_OP} lanes, got {}",
+            op.lanes.len()
+        ));
+    }
     for (field, value) in [("outbox", Some(&op.outbox)), ("kind", Some(&op.kind))]
         .into_iter()
         .chain([
@@ -30,6 +41,9 @@ pub fn validate_new_op(op: &NewOp, limits: Limits) -> Result<NewOp, QueueError> 
         ])
     {
         if let Some(value) = value {
+            if value.contains('\0') {
+                return invalid(format!("{field} must not contain a NUL byte"));
+            }
             if value.trim().is_empty() {
                 return invalid(format!("{field} must not be empty"));
             }
@@ -52,9 +66,13 @@ pub fn validate_new_op(op: &NewOp, limits: Limits) -> Result<NewOp, QueueError> 
         return invalid(format!("payload is not valid JSON: {e}"));
     }
     let mut lanes: Vec<String> = Vec::with_capacity(op.lanes.len());
+    let mut seen: HashSet<&str> = HashSet::with_capacity(op.lanes.len());
     for lane in &op.lanes {
         if lane.trim().is_empty() {
             return invalid("lane names must not be empty".to_owned());
+        }
+        if lane.contains('\0') {
+            return invalid("lane names must not contain a NUL byte".to_owned());
         }
         if lane.len() > MAX_NAME_BYTES {
             return invalid(format!(
@@ -62,7 +80,7 @@ pub fn validate_new_op(op: &NewOp, limits: Limits) -> Result<NewOp, QueueError> 
                 lane.len()
             ));
         }
-        if !lanes.contains(lane) {
+        if seen.insert(lane.as_str()) {
             lanes.push(lane.clone());
         }
     }

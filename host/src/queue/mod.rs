@@ -34,6 +34,22 @@ pub use operator::{
 };
 pub use settings::{DatabaseConfig, SqliteConfig, Synchronous};
 
+impl From<sqlx::Error> for QueueError {
+    /// A value the database refuses (PostgreSQL's data exceptions: a NUL
+    /// byte in text, a date out of its range; the internal-kind trigger) is
+    /// the caller's bad input, the same on both backends, not an outage.
+    fn from(e: sqlx::Error) -> Self {
+        if let sqlx::Error::Database(db) = &e {
+            let data_exception = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>().is_some()
+                && db.code().is_some_and(|c| c.len() == 5 && c.starts_with("22"));
+            if data_exception || db.message().contains("producers cannot enqueue it") {
+                return QueueError::InvalidOp(format!("the database refused a value: {}", db.message()));
+            }
+        }
+        QueueError::Database(e)
+    }
+}
+
 /// Which database a queue lives in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -134,7 +150,7 @@ pub enum QueueError {
     RecordContended(String),
     /// Any other database failure; the operation had no effect.
     #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
 }
 
 /// An op to enqueue.
@@ -900,15 +916,48 @@ pub(crate) fn new_token() -> Uuid {
 
 /// The URL with any password replaced, for error messages and logs.
 pub fn redact_url(url: &str) -> String {
-    // postgres://user:secret@host/db → postgres://user:***@host/db
-    if let Some((scheme, rest)) = url.split_once("://") {
-        if let Some((creds, host)) = rest.split_once('@') {
-            if let Some((user, _)) = creds.split_once(':') {
-                return format!("{scheme}://{user}:***@{host}");
-            }
+    let (scheme, rest) = match url.split_once("://") {
+        Some(parts) => parts,
+        None => ("", url),
+    };
+    // The user info runs to the last `@` (a password may hold an `@`, `/`
+    // or `?` unencoded); the query is after the first `?` past it.
+    let (creds, after) = match rest.rsplit_once('@') {
+        Some((creds, after)) => (Some(creds), after),
+        None => (None, rest),
+    };
+    let (location, query) = match after.split_once('?') {
+        Some((location, query)) => (location, Some(query)),
+        None => (after, None),
+    };
+    let mut out = String::new();
+    if !scheme.is_empty() {
+        out.push_str(scheme);
+        out.push_str("://");
+    }
+    if let Some(creds) = creds {
+        match creds.split_once(':') {
+            Some((user, _)) => out.push_str(&format!("{user}:***@")),
+            None => out.push_str(&format!("{creds}@")),
         }
     }
-    url.to_owned()
+    out.push_str(location);
+    if let Some(query) = query {
+        let secret = |key: &str| {
+            let key = key.to_ascii_lowercase();
+            ["pass", "secret", "token", "key"].iter().any(|s| key.contains(s))
+        };
+        let params: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((key, _)) if secret(key) => format!("{key}=***"),
+                _ => pair.to_owned(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&params.join("&"));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -931,6 +980,13 @@ mod tests {
         assert_eq!(redact_url("postgres://u:pw@h:5432/db"), "postgres://u:***@h:5432/db");
         assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(redact_url("sqlite://laneway.db"), "sqlite://laneway.db");
+        assert_eq!(redact_url("postgres://u:p@ss@h/db"), "postgres://u:***@h/db");
+        assert_eq!(redact_url("postgres://u:a/b?c@h/db"), "postgres://u:***@h/db");
+        assert_eq!(
+            redact_url("postgres://h/db?user=u&password=pw&sslmode=require&sslpassword=x"),
+            "postgres://h/db?user=u&password=***&sslmode=require&sslpassword=***"
+        );
+        assert_eq!(redact_url("sqlite://x.db?mode=rwc"), "sqlite://x.db?mode=rwc");
     }
 
     #[test]

@@ -953,14 +953,30 @@ impl Queue for PgQueue {
     }
 
     async fn set_kind_defaults(&self, defaults: &[(String, Priority)]) -> Result<(), QueueError> {
+        // Upserts, and a delete of only what is no longer listed: hosts
+        // starting or reloading at the same moment each write the same
+        // rows without colliding (a delete-then-insert let two concurrent
+        // inserts of one kind fail on its primary key).
+        // Hosts mid-rollout may disagree about a kind: one deleting the row
+        // another upserts could deadlock them, so the writers take turns.
+        let kinds: Vec<&str> = defaults.iter().map(|(k, _)| k.as_str()).collect();
         let mut tx = self.pool.begin().await?;
-        sqlx::query("DELETE FROM kind_defaults").execute(&mut *tx).await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('laneway.kind_defaults'))")
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM kind_defaults WHERE kind <> ALL($1)")
+            .bind(&kinds)
+            .execute(&mut *tx)
+            .await?;
         for (kind, priority) in defaults {
-            sqlx::query("INSERT INTO kind_defaults (kind, priority) VALUES ($1, $2)")
-                .bind(kind)
-                .bind(priority.rank())
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                "INSERT INTO kind_defaults (kind, priority) VALUES ($1, $2) \
+                 ON CONFLICT (kind) DO UPDATE SET priority = excluded.priority",
+            )
+            .bind(kind)
+            .bind(priority.rank())
+            .execute(&mut *tx)
+            .await?;
         }
         tx.commit().await?;
         Ok(())

@@ -217,11 +217,12 @@ impl SqliteQueue {
         let url = &config.url;
         if url.contains(":memory:") || url.contains("mode=memory") {
             return Err(QueueError::UnsupportedUrl(format!(
-                "{url} (in-memory SQLite cannot be shared by laneway's writer and readers; use a file)"
+                "{} (in-memory SQLite cannot be shared by laneway's writer and readers; use a file)",
+                super::redact_url(url)
             )));
         }
         let unreachable = |source| QueueError::Unreachable {
-            url: url.clone(),
+            url: super::redact_url(url),
             source,
         };
         let busy = Duration::from_millis(config.sqlite.busy_timeout_ms);
@@ -1412,14 +1413,27 @@ impl Queue for SqliteQueue {
     }
 
     async fn set_kind_defaults(&self, defaults: &[(String, Priority)]) -> Result<(), QueueError> {
+        // The same shape as PostgreSQL's (upserts, then a delete of what is
+        // no longer listed), though the single writer serialises it anyway.
         let mut tx = self.write().await?;
-        sqlx::query("DELETE FROM kind_defaults").execute(&mut *tx).await?;
-        for (kind, priority) in defaults {
-            sqlx::query("INSERT INTO kind_defaults (kind, priority) VALUES (?, ?)")
+        let stored: Vec<String> = sqlx::query_scalar("SELECT kind FROM kind_defaults")
+            .fetch_all(&mut *tx)
+            .await?;
+        for kind in stored.iter().filter(|k| !defaults.iter().any(|(d, _)| d == *k)) {
+            sqlx::query("DELETE FROM kind_defaults WHERE kind = ?")
                 .bind(kind)
-                .bind(priority.rank())
                 .execute(&mut *tx)
                 .await?;
+        }
+        for (kind, priority) in defaults {
+            sqlx::query(
+                "INSERT INTO kind_defaults (kind, priority) VALUES (?, ?) \
+                 ON CONFLICT (kind) DO UPDATE SET priority = excluded.priority",
+            )
+            .bind(kind)
+            .bind(priority.rank())
+            .execute(&mut *tx)
+            .await?;
         }
         tx.commit().await?;
         Ok(())

@@ -1,5 +1,5 @@
-//! Host bindings for `laneway:plugin@1.3.0`, generated from `wit/`; 1.0.0
-//! to 1.2.0 components resolve against them semver-compatibly.
+//! Host bindings for `laneway:plugin@1.4.0`, generated from `wit/`; 1.0.0
+//! to 1.3.0 components resolve against them semver-compatibly.
 //!
 //! One module per world; they share the `types` interface through `with`.
 //! Every host import is async (HTTP and checkpoints do I/O) and trappable
@@ -9,7 +9,7 @@
 pub mod executor {
     wasmtime::component::bindgen!({
         world: "executor-plugin",
-        path: "../wit/laneway-plugin@1.3.0",
+        path: "../wit/laneway-plugin@1.4.0",
         imports: { default: async | trappable },
         exports: { default: async },
     });
@@ -19,7 +19,7 @@ pub mod executor {
 pub mod fee_policy {
     wasmtime::component::bindgen!({
         world: "fee-policy-plugin",
-        path: "../wit/laneway-plugin@1.3.0",
+        path: "../wit/laneway-plugin@1.4.0",
         imports: { default: async | trappable },
         exports: { default: async },
         with: {
@@ -35,7 +35,7 @@ pub mod fee_policy {
 pub mod validating {
     wasmtime::component::bindgen!({
         world: "validating-executor-plugin",
-        path: "../wit/laneway-plugin@1.3.0",
+        path: "../wit/laneway-plugin@1.4.0",
         imports: { default: async | trappable },
         exports: { default: async },
         with: {

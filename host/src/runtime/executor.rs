@@ -17,12 +17,20 @@ use crate::outcome::Outcome;
 pub struct WasmExecutor {
     plugin: Arc<Plugin>,
     config_json: String,
+    /// The plugin owns the kind's lanes (`lanes = "plugin"`): an op whose
+    /// lanes leave out the plugin's is refused before anything is sent,
+    /// however it was written (plain SQL included).
+    owns_lanes: bool,
 }
 
 impl WasmExecutor {
     /// Serves a kind whose `config` table is `config_json`.
-    pub fn new(plugin: Arc<Plugin>, config_json: String) -> Self {
-        Self { plugin, config_json }
+    pub fn new(plugin: Arc<Plugin>, config_json: String, owns_lanes: bool) -> Self {
+        Self {
+            plugin,
+            config_json,
+            owns_lanes,
+        }
     }
 
     /// The plugin version behind it.
@@ -75,6 +83,15 @@ pub fn outcome(o: wit::Outcome) -> Outcome {
 #[async_trait]
 impl Executor for WasmExecutor {
     async fn execute(&self, op: &Op, attempt: Attempt) -> Outcome {
+        if self.owns_lanes {
+            let named = match self.lanes(&op.kind, &op.outbox, &op.payload).await {
+                Ok(named) => named,
+                Err(why) => return Outcome::permanent(format!("the plugin refused the op's lanes: {why}")),
+            };
+            if let Err(e) = crate::enqueue::owned_lanes(&op.kind, op.lanes.clone(), named) {
+                return Outcome::permanent(format!("refused before sending: {e}"));
+            }
+        }
         match self.plugin.execute(self.op(op), attempt).await {
             Ok(o) => outcome(o),
             Err(failure) => failure.into_outcome(),

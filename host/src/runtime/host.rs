@@ -37,6 +37,31 @@ pub enum LoadError {
     /// The engines could not be built.
     #[error("cannot start the WebAssembly runtime: {0}")]
     Runtime(String),
+    /// The new config would leave kinds with queued ops without an
+    /// executor (a half-written file, a deleted section); refused unless
+    /// the reload is asked to allow it.
+    #[error("refused: the new config drops {}, which still {} queued ops; fix the config, or reload with allow_removal (the API's ?allow_removal=true) to drop them on purpose", .0.iter().map(|(k, n)| format!("kind {k:?} ({n} ops)")).collect::<Vec<_>>().join(", "), if .0.len() == 1 { "has" } else { "have" })]
+    WouldRemove(Vec<(String, i64)>),
+    /// The queue could not be asked what is queued.
+    #[error("cannot check the queue before reloading: {0}")]
+    Queue(String),
+}
+
+/// The kinds `current` runs with an executor plugin that `next` would
+/// leave without one (gone, no plugin, or its plugin gone).
+pub fn dropped_kinds(current: &Config, next: &Config) -> Vec<String> {
+    current
+        .kinds
+        .iter()
+        .filter(|(_, kind)| kind.plugin.as_ref().is_some_and(|p| current.plugins.contains_key(p)))
+        .filter(|(name, _)| {
+            next.kinds
+                .get(*name)
+                .and_then(|k| k.plugin.as_ref())
+                .is_none_or(|p| !next.plugins.contains_key(p))
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
 }
 
 /// A loaded plugin, for status output.
@@ -279,7 +304,7 @@ impl PluginHost {
         // keep going whatever the config now says.
         executors.insert(
             crate::config::WEBHOOK_KIND.to_owned(),
-            Arc::new(crate::webhook::WebhookExecutor::new(keys.clone())) as Arc<dyn Executor>,
+            Arc::new(crate::webhook::WebhookExecutor::new(keys.clone(), config)) as Arc<dyn Executor>,
         );
         let mut refused = Vec::new();
         for (kind, kind_config) in &config.kinds {
@@ -293,7 +318,11 @@ impl PluginHost {
                     if found.is_empty() {
                         executors.insert(
                             kind.clone(),
-                            Arc::new(WasmExecutor::new(l.plugin.clone(), config_json)) as Arc<dyn Executor>,
+                            Arc::new(WasmExecutor::new(
+                                l.plugin.clone(),
+                                config_json,
+                                kind_config.lanes == crate::config::LanePresence::Plugin,
+                            )) as Arc<dyn Executor>,
                         );
                     } else {
                         if let Some(previous) = self.registry.get(kind) {
@@ -338,9 +367,39 @@ impl PluginHost {
 
     /// Reloads from the config source: on success the dispatcher's tunables
     /// follow too; on failure nothing changes and the error is logged.
-    pub async fn reload(&self, source: &FileSource, dispatcher: Option<&Dispatcher>) -> Result<(), LoadError> {
+    ///
+    /// A config that would leave a kind with queued ops without its
+    /// executor is refused ([`LoadError::WouldRemove`]) unless
+    /// `allow_removal`: a file caught half-written (an empty file is a valid
+    /// config) must never unload every plugin.
+    pub async fn reload(
+        &self,
+        source: &FileSource,
+        dispatcher: Option<&Dispatcher>,
+        allow_removal: bool,
+    ) -> Result<(), LoadError> {
         let result = async {
             let config = config::load(source, config::process_env())?;
+            if let (Some(d), false) = (dispatcher, allow_removal) {
+                let dropped = dropped_kinds(&d.config(), &config);
+                if !dropped.is_empty() {
+                    let depth = d.queue().depth().await.map_err(|e| LoadError::Queue(e.to_string()))?;
+                    let mut queued: Vec<(String, i64)> = Vec::new();
+                    for kind in dropped {
+                        let n: i64 = depth
+                            .iter()
+                            .filter(|row| row.kind == kind && !row.status.is_terminal())
+                            .map(|row| row.count)
+                            .sum();
+                        if n > 0 {
+                            queued.push((kind, n));
+                        }
+                    }
+                    if !queued.is_empty() {
+                        return Err(LoadError::WouldRemove(queued));
+                    }
+                }
+            }
             log_refused(&self.apply(&config).await?);
             if let Some(d) = dispatcher {
                 d.reconfigure(config);
@@ -352,7 +411,11 @@ impl PluginHost {
         match &result {
             Ok(()) => crate::events::Reloaded::Loaded.emit(metrics),
             Err(e) => {
-                if matches!(e, LoadError::Config(_)) {
+                tracing::error!(error = %e, "Reload refused; the running config and plugins stay in service.");
+                if matches!(
+                    e,
+                    LoadError::Config(_) | LoadError::WouldRemove(_) | LoadError::Queue(_)
+                ) {
                     let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
                     status.failures += 1;
                     status.last_error = Some(e.to_string());
@@ -370,8 +433,20 @@ impl PluginHost {
         tokio::spawn(async move {
             let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
             let mut watched: Vec<PathBuf> = Vec::new();
+            // Which files matter, by name, as the watcher reports them.
+            let names: Arc<Mutex<Vec<std::ffi::OsString>>> = Arc::default();
+            let wanted = names.clone();
             let mut watcher = match notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                if event.is_ok() {
+                let Ok(event) = event else { return };
+                if !is_change(&event.kind) {
+                    return;
+                }
+                let names = wanted.lock().unwrap_or_else(PoisonError::into_inner);
+                let ours = event
+                    .paths
+                    .iter()
+                    .any(|p| p.file_name().is_some_and(|n| names.iter().any(|w| w == n)));
+                if ours {
                     let _ = tx.send(());
                 }
             }) {
@@ -387,6 +462,10 @@ impl PluginHost {
                 // (Re)register watches on the directories holding the files,
                 // since editors and deploys replace files by rename.
                 let files = watch_list(&source);
+                *names.lock().unwrap_or_else(PoisonError::into_inner) = files
+                    .iter()
+                    .filter_map(|f| f.file_name().map(std::ffi::OsStr::to_owned))
+                    .collect();
                 if let Some(w) = watcher.as_mut() {
                     for dir in parents(&files) {
                         if !watched.contains(&dir) && w.watch(&dir, notify::RecursiveMode::NonRecursive).is_ok() {
@@ -399,18 +478,28 @@ impl PluginHost {
                     Some(()) = rx.recv() => {}
                     Some(()) = hangup.recv() => {
                         tracing::info!("SIGHUP: reloading.");
-                        let _ = host.reload(&source, Some(&dispatcher)).await;
+                        let _ = host.reload(&source, Some(&dispatcher), false).await;
                         fingerprint = files_fingerprint(&watch_list(&source));
                         continue;
                     }
                 }
-                // Collect the burst of events one change makes.
-                tokio::time::sleep(debounce).await;
-                while rx.try_recv().is_ok() {}
+                // Wait for the writes to stop (a quiet period), so a file
+                // written in place (truncate, then write) is read whole;
+                // bounded, so a file written without pause still reloads.
+                for _ in 0..50 {
+                    tokio::time::sleep(debounce).await;
+                    let mut more = false;
+                    while rx.try_recv().is_ok() {
+                        more = true;
+                    }
+                    if !more {
+                        break;
+                    }
+                }
                 let now = files_fingerprint(&watch_list(&source));
                 if now != fingerprint {
                     fingerprint = now;
-                    let _ = host.reload(&source, Some(&dispatcher)).await;
+                    let _ = host.reload(&source, Some(&dispatcher), false).await;
                 }
             }
         });
@@ -450,6 +539,19 @@ async fn kind_problems(plugin: &Plugin, kind: &str, config_json: &str) -> Vec<Pr
             path: at(""),
             message: format!("the plugin could not check it: {failure}"),
         }],
+    }
+}
+
+/// Whether a file event is a change of content or name: opens, reads and
+/// closes without writing (the watcher's own reads among them) are not.
+fn is_change(kind: &notify::EventKind) -> bool {
+    use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};
+    match kind {
+        EventKind::Create(_) | EventKind::Remove(_) => true,
+        EventKind::Modify(ModifyKind::Metadata(_)) => false,
+        EventKind::Modify(_) => true,
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        _ => false,
     }
 }
 
@@ -526,5 +628,25 @@ impl crate::pricing::FeePolicies for PluginHost {
                 policy: policy.to_owned(),
                 reason: e.to_string(),
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kind_left_without_its_plugin_is_dropped() {
+        let with = config::from_toml_str(
+            "[plugins.p]\npath = \"p.wasm\"\n[kinds.k]\nplugin = \"p\"\nlanes = \"optional\"\n\
+             [kinds.other]\nlanes = \"optional\"\n",
+        )
+        .expect("valid");
+        let empty = config::from_toml_str("").expect("valid");
+        assert_eq!(dropped_kinds(&with, &empty), vec!["k".to_owned()]);
+        assert!(dropped_kinds(&with, &with).is_empty());
+        let no_plugin = config::from_toml_str("[kinds.k]\nlanes = \"optional\"\n").expect("valid");
+        assert_eq!(dropped_kinds(&with, &no_plugin), vec!["k".to_owned()]);
+        assert!(dropped_kinds(&empty, &with).is_empty(), "adding is not dropping");
     }
 }

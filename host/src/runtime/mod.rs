@@ -25,7 +25,7 @@ use sha2::Digest as _;
 use wasmtime::component::{Component, HasSelf, Linker};
 
 use crate::config::{PluginConfig, RuntimeConfig};
-use crate::egress::{Cidr, Egress, HostPattern};
+use crate::egress::Egress;
 use crate::keys::KeyStore;
 use engine::{EngineKind, Engines};
 use failure::PluginFailure;
@@ -164,37 +164,29 @@ impl Runtime {
 /// The services a plugin's config grants.
 fn services(name: &str, digest: String, config: &PluginConfig, keys: Arc<KeyStore>) -> Result<Services, PluginFailure> {
     let bad = |what: String| PluginFailure::Incompatible(format!("plugins.{name}: {what}"));
-    let egress = Arc::new(Egress {
-        allowed: config
-            .allowed_hosts
-            .iter()
-            .map(|h| HostPattern::parse(h))
-            .collect::<Result<_, _>>()
-            .map_err(bad)?,
-        allowed_internal: config
-            .allowed_internal
-            .iter()
-            .map(|c| Cidr::parse(c))
-            .collect::<Result<_, _>>()
-            .map_err(bad)?,
-    });
+    let policy = Egress::from_config(
+        &format!("plugins.{name}"),
+        &config.allowed_hosts,
+        &config.allowed_internal,
+    )
+    .map_err(PluginFailure::Incompatible)?;
     let connect_timeout = Duration::from_millis(config.connect_timeout_ms);
-    let http = reqwest::Client::builder()
-        .connect_timeout(connect_timeout)
-        .timeout(Duration::from_millis(config.request_timeout_ms))
-        .pool_max_idle_per_host(usize::try_from(config.max_idle_connections).unwrap_or(5))
-        .redirect(reqwest::redirect::Policy::none())
-        .dns_resolver(Arc::new(imports::GuardedResolver::new(egress.clone())))
-        .user_agent(concat!("laneway/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .map_err(|e| bad(format!("cannot build its HTTP client: {e}")))?;
+    let http = crate::egress::Guarded::new(
+        policy,
+        crate::egress::Options {
+            connect_timeout,
+            timeout: Duration::from_millis(config.request_timeout_ms),
+            redirects: 0,
+            max_idle_per_host: usize::try_from(config.max_idle_connections).unwrap_or(5),
+        },
+    )
+    .map_err(bad)?;
     // A granted key that failed to load is reported at its `[keys.ID]` by
     // the key store; the plugin still loads, so that its kinds' configs can
     // be checked too, and its signing requests get `unknown-key`.
     Ok(Services {
         plugin: name.to_owned(),
         digest,
-        egress,
         http,
         http_permits: Arc::new(tokio::sync::Semaphore::new(
             usize::try_from(config.max_connections).unwrap_or(20),

@@ -9,7 +9,6 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::failure::MemoryLimitExceeded;
-use crate::egress::Egress;
 use crate::executor::{Attempt, Checkpoint};
 use crate::fees::FeeBid;
 use crate::keys::KeyStore;
@@ -20,10 +19,8 @@ pub struct Services {
     pub plugin: String,
     /// Short content digest of the component (its version, for operators).
     pub digest: String,
-    /// Where its HTTP may go.
-    pub egress: Arc<Egress>,
-    /// Its HTTP client (its own pool, limits and resolver).
-    pub http: reqwest::Client,
+    /// Its HTTP client: its egress policy, pool, limits and resolver.
+    pub http: crate::egress::Guarded,
     /// Limits concurrent requests.
     pub http_permits: Arc<tokio::sync::Semaphore>,
     /// How long to wait for a connection slot.

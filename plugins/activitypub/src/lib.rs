@@ -67,6 +67,16 @@ struct Config {
 const NOTE_SCHEME: &str = "signature";
 /// The note holding the RFC 9421 components a host's challenge asked for.
 const NOTE_COMPONENTS: &str = "rfc9421-components";
+/// The claim one lane takes to knock with RFC 9421 on first contact: the
+/// others start with draft-cavage meanwhile, so a fan-out's first contact
+/// costs one refused knock per server, not one per inbox.
+const CLAIM_KNOCK: &str = "knock";
+/// How long a first-contact knock holds its claim.
+const KNOCK_CLAIM_MS: u64 = 60_000;
+/// How long another lane waits for the knock's answer, and how often it
+/// looks.
+const KNOCK_WAIT: Duration = Duration::from_secs(3);
+const KNOCK_POLL: Duration = Duration::from_millis(200);
 
 /// How this attempt chooses its scheme.
 #[derive(Clone, Copy)]
@@ -359,8 +369,10 @@ impl Executor for ActivityPub {
             Ok(sent) => sent,
             Err(outcome) => return outcome,
         };
+        let mut knocked = false;
         let (scheme, response) = match (choice, &sent) {
             (Choice::Knock(first), Ok(response)) if response.status == 401 => {
+                knocked = true;
                 // The other scheme, or RFC 9421 with what a challenge asks for.
                 let challenge = response
                     .headers
@@ -391,7 +403,11 @@ impl Executor for ActivityPub {
             _ => (first, sent),
         };
         if let (Choice::Knock(_), Ok(response)) = (choice, &response) {
-            if (200..300).contains(&response.status) && recalled_scheme(&host) != Some(scheme) {
+            // A 2xx proves the scheme; so does any answer but 401 to the
+            // second knock (the first was refused for its signature, this
+            // one was not), so a failing host is not knocked twice again.
+            let accepted = (200..300).contains(&response.status) || (knocked && response.status != 401);
+            if accepted && recalled_scheme(&host) != Some(scheme) {
                 remember(&host, NOTE_SCHEME, scheme.as_str());
             }
         }
@@ -431,9 +447,29 @@ fn choose(config: &Config, actor: &Actor, host: &str) -> Choice {
         Some("cavage") => Choice::Fixed(Scheme::Cavage),
         Some("rfc9421") => Choice::Fixed(Scheme::Rfc9421),
         // Fedify's order: RFC 9421 first on first contact, then what the
-        // host accepted last time.
-        _ => Choice::Knock(recalled_scheme(host).unwrap_or(Scheme::Rfc9421)),
+        // host accepted last time. One lane knocks at a time: while its
+        // knock is in flight the others start with draft-cavage, which the
+        // fediverse's servers accept, and knock only if it is refused.
+        _ => Choice::Knock(recalled_scheme(host).unwrap_or_else(|| first_contact(host))),
     }
+}
+
+/// First contact with a host: one lane at a time knocks (RFC 9421 first),
+/// holding the host's claim; the others wait for what it learns (polling
+/// the remembered scheme), and only if it learns nothing in time start with
+/// draft-cavage.
+fn first_contact(host: &str) -> Scheme {
+    if laneway_sdk::notes::claim(host, CLAIM_KNOCK, KNOCK_CLAIM_MS) {
+        return Scheme::Rfc9421;
+    }
+    let deadline = std::time::Instant::now() + KNOCK_WAIT;
+    while std::time::Instant::now() < deadline {
+        std::thread::sleep(KNOCK_POLL);
+        if let Some(scheme) = recalled_scheme(host) {
+            return scheme;
+        }
+    }
+    Scheme::Cavage
 }
 
 fn recalled_scheme(host: &str) -> Option<Scheme> {

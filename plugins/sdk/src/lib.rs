@@ -1,4 +1,4 @@
-//! The guest SDK: laneway's WIT contract (`laneway:plugin@1.3.0`) as plain
+//! The guest SDK: laneway's WIT contract (`laneway:plugin@1.4.0`) as plain
 //! Rust traits, so a plugin implements [`Executor`] or [`FeePolicy`] and
 //! calls one macro, without touching generated bindings.
 //!
@@ -19,7 +19,7 @@
 pub mod executor_world {
     wit_bindgen::generate!({
         world: "validating-executor-plugin",
-        path: "../../wit/laneway-plugin@1.3.0",
+        path: "../../wit/laneway-plugin@1.4.0",
         default_bindings_module: "laneway_sdk::executor_world",
         pub_export_macro: true,
         export_macro_name: "export_executor_world",
@@ -31,7 +31,7 @@ pub mod executor_world {
 pub mod fee_policy_world {
     wit_bindgen::generate!({
         world: "fee-policy-plugin",
-        path: "../../wit/laneway-plugin@1.3.0",
+        path: "../../wit/laneway-plugin@1.4.0",
         default_bindings_module: "laneway_sdk::fee_policy_world",
         pub_export_macro: true,
         export_macro_name: "export_fee_policy_world",

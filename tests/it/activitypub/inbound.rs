@@ -73,6 +73,30 @@ impl ActorServer {
     }
 }
 
+/// A server on another origin serving the forger's key two ways: a key
+/// document claiming `victim` as its owner (`/key`), and an actor document
+/// claiming to be `victim` (`/actor`). Returns its base URL.
+async fn forger(key: &rsa::RsaPrivateKey, victim: &str) -> anyhow::Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let pem = key.to_public_key().to_public_key_pem(Default::default())?;
+    let (key_doc, actor_doc) = (
+        json!({ "id": format!("{base}/key"), "owner": victim, "publicKeyPem": pem }),
+        json!({ "id": victim, "type": "Person",
+            "publicKey": { "id": format!("{base}/actor#main-key"), "owner": victim, "publicKeyPem": pem } }),
+    );
+    let app = axum::Router::new()
+        .route("/key", axum::routing::get(move || async move { axum::Json(key_doc) }))
+        .route(
+            "/actor",
+            axum::routing::get(move || async move { axum::Json(actor_doc) }),
+        );
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(base)
+}
+
 /// Every op (a listing's default limit is 0).
 fn all_ops() -> laneway::queue::OpFilter {
     laneway::queue::OpFilter {
@@ -166,7 +190,7 @@ pub(super) async fn inbound_activities_are_verified_processed_once_in_sender_ord
     let config = laneway::config::from_layers(&[
         "[queue]\nlease_ms = 5000\n[dispatch]\npoll_ms = 25\nslot_ttl_ms = 2000\nshutdown_grace_ms = 300\n[api]\nlisten = \"127.0.0.1:0\"\n",
         &format!(
-            "[inbound]\nenabled = true\nallowed_hosts = [\"http://127.0.0.1:*\"]\nallowed_internal = [\"127.0.0.1\"]\n\
+            "[inbound]\nenabled = true\nallowed_hosts = [\"http://127.0.0.1:*\"]\nallowed_internal = [\"127.0.0.1\"]\nkey_refetch_ms = 1000\n\
              [keys.hooks]\nalgorithm = \"hmac-sha256\"\nfile = {:?}\n\
              [plugins.inbound]\npath = {:?}\nallowed_hosts = [\"http://127.0.0.1:*\"]\nallowed_internal = [\"127.0.0.1\"]\nkeys = [\"hooks\"]\n\
              [kinds.activitypub_inbound]\nplugin = \"inbound\"\nmax_attempts = 3\nbackoff_base_ms = 20\nbackoff_max_ms = 50\n\
@@ -184,7 +208,8 @@ pub(super) async fn inbound_activities_are_verified_processed_once_in_sender_ord
     let inbox = format!("{}/inbox/alice", served.base);
     let actor = sender.actor();
     let key_id = sender.key_id();
-    // The sender's server was suspended here; hearing from it resumes it.
+    // An operator suspended the sender's server: hearing from it does not
+    // lift that (only an operator does).
     let sender_host = sender.base.trim_start_matches("http://").to_owned();
     served
         .running
@@ -219,6 +244,24 @@ pub(super) async fn inbound_activities_are_verified_processed_once_in_sender_ord
     let impostor_status = impostor.status();
     let impostor_body: Value = serde_json::from_slice(&impostor.bytes().await?)?;
     ensure!(impostor_status == 401, "{impostor_status} {impostor_body}");
+    // Impersonation: a key served by another origin that claims the
+    // sender as its owner, and a document on another origin claiming to be
+    // the sender; neither is the sender's own document naming the key.
+    let evil = rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 1024)?;
+    let evil_base = forger(&evil, &actor).await?;
+    for key_id in [format!("{evil_base}/key"), format!("{evil_base}/actor#main-key")] {
+        let forged = signed(&http, &inbox, &activity(&actor, 0), &evil, &key_id, false)?
+            .send()
+            .await?;
+        let status = forged.status();
+        let body = forged.text().await?;
+        ensure!(status == 401, "{key_id}: {status} {body}");
+    }
+    // An activity whose id is on another origin than its actor.
+    let foreign_id =
+        json!({ "id": "https://elsewhere.example/activities/1", "type": "Create", "actor": actor }).to_string();
+    let answer = signed(&http, &inbox, &foreign_id, key, &key_id, false)?.send().await?;
+    ensure!(answer.status() == 400, "{}", answer.status());
     ensure!(queue.list(&all_ops()).await?.is_empty(), "nothing refused was enqueued");
 
     // Accepted: three cavage-signed activities, a replay, one RFC 9421 one
@@ -251,8 +294,8 @@ pub(super) async fn inbound_activities_are_verified_processed_once_in_sender_ord
         laneway::destinations::views(queue.as_ref())
             .await?
             .iter()
-            .all(|v| v.host != sender_host),
-        "an inbound activity resumes its server"
+            .any(|v| v.host == sender_host && v.state == "suspended"),
+        "an inbound activity lifted an operator's suspension"
     );
 
     settle(queue.as_ref(), Duration::from_secs(20)).await?;

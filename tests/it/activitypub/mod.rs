@@ -4,6 +4,7 @@
 
 mod fake_inbox;
 mod inbound;
+mod inbound_keys;
 mod independent;
 
 use std::path::PathBuf;
@@ -61,6 +62,11 @@ async fn setup(db: TestDb, kind_extra: &str) -> anyhow::Result<Ap> {
 
 /// As [`setup`], with more top-level config (`[destinations]`, …).
 async fn setup_with(db: TestDb, extra: &str, kind_extra: &str) -> anyhow::Result<Ap> {
+    setup_signing(db, extra, kind_extra, "cavage").await
+}
+
+/// As [`setup_with`], choosing the plugin's `signature` setting.
+async fn setup_signing(db: TestDb, extra: &str, kind_extra: &str, signature: &str) -> anyhow::Result<Ap> {
     let (_, pem, key) = actor_key()?;
     let fake = FakeInbox::default();
     fake.trust(KEY_ID, key.to_public_key());
@@ -72,7 +78,7 @@ async fn setup_with(db: TestDb, extra: &str, kind_extra: &str) -> anyhow::Result
             "[keys.actor]\nalgorithm = \"rsa-sha256\"\nfile = {:?}\n\
              [plugins.ap]\npath = {:?}\nallowed_hosts = [\"http://127.0.0.1:*\"]\nallowed_internal = [\"127.0.0.1\"]\nkeys = [\"actor\"]\n\
              [kinds.activitypub]\nplugin = \"ap\"\nbackoff_base_ms = 20\nbackoff_max_ms = 50\n\
-             config = {{ key = \"actor\", key_id = \"{KEY_ID}\", signature = \"cavage\" }}\n{kind_extra}",
+             config = {{ key = \"actor\", key_id = \"{KEY_ID}\", signature = \"{signature}\" }}\n{kind_extra}",
             pem.display().to_string(),
             crate::runtime::wasm("activitypub")?.display().to_string(),
         ),
@@ -147,6 +153,8 @@ crate::on_both_backends!(
     an_accept_signature_challenge_is_learnt_and_an_ed25519_actor_signs_rfc9421,
     inbound_activities_are_verified_processed_once_in_sender_order_with_retries_and_dead_letters,
     a_destination_rate_limit_is_shared_by_every_host,
+    a_probe_lets_only_itself_through_to_a_held_host,
+    first_contact_knocks_once_per_host_and_a_failing_host_is_not_knocked_twice,
 );
 
 async fn seed_000_fvcv_every_participant_gets_the_ledger_in_chain_order(db: TestDb) -> anyhow::Result<()> {
@@ -554,6 +562,99 @@ async fn a_host_failing_past_the_unavailable_period_is_held_probed_and_resumes_o
             .iter()
             .all(|v| v.host != host),
         "the health record is cleared by the success"
+    );
+    Ok(())
+}
+
+/// Many inboxes on one unavailable host: each probe interval lets exactly
+/// one op through (the probe), not every lane that was ready with it.
+async fn a_probe_lets_only_itself_through_to_a_held_host(db: TestDb) -> anyhow::Result<()> {
+    let fast = "[destinations]\nunavailable_after_ms = 1\nprobe_every_ms = 1000\n\
+                [dispatch.breaker]\nthreshold = 100000\n";
+    let ap = setup_with(db, fast, "max_attempts = 50\n").await?;
+    let who: Vec<String> = (1..=8).map(|n| format!("down{n}")).collect();
+    for w in &who {
+        ap.fake.script(
+            &format!("/users/{w}/inbox"),
+            std::iter::repeat_n(Reply::Status(503), 100_000),
+        );
+    }
+    let inboxes: Vec<String> = who.iter().map(|w| ap.inbox(w)).collect();
+    for n in 1..=3 {
+        ap.fan_out(announce(&format!("{ACTOR}/announce/{n}"), n), &inboxes)
+            .await?;
+    }
+    let queue = ap.db.queue.as_ref();
+    let host = ap.base.trim_start_matches("http://").to_owned();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while !laneway::destinations::views(queue)
+        .await?
+        .iter()
+        .any(|v| v.host == host && v.state == "unavailable")
+    {
+        ensure!(tokio::time::Instant::now() < deadline, "never marked unavailable");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Let in-flight attempts that started before the hold finish.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let total = |ap: &Ap| {
+        who.iter()
+            .map(|w| ap.fake.posts(&format!("/users/{w}/inbox")))
+            .sum::<usize>()
+    };
+    let before = total(&ap);
+    tokio::time::sleep(Duration::from_millis(3200)).await;
+    let during = total(&ap) - before;
+    ap.running.stop().await?;
+    ensure!(
+        (1..=4).contains(&during),
+        "{during} posts to a held host in 3.2 s (probes 1 s apart)"
+    );
+    Ok(())
+}
+
+/// A fan-out's first contact with a host that accepts only draft-cavage
+/// costs one refused RFC 9421 knock, not one per inbox; and a host that
+/// refuses RFC 9421 and then fails is not knocked twice on every attempt.
+async fn first_contact_knocks_once_per_host_and_a_failing_host_is_not_knocked_twice(db: TestDb) -> anyhow::Result<()> {
+    let ap = setup_signing(db, "", "max_attempts = 3\n", "double-knock").await?;
+    let inboxes: Vec<String> = (1..=30).map(|n| ap.inbox(&format!("u{n}"))).collect();
+    ap.fan_out(announce(&format!("{ACTOR}/announce/1"), 1), &inboxes)
+        .await?;
+    settle(ap.db.queue.as_ref(), Duration::from_secs(20)).await?;
+    let knocks = ap.fake.rejections().len();
+    let delivered: usize = (1..=30)
+        .map(|n| ap.fake.arrivals(&format!("/users/u{n}/inbox")).len())
+        .sum();
+    ensure!(delivered == 30, "{delivered} of 30 delivered");
+    ensure!(
+        knocks == 1,
+        "{knocks} refused knocks for one host: {:?}",
+        ap.fake.rejections()
+    );
+
+    // Another host: refuses RFC 9421 (401), and answers draft-cavage with 503.
+    let (_, _, key) = actor_key()?;
+    let failing = FakeInbox::default();
+    failing.trust(KEY_ID, key.to_public_key());
+    let base = failing.serve().await?;
+    failing.script("/users/f/inbox", std::iter::repeat_n(Reply::Status(503), 100));
+    let id = ap
+        .fan_out(
+            announce(&format!("{ACTOR}/announce/2"), 2),
+            &[format!("{base}/users/f/inbox")],
+        )
+        .await?[0]
+        .id();
+    settle(ap.db.queue.as_ref(), Duration::from_secs(20)).await?;
+    ap.running.stop().await?;
+    let op = ap.db.queue.get(id).await?.context("op")?;
+    ensure!(op.attempts == 3, "{op:?}");
+    let posts = failing.posts("/users/f/inbox");
+    ensure!(
+        failing.rejections().len() == 1 && posts == 4,
+        "{posts} requests for 3 attempts ({} knocks refused)",
+        failing.rejections().len()
     );
     Ok(())
 }

@@ -162,11 +162,12 @@ fn wit_versions_are_frozen() -> anyhow::Result<()> {
     use sha2::Digest as _;
     // A released contract never changes; a change is a new version in a new
     // directory (wit/README.md). Update this list only when adding one.
-    const FROZEN: [(&str, &str); 4] = [
+    const FROZEN: [(&str, &str); 5] = [
         ("laneway-plugin@1.0.0", FROZEN_1_0_0),
         ("laneway-plugin@1.1.0", FROZEN_1_1_0),
         ("laneway-plugin@1.2.0", FROZEN_1_2_0),
         ("laneway-plugin@1.3.0", FROZEN_1_3_0),
+        ("laneway-plugin@1.4.0", FROZEN_1_4_0),
     ];
     for (dir, want) in FROZEN {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../wit").join(dir);
@@ -197,6 +198,7 @@ const FROZEN_1_0_0: &str = "17998fe83fbac751a00009ed61914d77dc1266cb763358eb3037
 const FROZEN_1_1_0: &str = "9fc8df28cc07d00a27bbc97c99e6321fcecb533ada9221da3727ee96310277ad";
 const FROZEN_1_2_0: &str = "e2679a43844e5253905eeeb30b238ff9c65f62ebcea8293d33e138961f8af164";
 const FROZEN_1_3_0: &str = "b4e7af19f3764f777e444d88e0711d5159ed27512baeee7cf0edf3cf649d336a";
+const FROZEN_1_4_0: &str = "9955d1844e181c1b738fb577de98d290f16bd77459af55f6985f5f9aa53e1d29";
 
 /// Components built against the frozen 1.0.0 and 1.1.0 contracts, committed
 /// as built, still load and serve (without the 1.2.0 `validation` export,

@@ -189,3 +189,113 @@ async fn the_example_plugin_is_dropped_into_a_running_host_by_editing_its_config
     );
     Ok(())
 }
+
+/// A config rewritten in place (truncated, then written in pieces, as
+/// editors and `cat >` do) while ops flow: the empty and the half-written
+/// file are refused (the empty one would unload a kind with queued ops),
+/// the kind is never unloaded, nothing fails, and an idle host does not
+/// reload on its own reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_config_rewritten_in_place_is_never_applied_half_written() -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let db = support::sqlite_live().await?;
+    let dir = tempfile::tempdir()?;
+    let plugin_path = dir.path().join("noop.wasm");
+    std::fs::copy(wasm("noop")?, &plugin_path)?;
+    let config_path = dir.path().join("laneway.toml");
+    let text = format!(
+        "[queue]\nlease_ms = 5000\n[dispatch]\npoll_ms = 25\n[runtime]\nreload_debounce_ms = 100\n\
+         [plugins.noop]\npath = {:?}\n[kinds.noop]\nplugin = \"noop\"\nlanes = \"optional\"\n",
+        plugin_path.display().to_string()
+    );
+    std::fs::write(&config_path, &text)?;
+    let source = FileSource::Explicit(config_path.clone());
+    let config = laneway::config::load(&source, Vec::new())?;
+    let host = Arc::new(PluginHost::new(&config)?);
+    host.apply(&config).await?;
+    let running = Running::watching(db.queue.clone(), host.clone(), source, config).await?;
+    // One op is always queued (due in an hour), so dropping the kind is a loss.
+    let mut later = NewOp::new("later", "noop", "{}");
+    later.not_before = Some(chrono::Utc::now() + chrono::Duration::hours(1));
+    db.queue.enqueue(&[later]).await?;
+
+    // Idle: the watcher's own reads do not wake it.
+    let idle = host.status();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let still = host.status();
+    ensure!(
+        still.loads == idle.loads && still.failures == idle.failures,
+        "reloads while idle: {idle:?} -> {still:?}"
+    );
+
+    let producer = {
+        let dispatcher = running.dispatcher.clone();
+        tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for n in 0..100 {
+                if let Ok(r) = dispatcher
+                    .enqueue(&[NewOp::new(format!("o{}", n % 4), "noop", "{}")])
+                    .await
+                {
+                    ids.push(r[0].id());
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            ids
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Truncate, wait past the debounce, write half, wait, write the rest.
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&config_path)?;
+    file.flush()?;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let empty_seen = host.status();
+    let half = text.len() / 2;
+    file.write_all(&text.as_bytes()[..half])?;
+    file.flush()?;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    file.write_all(&text.as_bytes()[half..])?;
+    file.flush()?;
+    drop(file);
+    let ids = producer.await?;
+    // Every produced op is served (the one due in an hour stays queued).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for id in &ids {
+        while db
+            .queue
+            .get(*id)
+            .await?
+            .is_some_and(|op| op.status != Status::Confirmed)
+        {
+            ensure!(Instant::now() < deadline, "op {id} was not served");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    running.stop().await?;
+
+    ensure!(
+        empty_seen
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("drops") && e.contains("noop")),
+        "the empty file was not refused for dropping the kind: {empty_seen:?}"
+    );
+    ensure!(host.registry().get("noop").is_some(), "the kind was unloaded");
+    for id in &ids {
+        let op = db.queue.get(*id).await?.ok_or_else(|| anyhow::anyhow!("op {id}"))?;
+        ensure!(op.status == Status::Confirmed, "{op:?}");
+    }
+    let failed = db
+        .queue
+        .list(&OpFilter {
+            status: Some(Status::Failed),
+            limit: 10,
+            ..Default::default()
+        })
+        .await?;
+    ensure!(failed.is_empty(), "ops failed: {failed:?}");
+    Ok(())
+}

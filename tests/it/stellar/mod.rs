@@ -34,7 +34,7 @@ async fn oracle_on_fake(db: &TestDb, name: &str, settings: &str) -> anyhow::Resu
     host.fee_policy("fees").context("fee policy loaded")?;
     let oracle = FeeOracle::new(
         name,
-        StellarRpc::new(&url, Duration::from_secs(5))?,
+        StellarRpc::new(&url, Duration::from_secs(5), loopback_egress(&url)?)?,
         host,
         "fees",
         settings.to_owned(),
@@ -111,4 +111,11 @@ async fn a_running_oracle_takes_reloaded_policy_settings_at_its_next_sample(db: 
     wait_for(700).await?;
     task.abort();
     Ok(())
+}
+
+/// An egress policy that lets a test client reach its fake on loopback.
+pub(crate) fn loopback_egress(url: &str) -> anyhow::Result<laneway::egress::Egress> {
+    let parsed = reqwest::Url::parse(url)?;
+    let pattern = format!("{}://{}:*", parsed.scheme(), parsed.host_str().unwrap_or("127.0.0.1"));
+    laneway::egress::Egress::from_config("test", &[pattern], &["127.0.0.1".to_owned()]).map_err(anyhow::Error::msg)
 }

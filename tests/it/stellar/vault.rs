@@ -125,7 +125,11 @@ impl Host {
         let oracle = &self.config.oracles["stellar"];
         let fee_oracle = FeeOracle::new(
             "stellar",
-            StellarRpc::new(&oracle.rpc_url, Duration::from_secs(5))?,
+            StellarRpc::new(
+                &oracle.rpc_url,
+                Duration::from_secs(5),
+                laneway::config::oracle_egress("stellar", &oracle.rpc_url, &self.config.plugins),
+            )?,
             self.plugins.clone(),
             &oracle.policy,
             oracle.config_json(),
@@ -208,7 +212,52 @@ crate::on_both_backends!(
     a_refused_kind_config_leaves_its_ops_waiting_until_it_is_fixed,
     priced_ops_wait_for_the_oracles_first_sample,
     a_confirmed_deposit_reaches_a_signed_webhook_verified_by_the_reference_library,
+    a_producer_cannot_step_outside_the_signers_lane,
 );
+
+/// The vault plugin owns its kinds' lanes (the signer's account): lanes
+/// that leave the signer out are refused at enqueue, lanes that include it
+/// are kept, and an op written around laneway (plain SQL) is refused before
+/// anything is sent, so one transaction per signer holds whoever writes.
+async fn a_producer_cannot_step_outside_the_signers_lane(db: TestDb) -> anyhow::Result<()> {
+    let chain = Chain::start(25).await?;
+    let host = Host::start(db.queue.clone(), chain.config("", "")?).await?;
+    let signer = address(chain.signer);
+    let mut stray = vault_op("deposit", 1, 100, None);
+    stray.lanes = vec!["user:1".into()];
+    let refused = host.enqueue(&[stray]).await;
+    ensure!(
+        refused.as_ref().is_err_and(|e| e.to_string().contains("must include")),
+        "{refused:?}"
+    );
+    let mut both = vault_op("deposit", 2, 100, None);
+    both.lanes = vec!["user:2".into(), signer.clone()];
+    let kept = host.enqueue(&[both]).await?[0];
+    let mut around = vault_op("deposit", 3, 100, None);
+    around.lanes = vec!["user:3".into()];
+    let bypass = db.queue.enqueue(&[around]).await?[0].id();
+    host.running.dispatcher.trigger("vault");
+    confirmed(db.queue.as_ref(), kept).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let op = loop {
+        let op = db.queue.get(bypass).await?.context("op")?;
+        if op.status.is_terminal() {
+            break op;
+        }
+        ensure!(tokio::time::Instant::now() < deadline, "never refused: {op:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    ensure!(
+        op.status == Status::Failed
+            && op
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("refused before sending")),
+        "{op:?}"
+    );
+    one_at_a_time(&chain, 1)?;
+    host.running.stop().await
+}
 
 /// An op claimed before the fee oracle's first sample waits for it (up to
 /// `first_sample_wait_ms`) instead of going out at the policy's made-up
@@ -1078,7 +1127,7 @@ async fn a_confirmed_deposit_reaches_a_signed_webhook_verified_by_the_reference_
         "",
         &format!(
             "[keys.hooks]\nalgorithm = \"hmac-sha256\"\nfile = {:?}\n\
-             [outcomes]\nallowed_hosts = [\"http://127.0.0.1:*\"]\nrelay_every_ms = 20\n\
+             [outcomes]\nallowed_hosts = [\"http://127.0.0.1:*\"]\nallowed_internal = [\"127.0.0.1\"]\nrelay_every_ms = 20\n\
              [kinds.deposit]\noutcome_webhook = \"http://127.0.0.1:{}/hooks/laneway\"\noutcome_webhook_key = \"hooks\"\n",
             key_file.display().to_string(),
             receiver.port

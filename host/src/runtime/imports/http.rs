@@ -1,44 +1,22 @@
-//! `http`: outbound requests through the host, checked against the
-//! plugin's allow-list before sending and against internal networks after
-//! name resolution (`GuardedResolver`), size-capped, with the host's
-//! timeouts and connection limits.
-
-use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+//! `http`: outbound requests through the host, on the plugin's guarded
+//! client (`egress`: the allow-list and IP literals before sending, resolved
+//! addresses at connect), size-capped, with the host's timeouts and
+//! connection limits.
 
 use super::super::bindings::executor::laneway::plugin::http;
 use super::super::state::HostState;
-use crate::egress::Egress;
+use crate::egress::Refusal;
 
 impl HostState {
-    /// Checks a URL against the plugin's grants (scheme, allow-list, literal
-    /// internal addresses); names are checked again after resolution by
-    /// [`GuardedResolver`]. A refusal is not recorded as a denial here: the
-    /// caller decides whether it was an attempt to reach it.
+    /// Checks a URL against the plugin's egress policy (scheme, allow-list,
+    /// IP literals in any spelling); names are judged again on what they
+    /// resolve to, at connect. A refusal is not recorded as a denial here:
+    /// the caller decides whether it was an attempt to reach it.
     fn check_url(&self, raw: &str) -> Result<reqwest::Url, UrlRefusal> {
-        let url = reqwest::Url::parse(raw).map_err(|e| UrlRefusal::Malformed(format!("bad url {raw:?}: {e}")))?;
-        let scheme = url.scheme().to_owned();
-        let (Some(host), Some(port)) = (url.host_str().map(str::to_owned), url.port_or_known_default()) else {
-            return Err(UrlRefusal::Malformed(format!("url {raw:?} has no host")));
-        };
-        if !(scheme == "http" || scheme == "https") {
-            return Err(UrlRefusal::Denied(format!("scheme {scheme} is not allowed")));
-        }
-        let egress = &self.services.egress;
-        if !egress.allows_destination(&scheme, &host, port) {
-            return Err(UrlRefusal::Denied(format!(
-                "{scheme}://{host}:{port} is not in allowed_hosts"
-            )));
-        }
-        // A literal address never reaches the resolver: check it here.
-        if let Ok(ip) = host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
-            if !egress.allows_address(ip) {
-                return Err(UrlRefusal::Denied(format!(
-                    "{ip} is an internal address and not in allowed_internal"
-                )));
-            }
-        }
-        Ok(url)
+        self.services.http.policy().check(raw).map_err(|refusal| match refusal {
+            Refusal::Malformed(why) => UrlRefusal::Malformed(format!("bad url {raw:?}: {why}")),
+            other => UrlRefusal::Denied(other.to_string()),
+        })
     }
 }
 
@@ -76,7 +54,10 @@ impl http::Host for HostState {
         let Ok(method) = reqwest::Method::from_bytes(request.method.as_bytes()) else {
             return Ok(Err(http::Error::Protocol(format!("bad method {:?}", request.method))));
         };
-        let mut builder = services.http.request(method, url);
+        let mut builder = match services.http.request(method, url.as_str()) {
+            Ok(builder) => builder,
+            Err(refusal) => return Ok(Err(http::Error::Denied(self.deny(refusal.to_string())))),
+        };
         for (name, value) in &request.headers {
             builder = builder.header(name.as_str(), value.as_str());
         }
@@ -132,21 +113,9 @@ impl http::Host for HostState {
     }
 }
 
-/// A resolved name that led only to addresses the plugin may not reach.
-#[derive(Debug, thiserror::Error)]
-#[error("{name} resolves only to internal addresses ({addresses}), which are not in allowed_internal")]
-pub struct BlockedAddress {
-    name: String,
-    addresses: String,
-}
-
 fn classify_http_error(error: &reqwest::Error) -> http::Error {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(e) = source {
-        if let Some(blocked) = e.downcast_ref::<BlockedAddress>() {
-            return http::Error::Denied(blocked.to_string());
-        }
-        source = e.source();
+    if let Some(refusal) = crate::egress::client::refusal(error) {
+        return http::Error::Denied(refusal.to_string());
     }
     let text = format!("{error:#}");
     let chain = {
@@ -169,41 +138,5 @@ fn classify_http_error(error: &reqwest::Error) -> http::Error {
         http::Error::Connect(chain)
     } else {
         http::Error::Protocol(chain)
-    }
-}
-
-/// Resolves names for one plugin's HTTP client and drops addresses its
-/// egress policy forbids, so a name pointing at 127.0.0.1 or the metadata
-/// service is refused after resolution, where it counts.
-pub struct GuardedResolver {
-    egress: Arc<Egress>,
-}
-
-impl GuardedResolver {
-    /// A resolver enforcing `egress`.
-    pub fn new(egress: Arc<Egress>) -> Self {
-        Self { egress }
-    }
-}
-
-impl reqwest::dns::Resolve for GuardedResolver {
-    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        let egress = self.egress.clone();
-        Box::pin(async move {
-            let host = name.as_str().to_owned();
-            let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            let allowed: Vec<SocketAddr> = found
-                .iter()
-                .copied()
-                .filter(|a| egress.allows_address(a.ip()))
-                .collect();
-            if allowed.is_empty() && !found.is_empty() {
-                let addresses = found.iter().map(|a| a.ip().to_string()).collect::<Vec<_>>().join(", ");
-                return Err(
-                    Box::new(BlockedAddress { name: host, addresses }) as Box<dyn std::error::Error + Send + Sync>
-                );
-            }
-            Ok(Box::new(allowed.into_iter()) as reqwest::dns::Addrs)
-        })
     }
 }

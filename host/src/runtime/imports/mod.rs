@@ -9,8 +9,6 @@ mod log;
 mod notes;
 mod signer;
 
-pub use http::{BlockedAddress, GuardedResolver};
-
 use super::bindings::executor::laneway::plugin::types;
 use super::state::HostState;
 

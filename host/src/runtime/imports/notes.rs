@@ -10,6 +10,8 @@ const NOTE_KEY_BYTES: usize = 128;
 const NOTE_VALUE_BYTES: usize = 4096;
 const NOTE_HOST_BYTES: usize = 300;
 const NOTES_PER_CALL: u32 = 8;
+/// The longest claim.
+const MAX_CLAIM: std::time::Duration = std::time::Duration::from_secs(3600);
 
 impl notes::Host for HostState {
     async fn get(&mut self, host: String, key: String) -> wasmtime::Result<Option<String>> {
@@ -47,5 +49,27 @@ impl notes::Host for HostState {
             .set(&self.services.plugin, &host, &key, &value)
             .await
             .map_err(|e| e.to_string()))
+    }
+
+    async fn claim(&mut self, host: String, key: String, ttl_ms: u64) -> wasmtime::Result<bool> {
+        let Some(notes) = self.notes.clone() else {
+            return Ok(false);
+        };
+        if host.is_empty() || host.len() > NOTE_HOST_BYTES || key.is_empty() || key.len() > NOTE_KEY_BYTES {
+            return Ok(false);
+        }
+        if self.notes_written >= NOTES_PER_CALL {
+            return Ok(false);
+        }
+        self.notes_written += 1;
+        let ttl = std::time::Duration::from_millis(ttl_ms).min(MAX_CLAIM);
+        match notes.claim(&self.services.plugin, &host, &key, ttl).await {
+            Ok(taken) => Ok(taken),
+            Err(e) => {
+                // Not taken: the plugin does what it does when another holds it.
+                tracing::warn!(plugin = %self.services.plugin, error = %e, "Could not take a plugin claim.");
+                Ok(false)
+            }
+        }
     }
 }

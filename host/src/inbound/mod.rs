@@ -9,12 +9,15 @@
 //! verify with the cached key (the actor rotated it).
 //!
 //! Parsing and verifying are pure functions of the request; only
-//! [`KeyCache`] does I/O. The API's `POST /inbox` routes use this, then
+//! [`keys::KeyCache`] does I/O. The API's `POST /inbox` routes use this, then
 //! enqueue the activity as an op of the inbound kind.
 
+pub mod keys;
+
+pub use keys::{key_client, KeyCache, KeySettings};
+
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine as _;
 use chrono::{DateTime, Utc};
@@ -44,6 +47,10 @@ pub enum InboundError {
         /// Why.
         why: String,
     },
+    /// Too many key fetches for the key's origin (or in all) just now:
+    /// the sender should retry later.
+    #[error("too many key fetches for {0} just now; retry later")]
+    Busy(String),
     /// The body is not an activity (not JSON, no id or actor).
     #[error("not an activity: {0}")]
     NotAnActivity(String),
@@ -286,16 +293,33 @@ pub fn signed_bytes(
             if !matches {
                 return Err(InboundError::Unacceptable("the Digest does not match the body".into()));
             }
-            let when = match (created, request.header("date")) {
-                (Some(c), _) => DateTime::from_timestamp(*c, 0),
-                (None, Some(date)) => httpdate::parse_http_date(date).ok().map(DateTime::<Utc>::from),
-                (None, None) => None,
+            // Only what the signature covers counts: an unsigned
+            // `created=` must not stand in for the signed Date (replay).
+            let mut times = Vec::new();
+            if covers("(created)") {
+                let c =
+                    created.ok_or_else(|| InboundError::Unacceptable("(created) is signed but not given".into()))?;
+                times.push(
+                    DateTime::from_timestamp(c, 0)
+                        .ok_or_else(|| InboundError::Unacceptable("created is out of range".into()))?,
+                );
             }
-            .ok_or_else(|| InboundError::Unacceptable("no readable Date".into()))?;
-            if (now - when).abs() > skew {
-                return Err(InboundError::Unacceptable(format!(
-                    "signed at {when}, outside the window"
-                )));
+            if covers("date") {
+                let date = request
+                    .header("date")
+                    .ok_or_else(|| InboundError::Unacceptable("Date is signed but missing".into()))?;
+                times.push(
+                    httpdate::parse_http_date(date)
+                        .map(DateTime::<Utc>::from)
+                        .map_err(|_| InboundError::Unacceptable("no readable Date".into()))?,
+                );
+            }
+            for when in times {
+                if (now - when).abs() > skew {
+                    return Err(InboundError::Unacceptable(format!(
+                        "signed at {when}, outside the window"
+                    )));
+                }
             }
             let mut lines = Vec::with_capacity(headers.len());
             for h in headers {
@@ -432,46 +456,6 @@ impl PublicKey {
     }
 }
 
-/// A key as fetched: the key and the actor that owns it.
-#[derive(Debug, Clone)]
-pub struct ActorKey {
-    /// The key.
-    pub key: PublicKey,
-    /// The owning actor's id.
-    pub owner: String,
-}
-
-/// Finds `key_id` in a fetched document: an actor with `publicKey` (one or
-/// several), or the key object itself.
-///
-/// # Errors
-///
-/// What is missing.
-pub fn key_from_document(document: &Value, key_id: &str) -> Result<ActorKey, String> {
-    let candidates: Vec<&Value> = match document.get("publicKey") {
-        Some(Value::Array(keys)) => keys.iter().collect(),
-        Some(key) => vec![key],
-        None => vec![document],
-    };
-    let entry = candidates
-        .into_iter()
-        .find(|k| k.get("id").and_then(Value::as_str) == Some(key_id))
-        .ok_or_else(|| format!("the document has no key {key_id:?}"))?;
-    let pem = entry
-        .get("publicKeyPem")
-        .and_then(Value::as_str)
-        .ok_or_else(|| "the key has no publicKeyPem".to_owned())?;
-    let owner = entry
-        .get("owner")
-        .and_then(Value::as_str)
-        .or_else(|| document.get("id").and_then(Value::as_str))
-        .ok_or_else(|| "the key has no owner".to_owned())?;
-    Ok(ActorKey {
-        key: PublicKey::from_pem(pem)?,
-        owner: owner.to_owned(),
-    })
-}
-
 /// What an inbound activity says about itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Activity {
@@ -504,6 +488,14 @@ pub fn activity(body: &[u8]) -> Result<Activity, InboundError> {
         .get("actor")
         .and_then(field)
         .ok_or_else(|| InboundError::NotAnActivity("no actor".into()))?;
+    // An activity speaks for its actor's server only: its id must be on
+    // the actor's origin (as Mastodon and Fedify require), so a server
+    // cannot mint activities in another server's name.
+    if origin(id).is_none() || origin(id) != origin(&actor) {
+        return Err(InboundError::NotAnActivity(format!(
+            "its id {id:?} is not on its actor's origin ({actor:?})"
+        )));
+    }
     Ok(Activity {
         id: id.to_owned(),
         actor,
@@ -511,148 +503,13 @@ pub fn activity(body: &[u8]) -> Result<Activity, InboundError> {
     })
 }
 
-/// Actor keys by key id, fetched on first use and again when stale or
-/// when a signature does not verify with the cached one.
-pub struct KeyCache {
-    http: reqwest::Client,
-    egress: Arc<crate::egress::Egress>,
-    ttl: Duration,
-    keys: Mutex<HashMap<String, (Arc<ActorKey>, Instant)>>,
-}
-
-/// The largest actor document read (Mastodon's are a few KiB).
-const MAX_KEY_DOCUMENT: usize = 1024 * 1024;
-
-/// How soon a key may be fetched again after a failed verification, so a
-/// flood of badly signed requests cannot make laneway fetch in a loop.
-const REFETCH_AFTER: Duration = Duration::from_secs(1);
-
-impl KeyCache {
-    /// A cache fetching through `http` (its resolver guarded by `egress`)
-    /// from what `egress` allows, keeping keys `ttl`.
-    pub fn new(http: reqwest::Client, egress: Arc<crate::egress::Egress>, ttl: Duration) -> Self {
-        Self {
-            http,
-            egress,
-            ttl,
-            keys: Mutex::new(HashMap::new()),
-        }
-    }
-
-    fn cached(&self, key_id: &str) -> Option<(Arc<ActorKey>, Instant)> {
-        self.keys
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(key_id)
-            .cloned()
-    }
-
-    async fn fetch(&self, key_id: &str) -> Result<Arc<ActorKey>, InboundError> {
-        let unavailable = |why: String| InboundError::KeyUnavailable {
-            key_id: key_id.to_owned(),
-            why,
-        };
-        let mut url = reqwest::Url::parse(key_id).map_err(|e| unavailable(e.to_string()))?;
-        url.set_fragment(None);
-        let allowed = url.host_str().is_some_and(|h| {
-            self.egress
-                .allows_destination(url.scheme(), h, url.port_or_known_default().unwrap_or(0))
-        });
-        if !allowed {
-            return Err(unavailable("its host is not in inbound.allowed_hosts".into()));
-        }
-        let response = self
-            .http
-            .get(url)
-            .header("accept", "application/activity+json, application/ld+json")
-            .send()
-            .await
-            .map_err(|e| unavailable(format!("{e:#}")))?;
-        if !response.status().is_success() {
-            return Err(unavailable(format!("HTTP {}", response.status())));
-        }
-        let body = response.bytes().await.map_err(|e| unavailable(e.to_string()))?;
-        if body.len() > MAX_KEY_DOCUMENT {
-            return Err(unavailable(format!("the document is over {MAX_KEY_DOCUMENT} bytes")));
-        }
-        let document: Value = serde_json::from_slice(&body).map_err(|e| unavailable(e.to_string()))?;
-        let key = Arc::new(key_from_document(&document, key_id).map_err(unavailable)?);
-        self.keys
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(key_id.to_owned(), (key.clone(), Instant::now()));
-        Ok(key)
-    }
-
-    /// Verifies `data` against the key `key_id` names, fetching it if it is
-    /// not cached or stale, and once more if the cached key does not verify.
-    /// Returns the key's owner.
-    ///
-    /// # Errors
-    ///
-    /// [`InboundError::KeyUnavailable`] or [`InboundError::Unverified`].
-    pub async fn verify(&self, key_id: &str, data: &[u8], signature: &[u8]) -> Result<String, InboundError> {
-        let cached = self.cached(key_id).filter(|(_, at)| at.elapsed() < self.ttl);
-        let (key, fresh) = match cached {
-            Some((key, at)) => (key, at.elapsed() < REFETCH_AFTER),
-            None => (self.fetch(key_id).await?, true),
-        };
-        if key.key.verifies(data, signature) {
-            return Ok(key.owner.clone());
-        }
-        if !fresh {
-            let again = self.fetch(key_id).await?;
-            if again.key.verifies(data, signature) {
-                return Ok(again.owner.clone());
-            }
-        }
-        Err(InboundError::Unverified(format!("not signed by {key_id}")))
-    }
-}
-
-/// The guarded HTTP client key fetches go through: `[inbound]`'s
-/// allow-list, internal addresses refused after resolution unless listed,
-/// no redirects.
-///
-/// # Errors
-///
-/// A pattern that does not parse (`check-config` reports it first).
-pub fn key_client(
-    config: &crate::config::InboundConfig,
-) -> Result<(reqwest::Client, Arc<crate::egress::Egress>), String> {
-    let egress = Arc::new(crate::egress::Egress {
-        allowed: config
-            .allowed_hosts
-            .iter()
-            .map(|h| crate::egress::HostPattern::parse(h))
-            .collect::<Result<_, _>>()?,
-        allowed_internal: config
-            .allowed_internal
-            .iter()
-            .map(|c| crate::egress::Cidr::parse(c))
-            .collect::<Result<_, _>>()?,
-    });
-    let guard = egress.clone();
-    reqwest::Client::builder()
-        .timeout(Duration::from_millis(config.fetch_timeout_ms))
-        .redirect(reqwest::redirect::Policy::custom(move |attempt| {
-            // A key document may move (Mastodon redirects a few), but only
-            // to somewhere the allow-list allows.
-            let url = attempt.url();
-            let allowed = url
-                .host_str()
-                .is_some_and(|h| guard.allows_destination(url.scheme(), h, url.port_or_known_default().unwrap_or(0)));
-            if allowed && attempt.previous().len() < 3 {
-                attempt.follow()
-            } else {
-                attempt.stop()
-            }
-        }))
-        .dns_resolver(Arc::new(crate::runtime::imports::GuardedResolver::new(egress.clone())))
-        .user_agent(concat!("laneway/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .map_err(|e| e.to_string())
-        .map(|client| (client, egress))
+/// A URL's origin (scheme, host, port), `None` for text that is not an
+/// absolute http(s) URL.
+pub fn origin(url: &str) -> Option<String> {
+    let url = reqwest::Url::parse(url).ok()?;
+    matches!(url.scheme(), "http" | "https").then_some(())?;
+    let origin = url.origin();
+    origin.is_tuple().then(|| origin.ascii_serialization())
 }
 
 #[cfg(test)]
@@ -714,6 +571,62 @@ mod tests {
         let unsigned_digest = Received { headers: &h2, ..req };
         let sig = parse(&unsigned_digest).unwrap();
         assert!(signed_bytes(&sig, &unsigned_digest, now, Duration::from_secs(3600)).is_err());
+    }
+
+    #[test]
+    fn an_unsigned_created_does_not_stand_in_for_the_signed_date() {
+        let body = br#"{"id":"x"}"#;
+        let digest = format!(
+            "SHA-256={}",
+            base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(body))
+        );
+        let now = Utc::now();
+        let old = httpdate::fmt_http_date((now - chrono::Duration::days(2)).into());
+        // A two-day-old signed request, replayed with `created=<now>` added:
+        // `(created)` is not among the signed headers, so it must not count.
+        let signature = format!(
+            r#"keyId="https://b.example/u#k",headers="(request-target) host date digest",created={},signature="AAAA""#,
+            now.timestamp()
+        );
+        let h = headers(&[
+            ("host", "a.example"),
+            ("date", &old),
+            ("digest", &digest),
+            ("signature", &signature),
+        ]);
+        let req = Received {
+            method: "POST",
+            target_uri: "https://a.example/inbox",
+            headers: &h,
+            body,
+        };
+        let sig = parse(&req).unwrap();
+        let refused = signed_bytes(&sig, &req, now, Duration::from_secs(3600));
+        assert!(
+            matches!(refused, Err(InboundError::Unacceptable(ref why)) if why.contains("outside")),
+            "{refused:?}"
+        );
+        // Signed `(created)` counts, and must be in the window too.
+        let signed_created = format!(
+            r#"keyId="k",headers="(request-target) (created) digest",created={},signature="AAAA""#,
+            (now - chrono::Duration::days(2)).timestamp()
+        );
+        let h = headers(&[("digest", &digest), ("signature", &signed_created)]);
+        let req = Received { headers: &h, ..req };
+        let sig = parse(&req).unwrap();
+        assert!(signed_bytes(&sig, &req, now, Duration::from_secs(3600)).is_err());
+    }
+
+    #[test]
+    fn activities_must_come_from_their_actors_origin() {
+        assert!(activity(br#"{"id":"https://b.example/a/1","actor":"https://b.example/u"}"#).is_ok());
+        for body in [
+            &br#"{"id":"https://evil.example/a/1","actor":"https://b.example/u"}"#[..],
+            br#"{"id":"https://b.example:444/a/1","actor":"https://b.example/u"}"#,
+            br#"{"id":"urn:x","actor":"https://b.example/u"}"#,
+        ] {
+            assert!(activity(body).is_err(), "{}", String::from_utf8_lossy(body));
+        }
     }
 
     #[test]

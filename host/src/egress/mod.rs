@@ -1,10 +1,59 @@
-//! Where a plugin may send HTTP: its allow-list of destinations, and the
-//! guard against requests to loopback, private, link-local and metadata
-//! addresses (SSRF), checked on the resolved address, not the name.
+//! The one egress guard: where the host may send HTTP (a plugin's
+//! requests, inbound key fetches, outcome webhooks, the fee oracle). Each
+//! client has a policy ([`Egress`]: an allow-list and the internal networks
+//! it may reach anyway); a request's URL is judged by [`Egress::check_url`]
+//! (the allow-list, then every IP literal, in any spelling the URL parser
+//! accepts, against internal ranges) and every name's resolved addresses are
+//! judged again at connect by [`client`]'s resolver, on the first request and
+//! on every redirect hop.
 //!
-//! Pure: parsing and matching only; the HTTP import applies them.
+//! This module is pure (parsing and matching); [`client`] builds the one
+//! kind of HTTP client every caller uses.
+
+pub mod client;
+
+pub use client::{Guarded, Options};
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// Why the guard refused a destination. Kept inside the HTTP error a
+/// refused request returns (see [`client::refusal`]), so a caller can say
+/// why, not just "error sending request".
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The URL does not parse or names no host.
+    #[error("bad url: {0}")]
+    Malformed(String),
+    /// Not http or https.
+    #[error("scheme {0} is not allowed")]
+    Scheme(String),
+    /// The allow-list does not name it.
+    #[error("{scheme}://{host}:{port} is not in {list}")]
+    NotListed {
+        /// The URL's scheme.
+        scheme: String,
+        /// Its host as parsed.
+        host: String,
+        /// Its port (the scheme's default when none is given).
+        port: u16,
+        /// The config key of the allow-list, for the message.
+        list: String,
+    },
+    /// An IP literal (in any spelling) or every resolved address is
+    /// internal and not explicitly allowed.
+    #[error("{host} is an internal address ({addresses}), not in {list}")]
+    Internal {
+        /// The name or literal.
+        host: String,
+        /// The addresses it meant.
+        addresses: String,
+        /// The config key of the internal allowances, for the message.
+        list: String,
+    },
+    /// Too many redirects.
+    #[error("more than {0} redirects")]
+    TooManyRedirects(usize),
+}
 
 /// Whether any of `patterns` (config text; a malformed one allows nothing,
 /// and is reported by the config check) lets `scheme://host:port` through.
@@ -174,12 +223,29 @@ impl Cidr {
     }
 }
 
-/// An IPv4-mapped IPv6 address is judged as the IPv4 address it carries.
+/// An IPv6 address that carries an IPv4 one is judged as that IPv4
+/// address: IPv4-mapped (`::ffff:a.b.c.d`), IPv4-compatible (`::a.b.c.d`),
+/// NAT64 (`64:ff9b::/96`) and 6to4 (`2002:AABB:CCDD::/48`), since each can
+/// reach the IPv4 host it names.
 fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
+    let IpAddr::V6(v6) = ip else {
+        return ip;
+    };
+    let s = v6.segments();
+    let v4 = |hi: u16, lo: u16| IpAddr::V4(Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo)));
+    if let Some(mapped) = v6.to_ipv4_mapped() {
+        return IpAddr::V4(mapped);
     }
+    if s[..6] == [0; 6] && !(s[6] == 0 && s[7] <= 1) {
+        return v4(s[6], s[7]);
+    }
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        return v4(s[6], s[7]);
+    }
+    if s[0] == 0x2002 {
+        return v4(s[1], s[2]);
+    }
+    ip
 }
 
 /// Whether an address is not on the public internet: loopback, private,
@@ -212,21 +278,111 @@ fn internal_v6(ip: Ipv6Addr) -> bool {
     ip.is_loopback()
         || ip.is_unspecified()
         || ip.is_multicast()
+        // Unique-local, link-local and the deprecated site-local.
         || (s[0] & 0xfe00) == 0xfc00
         || (s[0] & 0xffc0) == 0xfe80
+        || (s[0] & 0xffc0) == 0xfec0
+        // Documentation, Teredo (tunnels to any IPv4 host), discard-only.
         || (s[0] == 0x2001 && s[1] == 0x0db8)
+        || (s[0] == 0x2001 && s[1] == 0)
+        || (s[..4] == [0x100, 0, 0, 0])
 }
 
-/// A plugin's egress policy.
+/// One client's egress policy.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Egress {
     /// Destinations allowed by name.
     pub allowed: Vec<HostPattern>,
     /// Internal networks explicitly allowed anyway.
     pub allowed_internal: Vec<Cidr>,
+    /// The config section the lists come from (`plugins.ap`, `inbound`), so
+    /// a refusal names the key to change.
+    pub section: String,
 }
 
 impl Egress {
+    /// A policy from config text: `allowed_hosts` patterns and
+    /// `allowed_internal` networks of the config section `section`.
+    ///
+    /// # Errors
+    ///
+    /// The first entry that does not parse, with its key path
+    /// (`check-config` reports them all first).
+    pub fn from_config(section: &str, allowed_hosts: &[String], allowed_internal: &[String]) -> Result<Self, String> {
+        Ok(Self {
+            allowed: allowed_hosts
+                .iter()
+                .map(|h| HostPattern::parse(h).map_err(|e| format!("{section}.allowed_hosts: {e}")))
+                .collect::<Result<_, _>>()?,
+            allowed_internal: allowed_internal
+                .iter()
+                .map(|c| Cidr::parse(c).map_err(|e| format!("{section}.allowed_internal: {e}")))
+                .collect::<Result<_, _>>()?,
+            section: section.to_owned(),
+        })
+    }
+
+    fn key(&self, list: &str) -> String {
+        if self.section.is_empty() {
+            list.to_owned()
+        } else {
+            format!("{}.{list}", self.section)
+        }
+    }
+
+    /// Judges a URL before anything is sent to it, and on every redirect
+    /// hop: http(s) only, on the allow-list, and an IP literal (the URL
+    /// parser reads every spelling: `2130706433`, `0177.0.0.1`, `0x7f.1`,
+    /// `[::ffff:127.0.0.1]`) outside internal ranges unless allowed. A name
+    /// is judged again on what it resolves to, at connect.
+    ///
+    /// # Errors
+    ///
+    /// The [`Refusal`].
+    pub fn check_url(&self, url: &reqwest::Url) -> Result<(), Refusal> {
+        let scheme = url.scheme();
+        if !(scheme == "http" || scheme == "https") {
+            return Err(Refusal::Scheme(scheme.to_owned()));
+        }
+        let (Some(host), Some(port)) = (url.host(), url.port_or_known_default()) else {
+            return Err(Refusal::Malformed(format!("{url} has no host")));
+        };
+        let (name, literal) = match host {
+            url::Host::Domain(d) => (d.to_owned(), None),
+            url::Host::Ipv4(v4) => (v4.to_string(), Some(IpAddr::V4(v4))),
+            url::Host::Ipv6(v6) => (v6.to_string(), Some(IpAddr::V6(v6))),
+        };
+        if !self.allows_destination(scheme, &name, port) {
+            return Err(Refusal::NotListed {
+                scheme: scheme.to_owned(),
+                host: name,
+                port,
+                list: self.key("allowed_hosts"),
+            });
+        }
+        if let Some(ip) = literal {
+            if !self.allows_address(ip) {
+                return Err(Refusal::Internal {
+                    host: name,
+                    addresses: ip.to_string(),
+                    list: self.key("allowed_internal"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Egress::check_url`] of URL text.
+    ///
+    /// # Errors
+    ///
+    /// The [`Refusal`]; [`Refusal::Malformed`] for text that is not a URL.
+    pub fn check(&self, url: &str) -> Result<reqwest::Url, Refusal> {
+        let parsed = reqwest::Url::parse(url).map_err(|e| Refusal::Malformed(format!("{url:?}: {e}")))?;
+        self.check_url(&parsed)?;
+        Ok(parsed)
+    }
+
     /// Is the URL's destination on the allow-list?
     pub fn allows_destination(&self, scheme: &str, host: &str, port: u16) -> bool {
         self.allowed.iter().any(|p| p.allows(scheme, host, port))
@@ -298,6 +454,7 @@ mod tests {
         let egress = Egress {
             allowed: vec![],
             allowed_internal: vec![Cidr::parse("127.0.0.1/32").unwrap()],
+            section: String::new(),
         };
         assert!(egress.allows_address("127.0.0.1".parse().unwrap()));
         assert!(egress.allows_address("::ffff:127.0.0.1".parse().unwrap()));
