@@ -679,6 +679,20 @@ async fn the_openapi_document_names_every_route_and_each_asks_for_its_scope(db: 
         .collect();
     want.sort();
     ensure!(documented == want, "documented {documented:?}\nwanted {want:?}");
+    // Routes with a body say they may answer 413 and 415; the inbox, 413.
+    for (method, path, codes) in [
+        ("post", "/api/v1/ops", &["413", "415"][..]),
+        ("post", "/api/v1/activitypub/deliveries", &["413", "415"][..]),
+        ("post", "/api/admin/outbox/recover", &["413", "415"][..]),
+        ("post", "/inbox", &["413"][..]),
+    ] {
+        for code in codes {
+            ensure!(
+                paths[path][method]["responses"].get(*code).is_some(),
+                "{method} {path} does not document {code}"
+            );
+        }
+    }
     // Each documented operation is served (not the fallback's 404), and the
     // scope it names is the one it asks for.
     let mut keys = std::collections::HashMap::new();

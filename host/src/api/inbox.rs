@@ -28,7 +28,8 @@ use crate::queue::{Enqueued, NewOp};
         (status = 400, description = "`not_an_activity`", body = ErrorBody),
         (status = 401, description = "`bad_signature`: unsigned, malformed, not verifiable or not the actor's", body = ErrorBody),
         (status = 429, description = "`busy`: too many key fetches for the sender's origin just now", body = ErrorBody),
-        (status = 404, description = "`not_found`: inboxes are not enabled", body = ErrorBody)))]
+        (status = 404, description = "`not_found`: inboxes are not enabled", body = ErrorBody),
+        (status = 413, description = "`body_too_large`: over `[api] max_body_bytes`", body = ErrorBody)))]
 pub(super) async fn personal(
     State(state): State<ApiState>,
     path: Result<Path<String>, PathRejection>,
@@ -48,7 +49,8 @@ pub(super) async fn personal(
         (status = 400, description = "`not_an_activity`", body = ErrorBody),
         (status = 401, description = "`bad_signature`", body = ErrorBody),
         (status = 429, description = "`busy`: too many key fetches for the sender's origin just now", body = ErrorBody),
-        (status = 404, description = "`not_found`: inboxes are not enabled", body = ErrorBody)))]
+        (status = 404, description = "`not_found`: inboxes are not enabled", body = ErrorBody),
+        (status = 413, description = "`body_too_large`: over `[api] max_body_bytes`", body = ErrorBody)))]
 pub(super) async fn shared(
     State(state): State<ApiState>,
     uri: Uri,
