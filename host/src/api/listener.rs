@@ -31,6 +31,9 @@ pub struct Limits {
     pub max_connections: usize,
     /// Connections open at once from one client address.
     pub max_connections_per_ip: usize,
+    /// The largest body: a request declaring more is answered 413 before
+    /// any of it is read.
+    pub max_body_bytes: usize,
 }
 
 impl Limits {
@@ -41,6 +44,7 @@ impl Limits {
             body_timeout: Duration::from_millis(config.body_timeout_ms),
             max_connections: config.max_connections,
             max_connections_per_ip: config.max_connections_per_ip,
+            max_body_bytes: config.max_body_bytes,
         }
     }
 }
@@ -119,10 +123,16 @@ pub async fn serve(
             continue;
         };
         let router = router.clone();
-        let body_timeout = limits.body_timeout;
+        let (body_timeout, max_body) = (limits.body_timeout, limits.max_body_bytes);
         let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
-            let request = request.map(|body| Body::new(Deadline::new(body, body_timeout)));
-            router.clone().oneshot(request)
+            let router = router.clone();
+            async move {
+                if declared_length(&request).is_some_and(|n| n > max_body) {
+                    return Ok(too_large(max_body));
+                }
+                let request = request.map(|body| Body::new(Deadline::new(body, body_timeout)));
+                router.oneshot(request).await
+            }
         });
         let stopping = shutdown.clone();
         let header_timeout = limits.header_timeout;
@@ -148,6 +158,36 @@ pub async fn serve(
     tracker.close();
     tracker.wait().await;
     Ok(())
+}
+
+/// The Content-Length a request declares, if it declares one.
+fn declared_length<B>(request: &hyper::Request<B>) -> Option<usize> {
+    request
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+}
+
+/// The answer to a body declared over the limit, as the API words it.
+fn too_large(max: usize) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let mut response = super::ApiError::new(
+        axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+        format!("the request declares a body over [api] max_body_bytes ({max} bytes)"),
+    )
+    .into_response();
+    // The body is never read: the connection cannot carry another request.
+    response.headers_mut().insert(
+        hyper::header::CONNECTION,
+        hyper::header::HeaderValue::from_static("close"),
+    );
+    response
 }
 
 /// A request body that fails once its deadline passes, however slowly its

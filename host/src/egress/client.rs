@@ -110,9 +110,14 @@ pub fn refusal(error: &reqwest::Error) -> Option<Refusal> {
 /// A request error in full: the refusal when the guard refused, else the
 /// whole source chain (reqwest's own text is only "error sending request").
 pub fn describe(error: &reqwest::Error) -> String {
-    if let Some(refusal) = refusal(error) {
-        return format!("refused: {refusal}");
+    match refusal(error) {
+        Some(refusal) => format!("refused: {refusal}"),
+        None => chain(error),
     }
+}
+
+/// The error and every source under it, joined by `: `.
+pub fn chain(error: &reqwest::Error) -> String {
     let mut all = error.to_string();
     let mut source = std::error::Error::source(error);
     while let Some(e) = source {

@@ -15,6 +15,19 @@ use super::wasm;
 use crate::dispatch::harness::{settle, Running};
 use crate::support;
 
+/// No op was dead-lettered.
+async fn no_failed_ops(queue: &dyn laneway::queue::Queue) -> anyhow::Result<()> {
+    let failed = queue
+        .list(&OpFilter {
+            status: Some(Status::Failed),
+            limit: 10,
+            ..Default::default()
+        })
+        .await?;
+    ensure!(failed.is_empty(), "ops failed: {failed:?}");
+    Ok(())
+}
+
 /// Replaces `to` by `from` the way deploys do: write aside, then rename.
 fn replace(from: &[u8], to: &std::path::Path) -> anyhow::Result<()> {
     let tmp = to.with_extension("tmp");
@@ -80,15 +93,7 @@ async fn a_new_version_serves_within_two_seconds_and_a_corrupt_one_is_refused() 
     running.stop().await?;
 
     // No op failed during either change.
-    let failed = db
-        .queue
-        .list(&OpFilter {
-            status: Some(Status::Failed),
-            limit: 10,
-            ..Default::default()
-        })
-        .await?;
-    ensure!(failed.is_empty(), "ops failed: {failed:?}");
+    no_failed_ops(db.queue.as_ref()).await?;
     let all: Vec<i64> = ids.iter().map(|(_, id)| *id).collect();
     let served = details(db.queue.as_ref(), &all).await?;
     ensure!(
@@ -288,14 +293,6 @@ async fn a_config_rewritten_in_place_is_never_applied_half_written() -> anyhow::
         let op = db.queue.get(*id).await?.ok_or_else(|| anyhow::anyhow!("op {id}"))?;
         ensure!(op.status == Status::Confirmed, "{op:?}");
     }
-    let failed = db
-        .queue
-        .list(&OpFilter {
-            status: Some(Status::Failed),
-            limit: 10,
-            ..Default::default()
-        })
-        .await?;
-    ensure!(failed.is_empty(), "ops failed: {failed:?}");
+    no_failed_ops(db.queue.as_ref()).await?;
     Ok(())
 }

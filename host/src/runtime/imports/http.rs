@@ -117,17 +117,7 @@ fn classify_http_error(error: &reqwest::Error) -> http::Error {
     if let Some(refusal) = crate::egress::client::refusal(error) {
         return http::Error::Denied(refusal.to_string());
     }
-    let text = format!("{error:#}");
-    let chain = {
-        let mut all = text.clone();
-        let mut s = std::error::Error::source(error);
-        while let Some(e) = s {
-            all.push_str(": ");
-            all.push_str(&e.to_string());
-            s = e.source();
-        }
-        all.to_ascii_lowercase()
-    };
+    let chain = crate::egress::client::chain(error).to_ascii_lowercase();
     if error.is_timeout() {
         http::Error::Timeout
     } else if chain.contains("dns") || chain.contains("failed to lookup") || chain.contains("name or service") {
