@@ -672,6 +672,13 @@ mod tests {
     }
 
     #[test]
+    fn a_key_refetch_on_every_bad_signature_is_refused() {
+        let err = from_toml_str("[inbound]\nkey_refetch_ms = 0\n").unwrap_err();
+        assert!(err.to_string().contains("inbound.key_refetch_ms"), "{err}");
+        assert!(from_toml_str("[inbound]\nkey_refetch_ms = 1000\n").is_ok());
+    }
+
+    #[test]
     fn a_stray_environment_variable_is_named_in_its_error() {
         let err = load(
             &FileSource::Default(PathBuf::from("/nonexistent/laneway.toml")),

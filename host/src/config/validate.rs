@@ -171,6 +171,14 @@ pub(super) fn validate(config: &Config) -> Vec<Problem> {
             bad("inbound.allowed_internal", e);
         }
     }
+    // A refetch on every bad signature would let anyone make laneway fetch
+    // a key as often as they send requests.
+    if !(1000..=86_400_000).contains(&inbound.key_refetch_ms) {
+        bad(
+            "inbound.key_refetch_ms",
+            format!("expected 1000 to 86400000, got {}", inbound.key_refetch_ms),
+        );
+    }
     if !inbound.public_url.is_empty()
         && !reqwest::Url::parse(&inbound.public_url).is_ok_and(|u| matches!(u.scheme(), "http" | "https"))
     {
