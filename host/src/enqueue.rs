@@ -99,6 +99,13 @@ pub fn prepare(request: EnqueueRequest, config: &Config) -> Result<NewOp, Enqueu
     })
 }
 
+/// When an op delayed `delay_ms` from now may go: checked arithmetic on the
+/// producer's number, `None` past the calendar's range (never a panic).
+pub fn not_before(delay_ms: u64) -> Option<DateTime<Utc>> {
+    let ms = i64::try_from(delay_ms).ok()?;
+    Utc::now().checked_add_signed(chrono::Duration::try_milliseconds(ms)?)
+}
+
 /// The lanes an op of a kind whose plugin owns its lanes
 /// ([`LanePresence::Plugin`]) is enqueued with: the plugin's when the
 /// producer names none; the producer's when they include every one of the

@@ -4,7 +4,8 @@
 //! its version, as `destinations` does).
 //!
 //! Pure: the caller reads the stored bucket, asks [`take`] and stores the
-//! result.
+//! result. [`LocalBucket`] is the same bucket held in one process's memory
+//! (the public route's limit, inbound key fetches).
 
 use std::time::Duration;
 
@@ -51,6 +52,20 @@ pub fn take(bucket: Option<Bucket>, want: u32, rate: f64, burst: u32, now: DateT
     }
 }
 
+/// A bucket one process keeps in memory, drawn a token at a time (full
+/// when new).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LocalBucket(Option<Bucket>);
+
+impl LocalBucket {
+    /// Takes one token at `now` if there is one.
+    pub fn admit(&mut self, rate: f64, burst: u32, now: DateTime<Utc>) -> bool {
+        let draw = take(self.0, 1, rate, burst, now);
+        self.0 = Some(draw.bucket);
+        draw.granted == 1
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,5 +101,15 @@ mod tests {
         }
         // One at once (the burst), then one every 200 ms.
         assert_eq!(granted, 6);
+    }
+
+    #[test]
+    fn a_local_bucket_admits_its_burst_then_refills() {
+        let mut b = LocalBucket::default();
+        assert!(b.admit(1.0, 2, t(0)));
+        assert!(b.admit(1.0, 2, t(0)));
+        assert!(!b.admit(1.0, 2, t(0)));
+        assert!(!b.admit(1.0, 2, t(500)));
+        assert!(b.admit(1.0, 2, t(1000)));
     }
 }

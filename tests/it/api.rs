@@ -1298,7 +1298,7 @@ async fn slow_and_endless_requests_are_cut_off_and_health_still_answers(db: Test
     let served = Served::start(
         &db,
         &exec,
-        "[api]\nheader_timeout_ms = 500\nbody_timeout_ms = 1000\nmax_connections_per_ip = 50\n",
+        "[api]\nheader_timeout_ms = 500\nbody_timeout_ms = 1000\nmax_connections_per_ip = 50\npublic_per_second = 3\n",
     )
     .await?;
     let addr = served.base.trim_start_matches("http://").to_owned();
@@ -1346,5 +1346,15 @@ async fn slow_and_endless_requests_are_cut_off_and_health_still_answers(db: Test
     // And after all that, 127.0.0.1 is served again.
     let (status, _) = served.call("GET", "/healthz", None, None).await?;
     ensure!(status == 200, "{status}");
+    // The public route takes its burst (public_per_second) at once, then
+    // refuses until its bucket refills.
+    let mut statuses = Vec::new();
+    for _ in 0..10 {
+        statuses.push(served.call("GET", "/api/v1/network/conditions", None, None).await?.0);
+    }
+    ensure!(
+        statuses[..3] == [200, 200, 200] && statuses.contains(&429),
+        "{statuses:?}"
+    );
     served.running.stop().await
 }

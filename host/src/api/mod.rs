@@ -29,7 +29,6 @@ use axum::http::HeaderMap;
 use axum::Router;
 use serde_json::Value;
 use tokio::net::TcpListener;
-use tokio::time::Instant;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::OpenApi as _;
 use utoipa_axum::router::OpenApiRouter;
@@ -54,8 +53,8 @@ struct StateInner {
     /// The plugin host and where its config comes from, for the
     /// `plugins:admin` routes (absent when the API runs without one).
     plugins: Option<(Arc<PluginHost>, FileSource)>,
-    /// The public route's token bucket: (tokens, last refill).
-    public_bucket: Mutex<(f64, Instant)>,
+    /// The public route's token bucket (full at start).
+    public_bucket: Mutex<crate::ratelimit::LocalBucket>,
     /// Actors' keys for the inboxes (absent if `[inbound]`'s client could
     /// not be built, which `check-config` reports).
     keys: Option<Arc<crate::inbound::KeyCache>>,
@@ -85,8 +84,7 @@ impl ApiState {
                 plugins,
                 keys,
                 waiters: Arc::new(tokio::sync::Semaphore::new(max_waiters)),
-                // Full at start (the first refill clamps it to the rate).
-                public_bucket: Mutex::new((f64::MAX, Instant::now())),
+                public_bucket: Mutex::default(),
             }),
         }
     }
@@ -150,18 +148,12 @@ impl ApiState {
     /// Takes a token from the public route's bucket (`public_per_second`
     /// per second, bursts of as many).
     fn public_admit(&self) -> bool {
-        let rate = f64::from(self.dispatcher().config().api.public_per_second);
-        let mut bucket = self.inner.public_bucket.lock().unwrap_or_else(PoisonError::into_inner);
-        let now = Instant::now();
-        let refill = now.duration_since(bucket.1).as_secs_f64() * rate;
-        bucket.0 = (bucket.0 + refill).min(rate);
-        bucket.1 = now;
-        if bucket.0 >= 1.0 {
-            bucket.0 -= 1.0;
-            true
-        } else {
-            false
-        }
+        let rate = self.dispatcher().config().api.public_per_second;
+        self.inner
+            .public_bucket
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .admit(f64::from(rate), rate, chrono::Utc::now())
     }
 }
 

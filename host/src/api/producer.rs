@@ -10,7 +10,6 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use chrono::Utc;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -266,9 +265,7 @@ async fn prepare(state: &ApiState, body: OpBody) -> Result<NewOp, ApiError> {
     }
     let not_before = match body.delay_ms {
         None => None,
-        Some(ms) if ms <= MAX_DELAY_MS => i64::try_from(ms)
-            .ok()
-            .and_then(|ms| Utc::now().checked_add_signed(chrono::Duration::milliseconds(ms))),
+        Some(ms) if ms <= MAX_DELAY_MS => enqueue::not_before(ms),
         Some(ms) => {
             return Err(ApiError::invalid(format!(
                 "delay_ms: expected at most {MAX_DELAY_MS} (a year), got {ms}"

@@ -650,9 +650,7 @@ async fn enqueue_cmd(config: &Config, args: EnqueueArgs, io: Io<'_>) -> Result<(
     let not_before = match args.delay_ms {
         None => None,
         Some(ms) => Some(
-            i64::try_from(ms)
-                .ok()
-                .and_then(|ms| Utc::now().checked_add_signed(chrono::Duration::try_milliseconds(ms)?))
+            enqueue::not_before(ms)
                 .ok_or_else(|| CliError::Input(format!("--delay-ms {ms} is too far in the future")))?,
         ),
     };

@@ -418,29 +418,12 @@ pub(super) fn validate(config: &Config) -> Vec<Problem> {
     problems
 }
 
-/// Why an oracle's RPC URL is suspect: the host polls it itself, but the
-/// chain kinds it prices reach their RPC through a plugin's allow-list, so an
-/// oracle URL that no plugin may reach is a typo or another network's node,
-/// and its quotes would price the wrong network. Checked where plugins are
-/// loaded, so it is reported together with the kinds' own problems.
 /// Why a webhook URL cannot be used, if it cannot: the egress guard's own
 /// judgement (scheme, allow-list, an internal IP literal in any spelling);
 /// a name is judged again on what it resolves to when the webhook is sent.
+/// Entries that do not parse are left out here: each is reported on its key.
 fn webhook_url_refused(url: &str, outcomes: &super::OutcomesConfig) -> Option<String> {
-    // Entries that do not parse are reported on their own keys.
-    let allowed: Vec<String> = outcomes
-        .allowed_hosts
-        .iter()
-        .filter(|h| crate::egress::HostPattern::parse(h).is_ok())
-        .cloned()
-        .collect();
-    let internal: Vec<String> = outcomes
-        .allowed_internal
-        .iter()
-        .filter(|c| crate::egress::Cidr::parse(c).is_ok())
-        .cloned()
-        .collect();
-    let policy = crate::egress::Egress::from_config("outcomes", &allowed, &internal).ok()?;
+    let policy = crate::egress::Egress::lenient("outcomes", &outcomes.allowed_hosts, &outcomes.allowed_internal);
     policy.check(url).err().map(|refusal| match refusal {
         crate::egress::Refusal::Malformed(_) | crate::egress::Refusal::Scheme(_) => {
             format!("expected an http(s) URL with a host, got {url:?}")
@@ -453,10 +436,8 @@ fn webhook_url_refused(url: &str, outcomes: &super::OutcomesConfig) -> Option<St
 /// and internal allowances of the plugins that list it (the oracle prices
 /// their kinds, so it may reach what they may).
 pub fn oracle_egress(name: &str, rpc_url: &str, plugins: &BTreeMap<String, PluginConfig>) -> crate::egress::Egress {
-    let mut policy = crate::egress::Egress {
-        section: format!("oracles.{name} (through the plugins listing its rpc_url)"),
-        ..crate::egress::Egress::default()
-    };
+    let section = format!("oracles.{name} (through the plugins listing its rpc_url)");
+    let mut policy = crate::egress::Egress::lenient(&section, &[], &[]);
     let Ok(url) = reqwest::Url::parse(rpc_url) else {
         return policy;
     };
@@ -465,18 +446,9 @@ pub fn oracle_egress(name: &str, rpc_url: &str, plugins: &BTreeMap<String, Plugi
     };
     for plugin in plugins.values() {
         if crate::egress::listed(&plugin.allowed_hosts, url.scheme(), host, port) {
-            policy.allowed.extend(
-                plugin
-                    .allowed_hosts
-                    .iter()
-                    .filter_map(|h| crate::egress::HostPattern::parse(h).ok()),
-            );
-            policy.allowed_internal.extend(
-                plugin
-                    .allowed_internal
-                    .iter()
-                    .filter_map(|c| crate::egress::Cidr::parse(c).ok()),
-            );
+            let theirs = crate::egress::Egress::lenient(&section, &plugin.allowed_hosts, &plugin.allowed_internal);
+            policy.allowed.extend(theirs.allowed);
+            policy.allowed_internal.extend(theirs.allowed_internal);
         }
     }
     policy

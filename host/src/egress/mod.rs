@@ -322,6 +322,19 @@ impl Egress {
         })
     }
 
+    /// The policy of the entries that parse, for judging before the config
+    /// is accepted (`check-config` reports each bad entry on its own key).
+    pub fn lenient(section: &str, allowed_hosts: &[String], allowed_internal: &[String]) -> Self {
+        Self {
+            allowed: allowed_hosts
+                .iter()
+                .filter_map(|h| HostPattern::parse(h).ok())
+                .collect(),
+            allowed_internal: allowed_internal.iter().filter_map(|c| Cidr::parse(c).ok()).collect(),
+            section: section.to_owned(),
+        }
+    }
+
     fn key(&self, list: &str) -> String {
         if self.section.is_empty() {
             list.to_owned()

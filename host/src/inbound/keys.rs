@@ -24,6 +24,7 @@ use serde_json::Value;
 
 use super::{origin, InboundError, PublicKey};
 use crate::egress::{self, Guarded};
+use crate::ratelimit::LocalBucket;
 
 /// A key and the actor whose document names it.
 #[derive(Debug, Clone)]
@@ -166,11 +167,11 @@ pub struct KeySettings {
     /// Fetches per second to one origin, and the burst a quiet one takes.
     pub origin_rate: f64,
     /// See `origin_rate`.
-    pub origin_burst: f64,
+    pub origin_burst: u32,
     /// Fetches per second in all, and the burst.
     pub total_rate: f64,
     /// See `total_rate`.
-    pub total_burst: f64,
+    pub total_burst: u32,
 }
 
 impl KeySettings {
@@ -191,44 +192,16 @@ impl Default for KeySettings {
             refetch_after: Duration::from_secs(30),
             capacity: 10_000,
             origin_rate: 5.0,
-            origin_burst: 20.0,
+            origin_burst: 20,
             total_rate: 50.0,
-            total_burst: 200.0,
-        }
-    }
-}
-
-/// A token bucket (full when new).
-#[derive(Debug, Clone, Copy)]
-struct Bucket {
-    tokens: f64,
-    at: Instant,
-}
-
-impl Bucket {
-    fn full(burst: f64) -> Self {
-        Self {
-            tokens: burst,
-            at: Instant::now(),
-        }
-    }
-
-    fn take(&mut self, rate: f64, burst: f64) -> bool {
-        let now = Instant::now();
-        self.tokens = (self.tokens + now.duration_since(self.at).as_secs_f64() * rate).min(burst);
-        self.at = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
+            total_burst: 200,
         }
     }
 }
 
 struct Limits {
-    origins: LruCache<String, Bucket>,
-    total: Bucket,
+    origins: LruCache<String, LocalBucket>,
+    total: LocalBucket,
 }
 
 /// Actor keys by key id.
@@ -251,7 +224,7 @@ impl KeyCache {
             flights: Mutex::new(HashMap::new()),
             limits: Mutex::new(Limits {
                 origins: LruCache::new(MAX_ORIGINS),
-                total: Bucket::full(settings.total_burst),
+                total: LocalBucket::default(),
             }),
         }
     }
@@ -278,17 +251,14 @@ impl KeyCache {
         let origin = origin(url).unwrap_or_default();
         let mut limits = self.limits.lock().unwrap_or_else(PoisonError::into_inner);
         let s = self.settings;
-        let mut bucket = limits
-            .origins
-            .get(&origin)
-            .copied()
-            .unwrap_or_else(|| Bucket::full(s.origin_burst));
-        let ok = bucket.take(s.origin_rate, s.origin_burst);
+        let now = chrono::Utc::now();
+        let mut bucket = limits.origins.get(&origin).copied().unwrap_or_default();
+        let ok = bucket.admit(s.origin_rate, s.origin_burst, now);
         limits.origins.insert(origin.clone(), bucket);
         if !ok {
             return Err(InboundError::Busy(origin));
         }
-        if !limits.total.take(s.total_rate, s.total_burst) {
+        if !limits.total.admit(s.total_rate, s.total_burst, now) {
             return Err(InboundError::Busy("all origins".to_owned()));
         }
         Ok(())
@@ -477,13 +447,5 @@ mod tests {
         assert!(key_from_document(&actor(a, &format!("{a}#k1")), a, &format!("{a}#k2")).is_err());
         let doc = json!({ "id": a, "publicKey": { "id": format!("{a}#k"), "owner": "https://a.example/users/bob", "publicKeyPem": PEM } });
         assert!(key_from_document(&doc, a, &format!("{a}#k")).is_err());
-    }
-
-    #[test]
-    fn buckets_refill_and_refuse_past_the_burst() {
-        let mut b = Bucket::full(2.0);
-        assert!(b.take(0.0, 2.0));
-        assert!(b.take(0.0, 2.0));
-        assert!(!b.take(0.0, 2.0));
     }
 }

@@ -160,7 +160,7 @@ async fn a_huge_document_is_cut_as_it_streams() -> anyhow::Result<()> {
 async fn fetches_are_rate_limited_per_origin_and_the_cache_is_bounded() -> anyhow::Result<()> {
     let s = server().await?;
     let limited = cache(KeySettings {
-        origin_burst: 3.0,
+        origin_burst: 3,
         origin_rate: 0.01,
         ..KeySettings::default()
     })?;
