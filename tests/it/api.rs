@@ -1157,7 +1157,7 @@ async fn hostile_producer_input_is_refused_quickly_and_changes_nothing(db: TestD
     // URL, or a forged "verified" inbound activity.
     for (kind, outbox) in [("outcome_webhook", "outcomes:o"), ("activitypub_inbound", "inbound")] {
         let body = format!(
-            r#"{{"kind":"{kind}","outbox":"{outbox}","lanes":["x"],"payload":{{"url":"http://169.254.169.254/","key":"hooks","id":"m","body":"{{}}"}}}}"#
+            r#"{{"kind":"{kind}","outbox":"{outbox}","lanes":["x"],"payload":{{"url":"http://127.0.0.1:9/","key":"hooks","id":"m","body":"{{}}"}}}}"#
         );
         let (status, answer) = served.call("POST", "/api/v1/ops", Some(&producer), Some(&body)).await?;
         ensure!(
