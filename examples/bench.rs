@@ -43,7 +43,7 @@ use laneway::op::{Op, OpId, Status};
 use laneway::outcome::Outcome;
 use laneway::queue::postgres::PgQueue;
 use laneway::queue::sqlite::SqliteQueue;
-use laneway::queue::{NewOp, Queue};
+use laneway::queue::{prelude::*, NewOp};
 use tokio::sync::mpsc;
 
 /// The laneway binary's allocator, so the figures are the binary's.

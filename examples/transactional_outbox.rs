@@ -12,7 +12,7 @@ use laneway::config;
 use laneway::enqueue::{prepare, EnqueueRequest};
 use laneway::op::Status;
 use laneway::queue::sqlite::SqliteQueue;
-use laneway::queue::{OpFilter, Queue};
+use laneway::queue::{prelude::*, OpFilter};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

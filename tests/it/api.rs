@@ -11,7 +11,7 @@ use anyhow::{ensure, Context};
 use laneway::api::auth;
 use laneway::config::FileSource;
 use laneway::op::Status;
-use laneway::queue::{OpFilter, Queue};
+use laneway::queue::{prelude::*, OpFilter};
 use laneway::runtime::host::PluginHost;
 use serde_json::Value;
 

@@ -9,11 +9,10 @@ use anyhow::{ensure, Context};
 use chrono::Duration as Span;
 use laneway::lanes::{LaneMode, LaneRule, LaneRules};
 use laneway::op::{AttemptClass, AttemptRecord, Lease, Priority, Status};
-use laneway::queue::{
-    Cas, ClaimRequest, Claimed, Completion, Enqueued, ExpireTo, Finish, LeaseSpec, NewOp, OpFilter, Queue, QueueError,
-};
+use laneway::queue::prelude::*;
+use laneway::queue::{Cas, Claimed, Completion, Enqueued, ExpireTo, Finish, LeaseSpec, NewOp, OpFilter, QueueError};
 
-use crate::support::TestDb;
+use crate::support::{ClaimRequest, QueueExt, TestDb};
 
 crate::on_both_backends!(
     enqueue_stores_every_field_and_the_payload_text_exactly,
@@ -28,7 +27,6 @@ crate::on_both_backends!(
     retry_backs_off_and_counts_attempts_across_claims,
     permanent_failure_dead_letters_and_force_retry_grants_a_fresh_budget,
     cancel_only_applies_to_pending_ops,
-    release_gives_the_attempt_back,
     extended_leases_do_not_expire,
     checkpointed_receipt_survives_lease_expiry,
     expiry_at_the_budget_dead_letters,
@@ -48,6 +46,11 @@ crate::on_both_backends!(
     settle_and_claim_settles_first_in_one_transaction,
     a_claim_that_follows_a_settle_is_made_only_if_the_settle_applies,
     kind_defaults_written_by_many_hosts_at_once_never_collide,
+    a_value_no_laneway_wrote_is_the_same_error_everywhere,
+    an_unreachable_database_is_named_without_its_password,
+    a_lane_hold_that_cannot_be_written_fails_the_settle,
+    an_expired_lease_records_its_attempt_the_same_way_everywhere,
+    retried_dead_letters_come_back_in_the_order_asked,
 );
 
 fn op(outbox: &str, lanes: &[&str]) -> NewOp {
@@ -404,7 +407,6 @@ async fn a_stale_lease_cannot_complete_or_checkpoint(db: TestDb) -> anyhow::Resu
     ensure!(q.complete(&[confirm(&db, stale.lease)]).await? == vec![Cas::Stale]);
     ensure!(q.checkpoint(&stale.lease, "tx-old").await? == Cas::Stale);
     ensure!(q.extend_leases(&[stale.lease], Duration::from_secs(30)).await? == vec![Cas::Stale]);
-    ensure!(q.release(&[stale.lease]).await? == vec![Cas::Stale]);
     // A forged token for the current attempt is refused too.
     let forged = Lease {
         token: uuid::Uuid::new_v4(),
@@ -518,18 +520,6 @@ async fn cancel_only_applies_to_pending_ops(db: TestDb) -> anyhow::Result<()> {
     ensure!(matches!(q.cancel(a).await, Err(QueueError::Illegal { .. })));
     ensure!(matches!(q.cancel(b + 50).await, Err(QueueError::NotFound(_))));
     ensure!(q.get(b).await?.map(|o| o.status) == Some(Status::Submitted));
-    Ok(())
-}
-
-async fn release_gives_the_attempt_back(db: TestDb) -> anyhow::Result<()> {
-    let q = db.queue.as_ref();
-    let id = enqueue_one(q, op("o", &["L"])).await?;
-    let c = claim_one(q).await?;
-    ensure!(q.release(&[c.lease]).await? == vec![Cas::Applied]);
-    let op = q.get(id).await?.context("op")?;
-    ensure!(op.status == Status::Pending && op.attempts == 0 && op.lease_token.is_none());
-    ensure!(q.attempts(id).await?.is_empty());
-    ensure!(claim_one(q).await?.lease.attempt == 1);
     Ok(())
 }
 
@@ -1242,5 +1232,163 @@ async fn kind_defaults_written_by_many_hosts_at_once_never_collide(db: TestDb) -
             task.await??;
         }
     }
+    Ok(())
+}
+
+/// A stored value no laneway writes (a hand edit, a restore gone wrong) is
+/// `Corrupt`, naming the op and the column, on every backend: not an outage
+/// on one and a bad row on the other.
+async fn a_value_no_laneway_wrote_is_the_same_error_everywhere(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let id = enqueue_one(q, op("o", &["A"])).await?;
+    let fine = enqueue_one(q, op("o", &["B"])).await?;
+    let set = format!("UPDATE ops SET updated_at = {{}} WHERE id = {id}");
+    db.tamper(
+        &[&set.replace("{}", "9223372036854775807")],
+        &[&set.replace("{}", "'infinity'")],
+    )
+    .await?;
+    for (what, got) in [
+        ("get", q.get(id).await.map(|_| ())),
+        (
+            "list",
+            q.list(&OpFilter {
+                limit: 10,
+                ..OpFilter::default()
+            })
+            .await
+            .map(|_| ()),
+        ),
+    ] {
+        match got {
+            Err(QueueError::Corrupt { id: bad, column, .. }) => {
+                ensure!(bad == id && column == "updated_at", "{what}: op {bad} column {column}")
+            }
+            other => anyhow::bail!("{what} of an unreadable op gave {other:?}"),
+        }
+    }
+    ensure!(q.get(fine).await?.is_some(), "the other op reads as before");
+    Ok(())
+}
+
+/// The error that says a database cannot be opened names it without its
+/// password, whichever backend it is.
+async fn an_unreachable_database_is_named_without_its_password(db: TestDb) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let url = match db.kind {
+        crate::support::TestBackend::Sqlite(_) => format!(
+            "sqlite://{}?password=hunter2",
+            dir.path().join("missing").join("laneway.db").display()
+        ),
+        crate::support::TestBackend::Postgres(_) => "postgres://laneway:hunter2@127.0.0.1:1/test".to_owned(),
+    };
+    let mut config = laneway::config::from_toml_str("")?.database;
+    config.url = url;
+    config.connect_timeout_ms = 2_000;
+    let clock: Arc<dyn laneway::clock::Clock> = Arc::new(db.clock.clone());
+    match laneway::queue::open(&config, laneway::queue::Limits::default(), clock).await {
+        Ok(_) => anyhow::bail!("opened {}", config.url),
+        Err(e) => {
+            let text = format!("{e} {e:?}");
+            ensure!(!text.contains("hunter2"), "the password leaked: {text}");
+            ensure!(matches!(e, QueueError::Unreachable { .. }), "{e:?}");
+        }
+    }
+    Ok(())
+}
+
+/// A dead letter that must hold its lanes and cannot (here: a lane_halts
+/// table some tool changed) fails its settle, which leaves the op as it
+/// was: the lanes are never left open behind it without anyone knowing.
+async fn a_lane_hold_that_cannot_be_written_fails_the_settle(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let id = enqueue_one(q, op("o", &["A"])).await?;
+    let c = claim_one(q).await?;
+    db.tamper(
+        &[
+            "ALTER TABLE lane_halts RENAME TO lane_halts_before",
+            "CREATE TABLE lane_halts (outbox TEXT NOT NULL, lane TEXT NOT NULL, op_id INTEGER NOT NULL, \
+             halted_at INTEGER NOT NULL, note TEXT NOT NULL, PRIMARY KEY (outbox, lane, op_id))",
+        ],
+        &[
+            "ALTER TABLE lane_halts ADD COLUMN note TEXT NOT NULL DEFAULT 'x'",
+            "ALTER TABLE lane_halts ALTER COLUMN note DROP DEFAULT",
+        ],
+    )
+    .await?;
+    let fail = Completion {
+        lease: c.lease,
+        finish: Finish::Fail {
+            error: "rejected".into(),
+            halt_lanes: true,
+        },
+        attempt: record(&db, AttemptClass::Permanent),
+    };
+    let settled = q.complete(&[fail]).await;
+    ensure!(settled.is_err(), "the settle applied without its hold: {settled:?}");
+    let op = q.get(id).await?.context("op")?;
+    ensure!(
+        op.status == Status::Submitted && op.lease_token == Some(c.lease.token),
+        "{op:?}"
+    );
+    ensure!(q.attempts(id).await?.is_empty(), "an attempt row outlived its settle");
+    Ok(())
+}
+
+/// A lease that ran out is recorded by the same rule on every backend: its
+/// class, and an error text truncated like every other.
+async fn an_expired_lease_records_its_attempt_the_same_way_everywhere(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let id = enqueue_one(q, op("o", &["A"])).await?;
+    let owner = "h".repeat(20_000);
+    let c = q
+        .claim(&ClaimRequest {
+            lease: lease_spec(&owner),
+            ..claim_all(1)
+        })
+        .await?
+        .pop()
+        .context("claimed")?;
+    db.clock.advance(Span::seconds(31));
+    let now = laneway::clock::Clock::now(&db.clock);
+    ensure!(q.expire(&c.lease, ExpireTo::Retry(now)).await? == Cas::Applied);
+    let history = q.attempts(id).await?;
+    let [expired] = history.as_slice() else {
+        anyhow::bail!("{history:?}");
+    };
+    ensure!(expired.record.class == AttemptClass::LeaseExpired);
+    let want = laneway::op::truncate_error(&format!("lease held by {owner} expired"));
+    ensure!(
+        expired.record.error.as_deref() == Some(want.as_str()),
+        "error of {} bytes",
+        expired.record.error.as_ref().map_or(0, String::len)
+    );
+    ensure!(expired.record.started_at <= expired.record.finished_at);
+    Ok(())
+}
+
+/// A bulk retry answers the ops it retried in the order they were asked
+/// for, on every backend.
+async fn retried_dead_letters_come_back_in_the_order_asked(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let mut ids = Vec::new();
+    for lane in ["A", "B", "C"] {
+        ids.push(enqueue_one(q, op("o", &[lane])).await?);
+    }
+    for c in q.claim(&claim_all(3)).await? {
+        let fail = Completion {
+            lease: c.lease,
+            finish: Finish::Fail {
+                error: "no".into(),
+                halt_lanes: false,
+            },
+            attempt: record(&db, AttemptClass::Permanent),
+        };
+        ensure!(q.complete(&[fail]).await? == vec![Cas::Applied]);
+    }
+    let now = laneway::clock::Clock::now(&db.clock);
+    let asked = vec![(ids[2], now), (ids[0], now), (ids[1] + 1000, now), (ids[1], now)];
+    let retried = q.retry_dead_letters(&asked).await?;
+    ensure!(retried == vec![ids[2], ids[0], ids[1]], "{retried:?}");
     Ok(())
 }

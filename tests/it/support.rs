@@ -8,9 +8,11 @@ use anyhow::Context;
 use chrono::{SubsecRound, Utc};
 use laneway::clock::{Clock, ManualClock, SystemClock};
 use laneway::config::{self, DatabaseConfig};
+use laneway::lanes::{LaneMode, LaneRule, LaneRules};
+use laneway::op::{Op, OpId, Priority, Status};
 use laneway::queue::postgres::PgQueue;
 use laneway::queue::sqlite::SqliteQueue;
-use laneway::queue::{Limits, Queue};
+use laneway::queue::{prelude::*, Cas, Claimed, Completion, LeaseSpec, Limits, OpFilter, QueueError};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 use tokio::sync::OnceCell;
@@ -35,6 +37,149 @@ impl TestDb {
     /// The SQLite database file (`None` on PostgreSQL).
     pub fn sqlite_path(&self) -> Option<std::path::PathBuf> {
         self._dir.as_ref().map(|d| d.path().join("laneway.db"))
+    }
+}
+
+impl TestDb {
+    /// Runs SQL on the database as a hand (or a broken tool) would, outside
+    /// the queue: `sqlite` on SQLite, `postgres` on PostgreSQL.
+    pub async fn tamper(&self, sqlite: &[&str], postgres: &[&str]) -> anyhow::Result<()> {
+        match &self.kind {
+            TestBackend::Sqlite(q) => {
+                for statement in sqlite {
+                    sqlx::query(statement).execute(q.pool()).await?;
+                }
+            }
+            TestBackend::Postgres(q) => {
+                for statement in postgres {
+                    sqlx::query(statement).execute(q.pool()).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the harness's [`QueueExt::claim`] may take: the dispatcher never
+/// claims by filter (it claims the ids its scheduler chose), so this lives
+/// with the tests.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    /// Only ops of this outbox (all outboxes when `None`).
+    pub outbox: Option<String>,
+    /// Only ops of these kinds (all kinds when `None`).
+    pub kinds: Option<Vec<String>>,
+    /// At most this many ops.
+    pub limit: u32,
+    /// The lease to take them under.
+    pub lease: LeaseSpec,
+}
+
+/// An op as the harness's [`QueueExt::candidates`] reads it.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    /// The op.
+    pub op: Op,
+    /// Its subject is halted.
+    pub subject_halted: bool,
+}
+
+/// Shorthands the conformance cases use, each built on the paths the
+/// dispatcher runs (`settle_then_claim`, `scan`), so no backend keeps a
+/// statement only tests call.
+#[async_trait::async_trait]
+pub trait QueueExt {
+    /// Up to `limit` due pending ops in dispatch order, lanes ignored (every
+    /// kind serial without a cap).
+    async fn claim(&self, request: &ClaimRequest) -> Result<Vec<Claimed>, QueueError>;
+    /// Settles, claiming nothing.
+    async fn complete(&self, completions: &[Completion]) -> Result<Vec<Cas>, QueueError>;
+    /// Claims these ids under the lane rules, settling nothing.
+    async fn claim_ids(&self, ids: &[OpId], lease: &LeaseSpec, rules: &LaneRules) -> Result<Vec<Claimed>, QueueError>;
+    /// Settles, then claims, with no claim depending on a settle.
+    async fn settle_and_claim(
+        &self,
+        completions: &[Completion],
+        ids: &[OpId],
+        lease: &LeaseSpec,
+        rules: &LaneRules,
+    ) -> Result<(Vec<Cas>, Vec<Claimed>), QueueError>;
+    /// An outbox's non-terminal ops in dispatch order, with their subject's halt.
+    async fn candidates(&self, outbox: &str, limit: u32) -> Result<Vec<Candidate>, QueueError>;
+}
+
+#[async_trait::async_trait]
+impl<Q: Queue + ?Sized> QueueExt for Q {
+    async fn claim(&self, request: &ClaimRequest) -> Result<Vec<Claimed>, QueueError> {
+        let pending = self
+            .list(&OpFilter {
+                status: Some(Status::Pending),
+                outbox: request.outbox.clone(),
+                limit: request.limit.saturating_mul(4).max(256),
+                ..OpFilter::default()
+            })
+            .await?;
+        let mut order: Vec<(Priority, OpId)> = pending
+            .iter()
+            .filter(|o| request.kinds.as_ref().is_none_or(|k| k.contains(&o.kind)))
+            .map(|o| (o.priority, o.id))
+            .collect();
+        order.sort();
+        let free = LaneRule {
+            mode: LaneMode::Serial,
+            cap: usize::MAX,
+        };
+        let rules = LaneRules(pending.iter().map(|o| (o.kind.clone(), free)).collect());
+        let want = usize::try_from(request.limit).unwrap_or(usize::MAX);
+        let mut claimed: Vec<Claimed> = Vec::new();
+        let mut rest: &[(Priority, OpId)] = &order;
+        // Ops not due yet are left out by the store: go on past them.
+        while claimed.len() < want && !rest.is_empty() {
+            let (now, later) = rest.split_at((want - claimed.len()).min(rest.len()));
+            let ids: Vec<OpId> = now.iter().map(|(_, id)| *id).collect();
+            claimed.extend(self.claim_ids(&ids, &request.lease, &rules).await?);
+            rest = later;
+        }
+        claimed.sort_by_key(|c| (c.op.priority, c.op.id));
+        Ok(claimed)
+    }
+
+    async fn complete(&self, completions: &[Completion]) -> Result<Vec<Cas>, QueueError> {
+        let lease = LeaseSpec {
+            owner: "harness".to_owned(),
+            duration: std::time::Duration::from_secs(30),
+        };
+        Ok(self
+            .settle_then_claim(completions, &[], &[], &lease, &LaneRules::default())
+            .await?
+            .0)
+    }
+
+    async fn claim_ids(&self, ids: &[OpId], lease: &LeaseSpec, rules: &LaneRules) -> Result<Vec<Claimed>, QueueError> {
+        Ok(self.settle_then_claim(&[], ids, &[], lease, rules).await?.1)
+    }
+
+    async fn settle_and_claim(
+        &self,
+        completions: &[Completion],
+        ids: &[OpId],
+        lease: &LeaseSpec,
+        rules: &LaneRules,
+    ) -> Result<(Vec<Cas>, Vec<Claimed>), QueueError> {
+        self.settle_then_claim(completions, ids, &[], lease, rules).await
+    }
+
+    async fn candidates(&self, outbox: &str, limit: u32) -> Result<Vec<Candidate>, QueueError> {
+        let mut out = Vec::new();
+        for row in self.scan(outbox, None, limit).await? {
+            if let Some(op) = self.get(row.id).await? {
+                out.push(Candidate {
+                    op,
+                    subject_halted: row.subject_halted,
+                });
+            }
+        }
+        Ok(out)
     }
 }
 

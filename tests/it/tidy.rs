@@ -245,3 +245,166 @@ fn modules_depend_only_downward() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// A dialect's SQL blocks by area.
+type SqlBlocks = std::collections::BTreeMap<String, Vec<(String, Option<String>)>>;
+
+/// The blocks of one dialect's SQL: per area file, `(name, text)` in order,
+/// with `-- none: name: why` lines as `(name, None)` (a statement this
+/// dialect does not need, and why).
+fn sql_blocks(dialect: &str) -> anyhow::Result<SqlBlocks> {
+    let dir = repo().join("host/src/queue/sql").join(dialect);
+    let mut areas = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(&dir)? {
+        let path = entry?.path();
+        let area = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mut blocks: Vec<(String, Option<String>)> = Vec::new();
+        for line in std::fs::read_to_string(&path)?.lines() {
+            if let Some(name) = line.strip_prefix("-- name:") {
+                blocks.push((name.trim().to_owned(), Some(String::new())));
+            } else if let Some(rest) = line.strip_prefix("-- none:") {
+                let name = rest.split(':').next().unwrap_or("").trim().to_owned();
+                anyhow::ensure!(
+                    rest.contains(':'),
+                    "{dialect}/{area}: `-- none: {name}` gives no reason"
+                );
+                blocks.push((name, None));
+            } else if !line.trim_start().starts_with("--") {
+                if let Some((_, Some(text))) = blocks.last_mut() {
+                    text.push_str(line);
+                    text.push('\n');
+                }
+            }
+        }
+        areas.insert(area, blocks);
+    }
+    anyhow::ensure!(areas.len() >= 5, "{dialect}: found only {:?}", areas.keys());
+    Ok(areas)
+}
+
+/// Both dialects hold the same statements, by name, in the same order, area
+/// by area, so `diff -r host/src/queue/sql/sqlite host/src/queue/sql/postgres`
+/// is the whole statement-level difference; a statement one dialect does
+/// without is a `-- none:` line in its place, never missing in both.
+#[test]
+fn the_dialects_hold_the_same_statements_in_the_same_order() -> anyhow::Result<()> {
+    let sqlite = sql_blocks("sqlite")?;
+    let postgres = sql_blocks("postgres")?;
+    let names = |m: &SqlBlocks| -> Vec<(String, Vec<String>)> {
+        m.iter()
+            .map(|(a, b)| (a.clone(), b.iter().map(|(n, _)| n.clone()).collect()))
+            .collect()
+    };
+    anyhow::ensure!(
+        names(&sqlite) == names(&postgres),
+        "the dialects' blocks differ:\nsqlite: {:#?}\npostgres: {:#?}",
+        names(&sqlite),
+        names(&postgres)
+    );
+    for (area, blocks) in &sqlite {
+        for ((name, mine), (_, theirs)) in blocks.iter().zip(&postgres[area]) {
+            anyhow::ensure!(
+                mine.is_some() || theirs.is_some(),
+                "{area}/{name} is `none` in both dialects: delete it"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Every statement that changes an op, records an attempt or locks rows to
+/// change them binds the statuses it expects and writes (from
+/// `Transition`). A read may spell a status only inside the predicate of a
+/// partial index the migrations declare: a planner uses a partial index
+/// only when it sees the predicate itself, never through a parameter.
+#[test]
+fn state_changes_bind_their_statuses() -> anyhow::Result<()> {
+    let statuses = ["'pending'", "'submitted'", "'confirmed'", "'failed'", "'cancelled'"];
+    let squash = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut wrong = Vec::new();
+    let mut writes = 0;
+    for dialect in ["sqlite", "postgres"] {
+        let mut predicates = Vec::new();
+        for entry in std::fs::read_dir(repo().join("migrations").join(dialect))? {
+            let text = std::fs::read_to_string(entry?.path())?;
+            for statement in text.split(';') {
+                let code: String = statement
+                    .lines()
+                    .filter(|l| !l.trim_start().starts_with("--"))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                let code = squash(&code);
+                if code.to_uppercase().contains(" INDEX ") {
+                    if let Some((_, predicate)) = code.split_once(" WHERE ") {
+                        predicates.push(predicate.to_owned());
+                    }
+                }
+            }
+        }
+        anyhow::ensure!(predicates.len() >= 5, "{dialect}: found only {predicates:?}");
+        predicates.sort_by_key(|p| std::cmp::Reverse(p.len()));
+        for (area, blocks) in sql_blocks(dialect)? {
+            for (name, text) in blocks {
+                let Some(text) = text else { continue };
+                let mut text = squash(&text);
+                let upper = text.to_uppercase();
+                if upper.contains("UPDATE OPS")
+                    || upper.contains("INSERT INTO ATTEMPTS")
+                    || upper.contains("FOR UPDATE")
+                {
+                    writes += 1;
+                } else {
+                    // Only as a condition: a predicate's text elsewhere (a
+                    // select list) is no index's business.
+                    for predicate in &predicates {
+                        for lead in ["WHERE ", "AND ", "("] {
+                            text = text.replace(&format!("{lead}{predicate}"), lead);
+                        }
+                    }
+                }
+                if let Some(s) = statuses.iter().find(|s| text.contains(*s)) {
+                    wrong.push(format!("{dialect}/{area}/{name}: {s}"));
+                }
+            }
+        }
+    }
+    anyhow::ensure!(writes > 20, "found only {writes} writing statements");
+    anyhow::ensure!(
+        wrong.is_empty(),
+        "status literals outside partial-index predicates: {wrong:#?}"
+    );
+    Ok(())
+}
+
+/// The queue stays in files a reader can hold: none over 600 lines, and
+/// each dialect's own Rust under 700 in all.
+#[test]
+fn queue_files_stay_small() -> anyhow::Result<()> {
+    let queue = repo().join("host/src/queue");
+    let mut files = Vec::new();
+    rust_files(&queue, &mut files)?;
+    let mut wrong = Vec::new();
+    let mut per_dialect = std::collections::BTreeMap::<&str, usize>::new();
+    for file in files {
+        let lines = std::fs::read_to_string(&file)?.lines().count();
+        let rel = file.strip_prefix(&queue)?.to_string_lossy().replace('\\', "/");
+        if lines > 600 {
+            wrong.push(format!("{rel}: {lines} lines"));
+        }
+        for dialect in ["sqlite/", "postgres/"] {
+            if rel.starts_with(dialect) {
+                *per_dialect.entry(dialect).or_default() += lines;
+            }
+        }
+    }
+    for (dialect, lines) in per_dialect {
+        if lines > 700 {
+            wrong.push(format!("{dialect}: {lines} lines of dialect Rust"));
+        }
+    }
+    anyhow::ensure!(wrong.is_empty(), "{wrong:#?}");
+    Ok(())
+}

@@ -20,7 +20,7 @@ use laneway::clock::SystemClock;
 use laneway::dispatch::Dispatcher;
 use laneway::fanout::{FanOut, Recipient};
 use laneway::op::Status;
-use laneway::queue::Queue;
+use laneway::queue::prelude::*;
 use laneway::runtime::host::PluginHost;
 use rsa::pkcs8::EncodePrivateKey as _;
 

@@ -16,7 +16,7 @@ pub(super) fn validate(config: &Config) -> Vec<Problem> {
         })
     };
     let url = &config.database.url;
-    if !(url.starts_with("sqlite:") || url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+    if crate::queue::Backend::from_url(url).is_none() {
         bad(
             "database.url",
             format!(

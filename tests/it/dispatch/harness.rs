@@ -14,7 +14,7 @@ use laneway::executor::{Attempt, Executor, Executors, Reconciled, Registry};
 use laneway::node::{Node, Services, Wiring};
 use laneway::op::{Op, OpId, Status};
 use laneway::outcome::Outcome;
-use laneway::queue::{NewOp, Queue};
+use laneway::queue::{prelude::*, NewOp};
 use laneway::runtime::host::PluginHost;
 use tokio::sync::Notify;
 

@@ -18,7 +18,7 @@ use laneway::outcome::Outcome;
 use laneway::queue::{Enqueued, LeaseSpec, NewOp};
 use tokio::sync::Notify;
 
-use crate::support::TestDb;
+use crate::support::{QueueExt, TestDb};
 use harness::{fast_config, settle, to, Running, Scripted, Step};
 
 crate::on_both_backends!(

@@ -13,7 +13,7 @@ use laneway::executor::{Attempt, Executor, Executors, Registry};
 use laneway::op::{Op, Status};
 use laneway::outcome::Outcome;
 use laneway::queue::postgres::PgQueue;
-use laneway::queue::{Limits, Queue};
+use laneway::queue::{prelude::*, Limits};
 use sqlx::postgres::PgConnectOptions;
 use tokio::time::Instant;
 

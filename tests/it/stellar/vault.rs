@@ -12,7 +12,7 @@ use laneway::clock::SystemClock;
 use laneway::config::Config;
 use laneway::op::{OpId, Priority, Status};
 use laneway::oracle::{FeeOracle, StellarRpc};
-use laneway::queue::{Enqueued, NewOp, Queue};
+use laneway::queue::{prelude::*, Enqueued, NewOp};
 use laneway::runtime::host::PluginHost;
 use stellar_xdr::{Int128Parts, ScVal};
 

@@ -1,5 +1,7 @@
-//! Checks and helpers both backends share, so they reject the same input in
-//! the same words.
+//! The queue's decisions, free of SQL and I/O: what an enqueue accepts, what
+//! a settle writes, which claims the lane rule admits, why an operator change
+//! was refused. The store calls them on every backend, so both reject the
+//! same input in the same words.
 
 use chrono::{DateTime, SubsecRound, Utc};
 
@@ -127,8 +129,6 @@ pub struct FinishParams {
     pub next_attempt_at: Option<DateTime<Utc>>,
     /// 1 when the next attempt pays a bumped fee.
     pub fee_bump: i32,
-    /// Hold the op's lanes (dead letters under `poison = "halt"`).
-    pub halt_lanes: bool,
     /// Clear the stored receipt: nothing is in doubt any more.
     pub clear_receipt: bool,
 }
@@ -143,7 +143,6 @@ impl FinishParams {
                 error: None,
                 next_attempt_at: None,
                 fee_bump: 0,
-                halt_lanes: false,
                 clear_receipt: false,
             },
             Finish::Retry {
@@ -157,18 +156,16 @@ impl FinishParams {
                 error: Some(truncate_error(error)),
                 next_attempt_at: Some(*next_attempt_at),
                 fee_bump: i32::from(*fee_bump),
-                halt_lanes: false,
                 clear_receipt: *receipt_settled,
             },
             // A dead letter keeps its receipt for the audit trail; it holds
             // nothing once terminal, and a force-retry brings the doubt back.
-            Finish::Fail { error, halt_lanes } => Self {
+            Finish::Fail { error, .. } => Self {
                 transition: Transition::Fail,
                 receipt: None,
                 error: Some(truncate_error(error)),
                 next_attempt_at: None,
                 fee_bump: 0,
-                halt_lanes: *halt_lanes,
                 clear_receipt: false,
             },
         }
@@ -251,81 +248,58 @@ pub fn lane_lock_key(lane: &str) -> i64 {
     i64::from_be_bytes(bytes)
 }
 
-/// The extra condition an operator change needs beyond the status: a cancel
-/// applies only to an op that was never sent, and an op carrying a receipt
-/// in doubt may have been.
-pub fn unsent_guard(transition: Transition) -> &'static str {
-    if transition == Transition::Cancel {
-        " AND receipt IS NULL"
-    } else {
-        ""
-    }
-}
-
 /// Explains why an operator change matched no row, given the op's status
 /// and whether it carries a receipt, as read afterwards (`None`: no such op).
-pub fn refusal(id: OpId, found: Option<(&str, bool)>, transition: Transition) -> QueueError {
-    let Some((s, in_doubt)) = found else {
+pub fn refusal(id: OpId, found: Option<(Status, bool)>, transition: Transition) -> QueueError {
+    let Some((status, in_doubt)) = found else {
         return QueueError::NotFound(id);
     };
-    if transition == Transition::Cancel && in_doubt && s == Status::Pending.as_str() {
+    if transition == Transition::Cancel && in_doubt && status == Status::Pending {
         return QueueError::InDoubt(id);
     }
-    match parse_status(id, s).map(|from| state::apply(from, transition)) {
-        Err(e) => e,
-        Ok(Err(source)) => QueueError::Illegal { id, source },
+    match state::apply(status, transition) {
+        Err(source) => QueueError::Illegal { id, source },
         // The status allowed it, so another writer changed the row between
         // the update and this read.
-        Ok(Ok(_)) => QueueError::Conflict {
+        Ok(_) => QueueError::Conflict {
             id,
             message: "the op changed concurrently; try again".to_owned(),
         },
     }
 }
 
-/// What a drain's book reads of an op (both dialects).
-pub const BOOK_COLUMNS: &str = "id, kind, priority, lanes, status = 'submitted' AS in_flight, \
-     receipt IS NOT NULL AS in_doubt, next_attempt_at, attempts - attempt_floor AS budget_attempts, fee_bumps, \
-     created_at, (subject IS NOT NULL AND EXISTS (SELECT 1 FROM halted_subjects h WHERE h.subject = ops.subject)) \
-     AS subject_halted";
-
-/// An outbox's non-terminal ops after a position in dispatch order, given
-/// the dialect's placeholders for the outbox, the id to start after (within
-/// the starting tier) and the limit: one index range per tier from the
-/// position on, so the read starts where the last one stopped instead of
-/// walking what it already read.
-pub fn scan_from_sql(from: Priority, outbox: &str, after: &str, limit: &str) -> String {
-    let tiers: Vec<String> = Priority::ALL
-        .iter()
-        .filter(|p| p.rank() >= from.rank())
-        .map(|p| {
-            let rank = p.rank();
-            let after = if *p == from { after } else { "0" };
-            format!(
-                "SELECT * FROM (SELECT {BOOK_COLUMNS} FROM ops WHERE outbox = {outbox} \
-                 AND status IN ('pending', 'submitted') AND priority = {rank} AND id > {after} \
-                 ORDER BY id LIMIT {limit}) AS tier{rank}"
-            )
-        })
-        .collect();
-    format!("{} ORDER BY priority, id LIMIT {limit}", tiers.join(" UNION ALL "))
+/// How a scan orders the book it reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScanOrder {
+    /// Dispatch order: priority, then id.
+    Dispatch,
+    /// Enqueue order (id): the ops enqueued since a position.
+    Enqueue,
 }
 
-/// The outboxes with due work, given the dialect's placeholders for now and
-/// the limit: a skip scan over the (outbox, priority, id) index of pending
-/// ops, one seek per outbox rather than one row per waiting op, so the poll
-/// costs the same with a million ops waiting as with ten.
-pub fn due_outboxes_sql(now: &str, limit: &str) -> String {
-    format!(
-        "WITH RECURSIVE o(outbox) AS ( \
-             SELECT (SELECT outbox FROM ops WHERE status = 'pending' ORDER BY outbox LIMIT 1) \
-             UNION ALL \
-             SELECT (SELECT outbox FROM ops WHERE status = 'pending' AND outbox > o.outbox ORDER BY outbox LIMIT 1) \
-             FROM o WHERE o.outbox IS NOT NULL) \
-         SELECT outbox FROM o WHERE outbox IS NOT NULL AND EXISTS \
-             (SELECT 1 FROM ops WHERE status = 'pending' AND ops.outbox = o.outbox AND next_attempt_at <= {now}) \
-         LIMIT {limit}"
-    )
+/// A scan of an outbox's non-terminal ops from `from` on: one index range
+/// per tier (the dialect's `scan_tier` with `{rank}` and `{after}` filled
+/// in), the starting tier after `$2` and the later ones from the start, so
+/// a read starts where the last one stopped instead of walking what it read
+/// already. Binds: `$1` outbox, `$2` the id to start after, `$3` the limit.
+pub fn scan_sql(tier: &str, from: Priority, order: ScanOrder) -> String {
+    let tiers: Vec<String> = Priority::ALL
+        .iter()
+        .filter(|p| order == ScanOrder::Enqueue || p.rank() >= from.rank())
+        .map(|p| {
+            let after = if order == ScanOrder::Enqueue || *p == from {
+                "$2"
+            } else {
+                "0"
+            };
+            tier.replace("{rank}", &p.rank().to_string()).replace("{after}", after)
+        })
+        .collect();
+    let by = match order {
+        ScanOrder::Dispatch => "priority, id",
+        ScanOrder::Enqueue => "id",
+    };
+    format!("{} ORDER BY {by} LIMIT $3", tiers.join(" UNION ALL "))
 }
 
 /// A host share from the counts a heartbeat read.
@@ -347,25 +321,8 @@ pub fn cas(rows: u64) -> Cas {
     }
 }
 
-/// A stored status, or [`QueueError::Corrupt`].
-pub fn parse_status(id: OpId, s: &str) -> Result<Status, QueueError> {
-    s.parse().map_err(|_| QueueError::Corrupt {
-        id,
-        column: "status",
-        value: s.to_owned(),
-    })
-}
-
-/// A stored priority rank, or [`QueueError::Corrupt`].
-pub fn parse_priority(id: OpId, rank: i64) -> Result<Priority, QueueError> {
-    Priority::from_rank(rank).ok_or(QueueError::Corrupt {
-        id,
-        column: "priority",
-        value: rank.to_string(),
-    })
-}
-
-/// The tables whose size retention bounds, counted by `Queue::table_rows`.
+/// The tables whose size retention bounds, counted by `RetentionStore::table_rows`
+/// (the columns of the `table_rows` statement).
 pub const SIZED_TABLES: [&str; 6] = [
     "ops",
     "attempts",

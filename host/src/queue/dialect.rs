@@ -1,0 +1,97 @@
+//! The seam between the one store and the databases: what differs between
+//! SQLite and PostgreSQL beyond their SQL text, and nothing else.
+//!
+//! The store (`store/`) is written once and compiled once per dialect: each
+//! dialect module declares `type Db`, `type Conn`, its `sql` constants and a
+//! `Conns` that implements [`Dialect`], then mounts the store's source with
+//! `#[path = "../store/mod.rs"] mod store;`. Every body so exists once and
+//! is type-checked against every backend, without generic bounds over sqlx
+//! (vaultwarden's `db_run!`, at the scale of a module).
+
+use std::collections::HashSet;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::{Database, Pool, Transaction};
+
+use super::{Backend, Cas, Claimed, Completion, LeaseSpec, QueueError, Subscription};
+use crate::lanes::LaneRules;
+use crate::op::OpId;
+
+/// One drain round: the settles of finished attempts, then the claim of
+/// the next ops, in one transaction.
+#[derive(Debug, Clone)]
+pub struct Round {
+    /// The settles, each under its lease.
+    pub completions: Vec<Completion>,
+    /// The ops to claim.
+    pub ids: Vec<OpId>,
+    /// Claims that depend on a settle of the round (`(op, follows)`).
+    pub follows: Vec<(OpId, OpId)>,
+    /// The lease the claims take.
+    pub lease: LeaseSpec,
+    /// The lane rules the claims are checked against.
+    pub rules: LaneRules,
+}
+
+/// What a round's settles and claim came to.
+pub type RoundResult = Result<(Vec<Cas>, Vec<Claimed>), QueueError>;
+
+/// What one database does its own way.
+#[async_trait]
+pub trait Dialect: Clone + std::fmt::Debug + Send + Sync + 'static {
+    /// The sqlx database.
+    type Db: Database;
+
+    /// Which backend this is.
+    const BACKEND: Backend;
+
+    /// Begins a write transaction (SQLite: `BEGIN IMMEDIATE` on the one
+    /// writer connection, so a transaction that reads before it writes is
+    /// never refused for a commit in between).
+    async fn write(&self) -> Result<Transaction<'static, Self::Db>, QueueError>;
+
+    /// The pool reads go to (SQLite: read-only connections beside the writer).
+    fn read(&self) -> &Pool<Self::Db>;
+
+    /// The versions of the migrations this binary carries.
+    fn known_migrations() -> Vec<i64>;
+
+    /// Applies the migrations.
+    async fn migrate(&self) -> Result<(), QueueError>;
+
+    /// Wake-ups from producers in other processes (PostgreSQL: `LISTEN`;
+    /// SQLite: a watcher of the file's commits), or `None`.
+    async fn subscribe(&self) -> Result<Option<Box<dyn Subscription>>, QueueError>;
+
+    /// Hands a round to the dialect's own committer and waits for its
+    /// result, or gives it back (`Err`) for the store to apply in a
+    /// transaction of its own. SQLite's group committer applies the rounds
+    /// of every drain that arrive while a commit runs in the next one.
+    async fn hand_off(&self, round: Round) -> Result<RoundResult, Round>;
+
+    /// Of `lanes`, those another transaction is claiming right now, to be
+    /// left for the next round (PostgreSQL: advisory try-locks; SQLite has
+    /// one writer, so none).
+    async fn contended(
+        conn: &mut <Self::Db as Database>::Connection,
+        lanes: &[String],
+    ) -> Result<HashSet<String>, QueueError>;
+
+    /// Settles completions in as few statements as the database allows,
+    /// each a compare-and-set on its lease, and records the attempt rows of
+    /// those that applied; one result per completion, in order.
+    async fn settle(
+        conn: &mut <Self::Db as Database>::Connection,
+        completions: &[Completion],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Cas>, QueueError>;
+
+    /// A feed cursor's (xid, seq), or `None` for one this backend did not
+    /// make (SQLite: `seq`, its one writer's commit order; PostgreSQL:
+    /// `xid.seq`).
+    fn parse_cursor(cursor: &str) -> Option<(i64, i64)>;
+
+    /// The cursor of the feed row (xid, seq).
+    fn cursor(xid: i64, seq: i64) -> String;
+}

@@ -1,0 +1,182 @@
+//! The PostgreSQL backend: how laneway scales past one machine.
+//!
+//! Several hosts share one database. A claim locks candidate rows with
+//! `FOR UPDATE SKIP LOCKED` only for the claiming transaction, takes each of
+//! their lanes' advisory lock without waiting, and commits them as
+//! `submitted` with a lease; no transaction stays open while an op is
+//! delivered. An insert trigger fills `op_lanes` and sends
+//! `NOTIFY laneway_ops, '<outbox>'`, so producers that insert with plain SQL
+//! wake the hosts too. What only PostgreSQL does lives here: the advisory
+//! lane locks, `LISTEN`, and the settle of a batch as one array per column
+//! (`settle`).
+
+mod settle;
+
+// The store's one source, compiled against this dialect (see `dialect.rs`):
+// loading it once per dialect is the point, not a slip.
+#[allow(clippy::duplicate_mod)]
+#[path = "../store/mod.rs"]
+mod store;
+
+use std::collections::HashSet;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::{Postgres, Transaction};
+
+use super::dialect::{Dialect, Round, RoundResult};
+use super::policy::lane_lock_key;
+use super::{redact_url, Backend, Cas, Completion, DatabaseConfig, Limits, QueueError, Subscription};
+use crate::clock::Clock;
+
+pub use store::Store as PgQueue;
+
+pub(crate) use super::sql::postgres as sql;
+type Db = Postgres;
+type Conn = sqlx::PgConnection;
+type Row = sqlx::postgres::PgRow;
+
+static MIGRATOR: Migrator = sqlx::migrate!("../migrations/postgres");
+
+/// The channel the insert trigger notifies, with the outbox as payload.
+pub const NOTIFY_CHANNEL: &str = "laneway_ops";
+
+/// PostgreSQL's connections: one pool for reads and writes alike.
+#[derive(Debug, Clone)]
+pub struct Conns {
+    pool: PgPool,
+}
+
+impl PgQueue {
+    /// Connects to the database named by `config.url`.
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError::Unreachable`] when no connection can be made.
+    pub async fn open(config: &DatabaseConfig, limits: Limits, clock: Arc<dyn Clock>) -> Result<Self, QueueError> {
+        let options = PgConnectOptions::from_str(&config.url).map_err(|source| QueueError::Unreachable {
+            url: redact_url(&config.url),
+            source,
+        })?;
+        Self::open_with(options, config, limits, clock).await
+    }
+
+    /// Connects with explicit options (a search path, say) and the pool
+    /// settings from `config`.
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError::Unreachable`] when no connection can be made.
+    pub async fn open_with(
+        options: PgConnectOptions,
+        config: &DatabaseConfig,
+        limits: Limits,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, QueueError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(config.max_connections)
+            .acquire_timeout(Duration::from_millis(config.connect_timeout_ms))
+            .connect_with(options)
+            .await
+            .map_err(|source| QueueError::Unreachable {
+                url: redact_url(&config.url),
+                source,
+            })?;
+        Ok(Self::new(Conns { pool }, limits, clock))
+    }
+
+    /// The pool, for callers' own tables and for `LISTEN`.
+    pub fn pool(&self) -> &PgPool {
+        &self.conns.pool
+    }
+
+    /// Begins a transaction for enqueueing together with the caller's rows.
+    ///
+    /// # Errors
+    ///
+    /// A database error.
+    pub async fn begin(&self) -> Result<Transaction<'static, Postgres>, QueueError> {
+        self.conns.write().await
+    }
+}
+
+/// `LISTEN laneway_ops`, yielding the outbox each insert names.
+struct Listener(PgListener);
+
+#[async_trait]
+impl Subscription for Listener {
+    async fn next(&mut self) -> Result<String, QueueError> {
+        // PgListener reconnects by itself after a dropped connection;
+        // notifications sent meanwhile are lost, which the safety-net poll covers.
+        Ok(self.0.recv().await?.payload().to_owned())
+    }
+}
+
+#[async_trait]
+impl Dialect for Conns {
+    type Db = Postgres;
+    const BACKEND: Backend = Backend::Postgres;
+
+    async fn write(&self) -> Result<Transaction<'static, Postgres>, QueueError> {
+        Ok(self.pool.begin().await?)
+    }
+
+    fn read(&self) -> &PgPool {
+        &self.pool
+    }
+
+    fn known_migrations() -> Vec<i64> {
+        MIGRATOR.iter().map(|m| m.version).collect()
+    }
+
+    async fn migrate(&self) -> Result<(), QueueError> {
+        MIGRATOR.run(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn subscribe(&self) -> Result<Option<Box<dyn Subscription>>, QueueError> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen(NOTIFY_CHANNEL).await?;
+        Ok(Some(Box::new(Listener(listener))))
+    }
+
+    async fn hand_off(&self, round: Round) -> Result<RoundResult, Round> {
+        // Each drain's round is a transaction of its own: PostgreSQL has
+        // many writers.
+        Err(round)
+    }
+
+    async fn contended(conn: &mut Conn, lanes: &[String]) -> Result<HashSet<String>, QueueError> {
+        let keys: Vec<i64> = lanes.iter().map(|l| lane_lock_key(l)).collect();
+        let refused: HashSet<i64> = sqlx::query_scalar(sql::dispatch::CONTENDED_LANES)
+            .bind(&keys)
+            .fetch_all(&mut *conn)
+            .await?
+            .into_iter()
+            .collect();
+        Ok(lanes
+            .iter()
+            .filter(|l| refused.contains(&lane_lock_key(l)))
+            .cloned()
+            .collect())
+    }
+
+    async fn settle(conn: &mut Conn, completions: &[Completion], now: DateTime<Utc>) -> Result<Vec<Cas>, QueueError> {
+        settle::settle(conn, completions, now).await
+    }
+
+    fn parse_cursor(cursor: &str) -> Option<(i64, i64)> {
+        // "xid.seq": see the outcomes migration for why both.
+        let (xid, seq) = cursor.split_once('.')?;
+        Some((xid.parse().ok()?, seq.parse().ok()?))
+    }
+
+    fn cursor(xid: i64, seq: i64) -> String {
+        format!("{xid}.{seq}")
+    }
+}

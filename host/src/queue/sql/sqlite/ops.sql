@@ -1,0 +1,62 @@
+-- Ops: enqueue, reads of single ops and listings, kind defaults.
+-- Timestamps are Unix milliseconds; lists of values travel as one JSON
+-- array parameter read with json_each (PostgreSQL: arrays and ANY).
+
+-- name: op_columns
+ops.id, ops.outbox, ops.kind, ops.priority, ops.lanes, ops.payload, ops.idempotency_key, ops.coalesce_key,
+ops.subject, ops.correlation_id, ops.status, ops.attempts, ops.attempt_floor, ops.fee_bumps, ops.next_attempt_at,
+ops.lease_owner, ops.lease_token, ops.lease_until, ops.receipt, ops.last_error, ops.created_at, ops.updated_at,
+ops.finished_at, ops.payload_ref
+
+-- name: insert_payload
+INSERT INTO payloads (hash, body) VALUES ($1, $2) ON CONFLICT DO NOTHING
+
+-- name: insert_op
+INSERT INTO ops (outbox, kind, priority, lanes, payload, idempotency_key, coalesce_key, subject, correlation_id,
+    next_attempt_at, created_at, updated_at, payload_ref)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12) ON CONFLICT DO NOTHING RETURNING id
+
+-- name: op_by_idempotency_key
+SELECT id FROM ops WHERE outbox = $1 AND idempotency_key = $2
+
+-- name: tombstone_by_idempotency_key
+SELECT op_id FROM idempotency_tombstones WHERE outbox = $1 AND idempotency_key = $2
+
+-- The predicate is the ops_coalesce partial index's, literally: a planner
+-- proves an index usable only from literals.
+-- name: live_op_by_coalesce_key
+SELECT id FROM ops WHERE outbox = $1 AND coalesce_key = $2 AND status IN ('pending', 'submitted')
+
+-- name: payloads_by_hash
+SELECT hash, body FROM payloads WHERE hash IN (SELECT value FROM json_each($1))
+
+-- name: op_by_id
+SELECT {{op_columns}} FROM ops WHERE ops.id = $1
+
+-- name: attempts_of_op
+SELECT op_id, attempt, started_at, finished_at, outcome, detail, fee, error FROM attempts
+WHERE op_id = $1 ORDER BY attempt
+
+-- The store appends the listing's filters, each the same on every dialect.
+-- name: list_ops
+SELECT {{op_columns}} FROM ops WHERE TRUE
+
+-- name: depth
+SELECT status, priority, kind, COUNT(*) AS n FROM ops GROUP BY status, priority, kind
+ORDER BY status, priority, kind
+
+-- The single writer already serialises these writers.
+-- name: lock_kind_defaults
+SELECT 1
+
+-- name: delete_unlisted_kind_defaults
+DELETE FROM kind_defaults WHERE kind NOT IN (SELECT value FROM json_each($1))
+
+-- name: upsert_kind_default
+INSERT INTO kind_defaults (kind, priority) VALUES ($1, $2)
+ON CONFLICT (kind) DO UPDATE SET priority = excluded.priority
+
+-- name: release_coalesce
+UPDATE ops SET coalesce_key = NULL, updated_at = $1
+WHERE outbox = $2 AND coalesce_key IS NOT NULL AND status IN ($3, $4)
+    AND idempotency_key IN (SELECT value FROM json_each($5))

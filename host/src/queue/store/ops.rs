@@ -1,0 +1,287 @@
+//! Ops: the schema, enqueue (the insert, its retries and the explanation of
+//! a conflict), reads of ops, kind defaults and producers' wake-ups.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::QueryBuilder;
+
+use super::{ops_from_rows, reader, sql, Conn, Conns, Store};
+use crate::op::{Attempt, AttemptClass, AttemptRecord, Op, OpId, Priority, Status};
+use crate::queue::codec::{get, Lanes, List, Rank, St, Ts};
+use crate::queue::dialect::Dialect;
+use crate::queue::policy::{check_versions, shared_payload, validate_new_op};
+use crate::queue::{Backend, Depth, Enqueued, NewOp, OpFilter, OpStore, QueueError, Subscription};
+
+impl Store {
+    /// Enqueues ops on the caller's connection, inside whatever transaction
+    /// the caller has open: they commit or roll back with it.
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError::InvalidOp`] (nothing written) or a database error.
+    pub async fn enqueue_in(&self, conn: &mut Conn, ops: &[NewOp]) -> Result<Vec<Enqueued>, QueueError> {
+        let checked = ops
+            .iter()
+            .map(|op| validate_new_op(op, self.limits))
+            .collect::<Result<Vec<_>, _>>()?;
+        let now = self.now();
+        let mut results = Vec::with_capacity(checked.len());
+        for op in &checked {
+            results.push(insert_one(conn, op, now, self.limits.shared_payload_bytes).await?);
+        }
+        Ok(results)
+    }
+}
+
+async fn insert_one(
+    conn: &mut Conn,
+    op: &NewOp,
+    now: DateTime<Utc>,
+    shared_from: usize,
+) -> Result<Enqueued, QueueError> {
+    let due = op.not_before.map_or(now, |t| t.max(now));
+    let (payload, payload_ref) = match shared_payload(&op.payload, shared_from) {
+        Some(hash) => {
+            sqlx::query(sql::ops::INSERT_PAYLOAD)
+                .bind(&hash)
+                .bind(&op.payload)
+                .execute(&mut *conn)
+                .await?;
+            ("null", Some(hash))
+        }
+        None => (op.payload.as_str(), None),
+    };
+    // A conflicting op can reach a terminal state between the insert and the
+    // look-up that explains the conflict; then the insert is simply retried.
+    for _ in 0..3 {
+        let inserted: Option<i64> = sqlx::query_scalar(sql::ops::INSERT_OP)
+            .bind(&op.outbox)
+            .bind(&op.kind)
+            .bind(Rank(op.priority))
+            .bind(Lanes(op.lanes.clone()))
+            .bind(payload)
+            .bind(&op.idempotency_key)
+            .bind(&op.coalesce_key)
+            .bind(&op.subject)
+            .bind(&op.correlation_id)
+            .bind(Ts(due))
+            .bind(Ts(now))
+            .bind(&payload_ref)
+            .fetch_optional(&mut *conn)
+            .await?;
+        if let Some(id) = inserted {
+            return Ok(Enqueued::Created(id));
+        }
+        if let Some(key) = &op.idempotency_key {
+            for statement in [sql::ops::OP_BY_IDEMPOTENCY_KEY, sql::ops::TOMBSTONE_BY_IDEMPOTENCY_KEY] {
+                // The second: its op was pruned, and the tombstone's trigger
+                // skipped the insert.
+                let existing: Option<i64> = sqlx::query_scalar(statement)
+                    .bind(&op.outbox)
+                    .bind(key)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                if let Some(id) = existing {
+                    return Ok(Enqueued::Existing(id));
+                }
+            }
+        }
+        if let Some(key) = &op.coalesce_key {
+            let pending: Option<i64> = sqlx::query_scalar(sql::ops::LIVE_OP_BY_COALESCE_KEY)
+                .bind(&op.outbox)
+                .bind(key)
+                .fetch_optional(&mut *conn)
+                .await?;
+            if let Some(id) = pending {
+                return Ok(Enqueued::AlreadyPending(id));
+            }
+        }
+    }
+    Err(QueueError::Conflict {
+        id: 0,
+        message: "enqueue kept conflicting with concurrent changes; try again".to_owned(),
+    })
+}
+
+#[async_trait]
+impl OpStore for Store {
+    fn backend(&self) -> Backend {
+        Conns::BACKEND
+    }
+
+    async fn migrate(&self) -> Result<(), QueueError> {
+        self.conns.migrate().await
+    }
+
+    async fn check_schema(&self) -> Result<(), QueueError> {
+        let mut conn = reader(&self.conns).await?;
+        let has_table: bool = sqlx::query_scalar(sql::schema::MIGRATIONS_TABLE_EXISTS)
+            .fetch_one(&mut *conn)
+            .await?;
+        let applied: Vec<i64> = if has_table {
+            sqlx::query_scalar(sql::schema::APPLIED_MIGRATIONS)
+                .fetch_all(&mut *conn)
+                .await?
+        } else {
+            Vec::new()
+        };
+        check_versions(&applied, &Conns::known_migrations())
+    }
+
+    async fn enqueue(&self, ops: &[NewOp]) -> Result<Vec<Enqueued>, QueueError> {
+        let mut tx = self.conns.write().await?;
+        let results = self.enqueue_in(&mut tx, ops).await?;
+        tx.commit().await?;
+        Ok(results)
+    }
+
+    async fn get(&self, id: OpId) -> Result<Option<Op>, QueueError> {
+        let mut conn = reader(&self.conns).await?;
+        let row = sqlx::query(sql::ops::OP_BY_ID)
+            .bind(id)
+            .fetch_optional(&mut *conn)
+            .await?;
+        Ok(ops_from_rows(&mut conn, row.as_slice()).await?.pop())
+    }
+
+    async fn attempts(&self, id: OpId) -> Result<Vec<Attempt>, QueueError> {
+        let mut conn = reader(&self.conns).await?;
+        let rows = sqlx::query(sql::ops::ATTEMPTS_OF_OP)
+            .bind(id)
+            .fetch_all(&mut *conn)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let op_id: i64 = get(row, id, "op_id")?;
+                let outcome: String = get(row, op_id, "outcome")?;
+                Ok(Attempt {
+                    op_id,
+                    attempt: get(row, op_id, "attempt")?,
+                    record: AttemptRecord {
+                        started_at: get::<Ts, _>(row, op_id, "started_at")?.0,
+                        finished_at: get::<Ts, _>(row, op_id, "finished_at")?.0,
+                        class: AttemptClass::parse(&outcome).ok_or(QueueError::Corrupt {
+                            id: op_id,
+                            column: "attempts.outcome",
+                            value: outcome.clone(),
+                        })?,
+                        detail: get(row, op_id, "detail")?,
+                        fee: get(row, op_id, "fee")?,
+                        error: get(row, op_id, "error")?,
+                    },
+                })
+            })
+            .collect()
+    }
+
+    async fn list(&self, filter: &OpFilter) -> Result<Vec<Op>, QueueError> {
+        // Each filter is a plain column comparison, the same SQL on every
+        // dialect; only the placeholders differ, and QueryBuilder writes them.
+        let mut q = QueryBuilder::new(sql::ops::LIST_OPS);
+        if let Some(status) = filter.status {
+            q.push(" AND status = ").push_bind(St(status));
+        }
+        if let Some(kind) = &filter.kind {
+            q.push(" AND kind = ").push_bind(kind.clone());
+        }
+        if let Some(priority) = filter.priority {
+            q.push(" AND priority = ").push_bind(Rank(priority));
+        }
+        if let Some(subject) = &filter.subject {
+            q.push(" AND subject = ").push_bind(subject.clone());
+        }
+        if let Some(outbox) = &filter.outbox {
+            q.push(" AND outbox = ").push_bind(outbox.clone());
+        }
+        if let Some(lane) = &filter.lane {
+            q.push(" AND id IN (SELECT op_id FROM op_lanes WHERE lane = ")
+                .push_bind(lane.clone())
+                .push(")");
+        }
+        if let Some(correlation) = &filter.correlation_id {
+            q.push(" AND correlation_id = ").push_bind(correlation.clone());
+        }
+        if let Some(t) = filter.created_after {
+            q.push(" AND created_at >= ").push_bind(Ts(t));
+        }
+        if let Some(t) = filter.created_before {
+            q.push(" AND created_at < ").push_bind(Ts(t));
+        }
+        if let Some(after) = filter.after_id {
+            q.push(if filter.newest_first {
+                " AND id < "
+            } else {
+                " AND id > "
+            })
+            .push_bind(after);
+        }
+        q.push(if filter.newest_first {
+            " ORDER BY id DESC"
+        } else {
+            " ORDER BY id"
+        });
+        q.push(" LIMIT ").push_bind(i64::from(filter.limit));
+        let mut conn = reader(&self.conns).await?;
+        let rows = q.build().fetch_all(&mut *conn).await?;
+        ops_from_rows(&mut conn, &rows).await
+    }
+
+    async fn depth(&self) -> Result<Vec<Depth>, QueueError> {
+        let mut conn = reader(&self.conns).await?;
+        let rows = sqlx::query(sql::ops::DEPTH).fetch_all(&mut *conn).await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Depth {
+                    status: get::<St, _>(row, 0, "status")?.0,
+                    priority: get::<Rank, _>(row, 0, "priority")?.0,
+                    kind: get(row, 0, "kind")?,
+                    count: get(row, 0, "n")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn subscribe(&self) -> Result<Option<Box<dyn Subscription>>, QueueError> {
+        self.conns.subscribe().await
+    }
+
+    async fn set_kind_defaults(&self, defaults: &[(String, Priority)]) -> Result<(), QueueError> {
+        // Upserts, and a delete of only what is no longer listed: hosts
+        // starting or reloading at the same moment each write the same rows
+        // without colliding (a delete-then-insert let two concurrent inserts
+        // of one kind fail on its primary key).
+        let kinds: Vec<String> = defaults.iter().map(|(k, _)| k.clone()).collect();
+        let mut tx = self.conns.write().await?;
+        sqlx::query(sql::ops::LOCK_KIND_DEFAULTS).execute(&mut *tx).await?;
+        sqlx::query(sql::ops::DELETE_UNLISTED_KIND_DEFAULTS)
+            .bind(List(kinds))
+            .execute(&mut *tx)
+            .await?;
+        for (kind, priority) in defaults {
+            sqlx::query(sql::ops::UPSERT_KIND_DEFAULT)
+                .bind(kind)
+                .bind(Rank(*priority))
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn release_coalesce(&self, outbox: &str, idempotency_keys: &[String]) -> Result<u64, QueueError> {
+        if idempotency_keys.is_empty() {
+            return Ok(0);
+        }
+        let mut tx = self.conns.write().await?;
+        let done = sqlx::query(sql::ops::RELEASE_COALESCE)
+            .bind(Ts(self.now()))
+            .bind(outbox)
+            .bind(St(Status::Pending))
+            .bind(St(Status::Submitted))
+            .bind(List(idempotency_keys.to_vec()))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(done.rows_affected())
+    }
+}
