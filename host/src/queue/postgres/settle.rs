@@ -1,5 +1,5 @@
 //! PostgreSQL's settle: a batch of settles as one array per column through
-//! `unnest`, two statements whatever the batch's size (the updates, then the
+//! `unnest`, one statement whatever the batch's size (the updates, and the
 //! attempt rows of those that applied).
 
 use std::collections::HashSet;
@@ -44,40 +44,29 @@ pub async fn settle(conn: &mut Conn, completions: &[Completion], now: DateTime<U
                 .collect::<Vec<_>>(),
         )
         .bind(now)
+        .bind(completions.iter().map(|c| c.attempt.started_at).collect::<Vec<_>>())
+        .bind(completions.iter().map(|c| c.attempt.finished_at).collect::<Vec<_>>())
+        .bind(completions.iter().map(|c| c.attempt.class.as_str()).collect::<Vec<_>>())
+        .bind(completions.iter().map(|c| c.attempt.detail.clone()).collect::<Vec<_>>())
+        .bind(completions.iter().map(|c| c.attempt.fee).collect::<Vec<_>>())
+        .bind(
+            completions
+                .iter()
+                .map(|c| c.attempt.error.as_deref().map(truncate_error))
+                .collect::<Vec<_>>(),
+        )
         .fetch_all(&mut *conn)
         .await?
         .into_iter()
         .collect();
-    let done: Vec<bool> = completions
+    Ok(completions
         .iter()
-        .map(|c| applied.contains(&(c.lease.op_id, c.lease.token)))
-        .collect();
-    let recorded: Vec<&Completion> = completions
-        .iter()
-        .zip(&done)
-        .filter(|(_, d)| **d)
-        .map(|(c, _)| c)
-        .collect();
-    if !recorded.is_empty() {
-        sqlx::query(sql::dispatch::RECORD_ATTEMPTS)
-            .bind(recorded.iter().map(|c| c.lease.op_id).collect::<Vec<_>>())
-            .bind(recorded.iter().map(|c| c.lease.attempt).collect::<Vec<_>>())
-            .bind(recorded.iter().map(|c| c.attempt.started_at).collect::<Vec<_>>())
-            .bind(recorded.iter().map(|c| c.attempt.finished_at).collect::<Vec<_>>())
-            .bind(recorded.iter().map(|c| c.attempt.class.as_str()).collect::<Vec<_>>())
-            .bind(recorded.iter().map(|c| c.attempt.detail.clone()).collect::<Vec<_>>())
-            .bind(recorded.iter().map(|c| c.attempt.fee).collect::<Vec<_>>())
-            .bind(
-                recorded
-                    .iter()
-                    .map(|c| c.attempt.error.as_deref().map(truncate_error))
-                    .collect::<Vec<_>>(),
-            )
-            .execute(&mut *conn)
-            .await?;
-    }
-    Ok(done
-        .into_iter()
-        .map(|d| if d { Cas::Applied } else { Cas::Stale })
+        .map(|c| {
+            if applied.contains(&(c.lease.op_id, c.lease.token)) {
+                Cas::Applied
+            } else {
+                Cas::Stale
+            }
+        })
         .collect())
 }

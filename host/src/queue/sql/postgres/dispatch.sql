@@ -46,23 +46,31 @@ WHERE ops.id = ANY($6) AND ops.status = $7 RETURNING {{op_columns}}
 
 -- One array per column; each row is still a compare-and-set on its expected
 -- status, attempt and lease token. A settle is known by its op and token: a
--- batch may hold a stale settle of an op beside its current one.
+-- batch may hold a stale settle of an op beside its current one. One
+-- statement whatever the batch's size: the attempt rows of the settles that
+-- applied are written by the same statement ($13-$18, one per completion).
 -- name: settle
-UPDATE ops SET status = i.to_status,
-    receipt = CASE WHEN i.clear THEN NULL ELSE COALESCE(i.receipt, ops.receipt) END,
-    last_error = COALESCE(i.error, ops.last_error),
-    next_attempt_at = COALESCE(i.next_at, ops.next_attempt_at), fee_bumps = ops.fee_bumps + i.bump,
-    lease_owner = NULL, lease_token = NULL, lease_until = NULL, updated_at = $12, finished_at = i.finished_at
-FROM unnest($1::bigint[], $2::int[], $3::uuid[], $4::text[], $5::text[], $6::bool[], $7::text[], $8::text[],
-        $9::timestamptz[], $10::int[], $11::timestamptz[])
-    AS i(id, attempt, token, from_status, to_status, clear, receipt, error, next_at, bump, finished_at)
-WHERE ops.id = i.id AND ops.status = i.from_status AND ops.attempts = i.attempt AND ops.lease_token = i.token
-RETURNING i.id, i.token
+WITH done AS (
+    UPDATE ops SET status = i.to_status,
+        receipt = CASE WHEN i.clear THEN NULL ELSE COALESCE(i.receipt, ops.receipt) END,
+        last_error = COALESCE(i.error, ops.last_error),
+        next_attempt_at = COALESCE(i.next_at, ops.next_attempt_at), fee_bumps = ops.fee_bumps + i.bump,
+        lease_owner = NULL, lease_token = NULL, lease_until = NULL, updated_at = $12, finished_at = i.finished_at
+    FROM unnest($1::bigint[], $2::int[], $3::uuid[], $4::text[], $5::text[], $6::bool[], $7::text[], $8::text[],
+            $9::timestamptz[], $10::int[], $11::timestamptz[])
+        AS i(id, attempt, token, from_status, to_status, clear, receipt, error, next_at, bump, finished_at)
+    WHERE ops.id = i.id AND ops.status = i.from_status AND ops.attempts = i.attempt AND ops.lease_token = i.token
+    RETURNING i.id, i.token),
+recorded AS (
+    INSERT INTO attempts (op_id, attempt, started_at, finished_at, outcome, detail, fee, error)
+    SELECT a.op_id, a.attempt, a.started_at, a.finished_at, a.outcome, a.detail, a.fee, a.error
+    FROM unnest($1::bigint[], $2::int[], $3::uuid[], $13::timestamptz[], $14::timestamptz[], $15::text[],
+            $16::text[], $17::bigint[], $18::text[])
+        AS a(op_id, attempt, token, started_at, finished_at, outcome, detail, fee, error)
+    JOIN done d ON d.id = a.op_id AND d.token = a.token)
+SELECT id, token FROM done
 
--- name: record_attempts
-INSERT INTO attempts (op_id, attempt, started_at, finished_at, outcome, detail, fee, error)
-SELECT * FROM unnest($1::bigint[], $2::int[], $3::timestamptz[], $4::timestamptz[], $5::text[], $6::text[],
-    $7::bigint[], $8::text[])
+-- none: record_attempts: the settle statement writes them itself (its `recorded` CTE)
 
 -- name: insert_attempt
 INSERT INTO attempts (op_id, attempt, started_at, finished_at, outcome, detail, fee, error)
