@@ -218,17 +218,15 @@ impl DispatchStore for Store {
     }
 
     async fn scan(&self, outbox: &str, after: Option<OpId>, limit: u32) -> Result<Vec<BookRow>, QueueError> {
-        let (from, order) = match after {
-            Some(_) => (Priority::Critical, ScanOrder::Enqueue),
-            None => (Priority::Critical, ScanOrder::Dispatch),
+        // From a position: what was enqueued since; from the start: the
+        // whole book in dispatch order.
+        let order = if after.is_some() {
+            ScanOrder::Enqueue
+        } else {
+            ScanOrder::Dispatch
         };
-        self.read_book(
-            outbox,
-            &scan_sql(sql::dispatch::SCAN_TIER, from, order),
-            after.unwrap_or(0),
-            limit,
-        )
-        .await
+        let statement = scan_sql(sql::dispatch::SCAN_TIER, Priority::Critical, order);
+        self.read_book(outbox, &statement, after.unwrap_or(0), limit).await
     }
 
     async fn scan_from(&self, outbox: &str, from: (Priority, OpId), limit: u32) -> Result<Vec<BookRow>, QueueError> {
@@ -252,16 +250,16 @@ impl DispatchStore for Store {
     }
 
     async fn defer(&self, id: OpId, until: DateTime<Utc>) -> Result<Cas, QueueError> {
-        let mut tx = self.conns.write().await?;
-        let done = sqlx::query(sql::dispatch::DEFER)
-            .bind(Ts(until))
-            .bind(Ts(self.now()))
-            .bind(id)
-            .bind(St(WAITING))
-            .execute(&mut *tx)
+        let done = self
+            .write_one(
+                sqlx::query(sql::dispatch::DEFER)
+                    .bind(Ts(until))
+                    .bind(Ts(self.now()))
+                    .bind(id)
+                    .bind(St(WAITING)),
+            )
             .await?;
-        tx.commit().await?;
-        Ok(cas(done.rows_affected()))
+        Ok(cas(done))
     }
 
     async fn extend_leases(&self, leases: &[Lease], duration: Duration) -> Result<Vec<Cas>, QueueError> {
@@ -365,25 +363,24 @@ impl DispatchStore for Store {
     }
 
     async fn renew_slot(&self, slot: &SlotLease, ttl: Duration) -> Result<Cas, QueueError> {
-        let mut tx = self.conns.write().await?;
-        let done = sqlx::query(sql::dispatch::RENEW_SLOT)
-            .bind(Ts(self.now() + chrono_duration(ttl)))
-            .bind(&slot.outbox)
-            .bind(Token(slot.token))
-            .execute(&mut *tx)
+        let done = self
+            .write_one(
+                sqlx::query(sql::dispatch::RENEW_SLOT)
+                    .bind(Ts(self.now() + chrono_duration(ttl)))
+                    .bind(&slot.outbox)
+                    .bind(Token(slot.token)),
+            )
             .await?;
-        tx.commit().await?;
-        Ok(cas(done.rows_affected()))
+        Ok(cas(done))
     }
 
     async fn release_slot(&self, slot: &SlotLease) -> Result<(), QueueError> {
-        let mut tx = self.conns.write().await?;
-        sqlx::query(sql::dispatch::RELEASE_SLOT)
-            .bind(&slot.outbox)
-            .bind(Token(slot.token))
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
+        self.write_one(
+            sqlx::query(sql::dispatch::RELEASE_SLOT)
+                .bind(&slot.outbox)
+                .bind(Token(slot.token)),
+        )
+        .await?;
         Ok(())
     }
 

@@ -46,6 +46,15 @@ impl Store {
     pub(crate) fn now(&self) -> DateTime<Utc> {
         now_ms(self.clock.as_ref())
     }
+
+    /// Runs one statement in a write transaction of its own; the rows it
+    /// changed.
+    pub(crate) async fn write_one(&self, query: Query<'_>) -> Result<u64, QueueError> {
+        let mut tx = self.conns.write().await?;
+        let done = query.execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(done.rows_affected())
+    }
 }
 
 /// An op read with the `op_columns` block.

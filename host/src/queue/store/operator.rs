@@ -122,36 +122,26 @@ impl OperatorStore for Store {
     }
 
     async fn skip_lane(&self, outbox: &str, lane: &str) -> Result<u64, QueueError> {
-        let mut tx = self.conns.write().await?;
-        let done = sqlx::query(sql::operator::SKIP_LANE)
-            .bind(outbox)
-            .bind(lane)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(done.rows_affected())
+        self.write_one(sqlx::query(sql::operator::SKIP_LANE).bind(outbox).bind(lane))
+            .await
     }
 
     async fn halt_subject(&self, subject: &str, reason: Option<&str>) -> Result<(), QueueError> {
-        let mut tx = self.conns.write().await?;
-        sqlx::query(sql::operator::HALT_SUBJECT)
-            .bind(subject)
-            .bind(reason)
-            .bind(Ts(self.now()))
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
+        self.write_one(
+            sqlx::query(sql::operator::HALT_SUBJECT)
+                .bind(subject)
+                .bind(reason)
+                .bind(Ts(self.now())),
+        )
+        .await?;
         Ok(())
     }
 
     async fn unhalt_subject(&self, subject: &str) -> Result<bool, QueueError> {
-        let mut tx = self.conns.write().await?;
-        let done = sqlx::query(sql::operator::UNHALT_SUBJECT)
-            .bind(subject)
-            .execute(&mut *tx)
+        let done = self
+            .write_one(sqlx::query(sql::operator::UNHALT_SUBJECT).bind(subject))
             .await?;
-        tx.commit().await?;
-        Ok(done.rows_affected() > 0)
+        Ok(done > 0)
     }
 
     async fn halted_subjects(&self) -> Result<Vec<HaltedSubject>, QueueError> {
@@ -212,28 +202,27 @@ impl OperatorStore for Store {
     }
 
     async fn revoke_api_key(&self, name: &str) -> Result<bool, QueueError> {
-        let mut tx = self.conns.write().await?;
-        let done = sqlx::query(sql::operator::REVOKE_API_KEY)
-            .bind(Ts(self.now()))
-            .bind(name)
-            .execute(&mut *tx)
+        let done = self
+            .write_one(
+                sqlx::query(sql::operator::REVOKE_API_KEY)
+                    .bind(Ts(self.now()))
+                    .bind(name),
+            )
             .await?;
-        tx.commit().await?;
-        Ok(done.rows_affected() == 1)
+        Ok(done == 1)
     }
 
     async fn record_audit(&self, entry: &NewAuditEntry) -> Result<(), QueueError> {
-        let mut tx = self.conns.write().await?;
-        sqlx::query(sql::operator::INSERT_AUDIT)
-            .bind(Ts(self.now()))
-            .bind(&entry.actor)
-            .bind(&entry.action)
-            .bind(&entry.target)
-            .bind(json_column(entry.before.as_ref()))
-            .bind(json_column(entry.after.as_ref()))
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
+        self.write_one(
+            sqlx::query(sql::operator::INSERT_AUDIT)
+                .bind(Ts(self.now()))
+                .bind(&entry.actor)
+                .bind(&entry.action)
+                .bind(&entry.target)
+                .bind(json_column(entry.before.as_ref()))
+                .bind(json_column(entry.after.as_ref())),
+        )
+        .await?;
         Ok(())
     }
 
@@ -267,28 +256,28 @@ impl OperatorStore for Store {
         reason: Option<&str>,
         actor: &str,
     ) -> Result<bool, QueueError> {
-        let mut tx = self.conns.write().await?;
-        let done = sqlx::query(sql::operator::INSERT_PAUSE)
-            .bind(scope.as_str())
-            .bind(target)
-            .bind(reason)
-            .bind(actor)
-            .bind(Ts(self.now()))
-            .execute(&mut *tx)
+        let done = self
+            .write_one(
+                sqlx::query(sql::operator::INSERT_PAUSE)
+                    .bind(scope.as_str())
+                    .bind(target)
+                    .bind(reason)
+                    .bind(actor)
+                    .bind(Ts(self.now())),
+            )
             .await?;
-        tx.commit().await?;
-        Ok(done.rows_affected() == 1)
+        Ok(done == 1)
     }
 
     async fn resume(&self, scope: PauseScope, target: &str) -> Result<bool, QueueError> {
-        let mut tx = self.conns.write().await?;
-        let done = sqlx::query(sql::operator::DELETE_PAUSE)
-            .bind(scope.as_str())
-            .bind(target)
-            .execute(&mut *tx)
+        let done = self
+            .write_one(
+                sqlx::query(sql::operator::DELETE_PAUSE)
+                    .bind(scope.as_str())
+                    .bind(target),
+            )
             .await?;
-        tx.commit().await?;
-        Ok(done.rows_affected() == 1)
+        Ok(done == 1)
     }
 
     async fn pauses(&self) -> Result<Vec<Pause>, QueueError> {

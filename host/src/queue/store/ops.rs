@@ -272,16 +272,14 @@ impl OpStore for Store {
         if idempotency_keys.is_empty() {
             return Ok(0);
         }
-        let mut tx = self.conns.write().await?;
-        let done = sqlx::query(sql::ops::RELEASE_COALESCE)
-            .bind(Ts(self.now()))
-            .bind(outbox)
-            .bind(St(Status::Pending))
-            .bind(St(Status::Submitted))
-            .bind(List(idempotency_keys.to_vec()))
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(done.rows_affected())
+        self.write_one(
+            sqlx::query(sql::ops::RELEASE_COALESCE)
+                .bind(Ts(self.now()))
+                .bind(outbox)
+                .bind(St(Status::Pending))
+                .bind(St(Status::Submitted))
+                .bind(List(idempotency_keys.to_vec())),
+        )
+        .await
     }
 }

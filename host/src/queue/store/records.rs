@@ -57,10 +57,7 @@ impl RecordStore for Store {
         if let Some(version) = version {
             query = query.bind(version);
         }
-        let mut tx = self.conns.write().await?;
-        let done = query.execute(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(cas(done.rows_affected()))
+        Ok(cas(self.write_one(query).await?))
     }
 
     async fn delete_record(&self, namespace: &str, key: &str, expect: Expect) -> Result<Cas, QueueError> {
@@ -69,15 +66,15 @@ impl RecordStore for Store {
             Expect::Version(v) => Some(v),
             Expect::Any => None,
         };
-        let mut tx = self.conns.write().await?;
-        let done = sqlx::query(sql::records::DELETE_RECORD)
-            .bind(namespace)
-            .bind(key)
-            .bind(version)
-            .execute(&mut *tx)
+        let done = self
+            .write_one(
+                sqlx::query(sql::records::DELETE_RECORD)
+                    .bind(namespace)
+                    .bind(key)
+                    .bind(version),
+            )
             .await?;
-        tx.commit().await?;
-        Ok(cas(done.rows_affected()))
+        Ok(cas(done))
     }
 
     async fn hold_singleton(&self, name: &str, owner: &str, ttl: std::time::Duration) -> Result<bool, QueueError> {
@@ -103,13 +100,8 @@ impl RecordStore for Store {
     }
 
     async fn set_feed_cursor(&self, name: &str, cursor: &str) -> Result<(), QueueError> {
-        let mut tx = self.conns.write().await?;
-        sqlx::query(sql::records::SET_FEED_CURSOR)
-            .bind(name)
-            .bind(cursor)
-            .execute(&mut *tx)
+        self.write_one(sqlx::query(sql::records::SET_FEED_CURSOR).bind(name).bind(cursor))
             .await?;
-        tx.commit().await?;
         Ok(())
     }
 
@@ -119,15 +111,15 @@ impl RecordStore for Store {
         snapshot: &str,
         sampled_at: DateTime<Utc>,
     ) -> Result<Cas, QueueError> {
-        let mut tx = self.conns.write().await?;
-        let done = sqlx::query(sql::records::PUT_FEE_SNAPSHOT)
-            .bind(oracle)
-            .bind(snapshot)
-            .bind(Ts(sampled_at))
-            .execute(&mut *tx)
+        let done = self
+            .write_one(
+                sqlx::query(sql::records::PUT_FEE_SNAPSHOT)
+                    .bind(oracle)
+                    .bind(snapshot)
+                    .bind(Ts(sampled_at)),
+            )
             .await?;
-        tx.commit().await?;
-        Ok(cas(done.rows_affected()))
+        Ok(cas(done))
     }
 
     async fn fee_snapshot(&self, oracle: &str) -> Result<Option<(String, DateTime<Utc>)>, QueueError> {

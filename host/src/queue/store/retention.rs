@@ -118,14 +118,12 @@ impl RetentionStore for Store {
     }
 
     async fn expire_tombstones(&self, now: DateTime<Utc>, limit: u32) -> Result<u64, QueueError> {
-        let mut tx = self.conns.write().await?;
-        let done = sqlx::query(sql::retention::EXPIRE_TOMBSTONES)
-            .bind(Ts(now))
-            .bind(i64::from(limit))
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(done.rows_affected())
+        self.write_one(
+            sqlx::query(sql::retention::EXPIRE_TOMBSTONES)
+                .bind(Ts(now))
+                .bind(i64::from(limit)),
+        )
+        .await
     }
 
     async fn tombstone(&self, outbox: &str, idempotency_key: &str) -> Result<Option<Tombstone>, QueueError> {
