@@ -97,6 +97,13 @@ pub struct Caps {
     pub per_kind: HashMap<String, usize>,
     /// How many more ops may start at all (free host-wide slots).
     pub starts: Option<usize>,
+    /// Most ops in flight to one destination host (an op's first URL lane's
+    /// authority) across the whole host, so a few slow or hung servers
+    /// cannot hold every permit; absent means no cap.
+    pub per_destination: Option<usize>,
+    /// Ops this host has in flight (or being claimed) to each destination,
+    /// this outbox's own included: the load `per_destination` caps.
+    pub destination_load: HashMap<String, usize>,
 }
 
 impl Caps {
@@ -193,6 +200,10 @@ pub fn schedule(candidates: &[Candidate], elsewhere: &[Candidate], caps: &Caps) 
         *kind_load.entry(c.kind.as_str()).or_default() += 1;
     }
 
+    // Counted host-wide by the caller, in flight here or not.
+    let mut destination_load: HashMap<&str, usize> =
+        caps.destination_load.iter().map(|(d, n)| (d.as_str(), *n)).collect();
+
     let mut blocked: HashSet<&str> = HashSet::new();
     let mut started = Vec::new();
     for c in order {
@@ -205,7 +216,19 @@ pub fn schedule(candidates: &[Candidate], elsewhere: &[Candidate], caps: &Caps) 
             };
             holder_ok && free
         });
-        if c.state == OpState::Ready && lanes_free && under_caps(c, caps, &kind_load, global_load, started.len()) {
+        let destination = caps.per_destination.and_then(|_| destination(c));
+        let destination_free = match (caps.per_destination, destination) {
+            (Some(cap), Some(d)) => destination_load.get(d).copied().unwrap_or(0) < cap,
+            _ => true,
+        };
+        if c.state == OpState::Ready
+            && lanes_free
+            && destination_free
+            && under_caps(c, caps, &kind_load, global_load, started.len())
+        {
+            if let Some(d) = destination {
+                *destination_load.entry(d).or_default() += 1;
+            }
             started.push(c.id);
             global_load += 1;
             *kind_load.entry(c.kind.as_str()).or_default() += 1;
@@ -219,6 +242,12 @@ pub fn schedule(candidates: &[Candidate], elsewhere: &[Candidate], caps: &Caps) 
         }
     }
     started
+}
+
+/// The destination host an op's cap counts against: its first URL lane's
+/// authority (the breaker's and destination health's key too).
+fn destination(c: &Candidate) -> Option<&str> {
+    c.lanes.iter().find_map(|lane| crate::breaker::destination(&lane.name))
 }
 
 /// Dispatch order.
@@ -376,6 +405,38 @@ mod tests {
     }
 
     #[test]
+    fn a_destination_at_its_cap_lets_the_others_through() {
+        // Ops 1-6 go to a hung host (two already in flight from another
+        // outbox of this host), 7-8 to a healthy one; each inbox its own
+        // strict lane.
+        let inbox = |host: &str, n: i64| strict(&format!("https://{host}/users/{n}/inbox"));
+        let mut ops: Vec<Candidate> = (1..=6)
+            .map(|i| cand(i, Priority::Normal, vec![inbox("hung.example", i)], OpState::Ready))
+            .collect();
+        ops.push(cand(7, Priority::Normal, vec![inbox("ok.example", 7)], OpState::Ready));
+        ops.push(cand(
+            8,
+            Priority::Normal,
+            vec![inbox("ok.example:8443", 8)],
+            OpState::Ready,
+        ));
+        let caps = Caps {
+            per_destination: Some(3),
+            destination_load: HashMap::from([("hung.example".to_owned(), 2)]),
+            ..Caps::default()
+        };
+        assert_eq!(schedule(&ops, &[], &caps), vec![1, 7, 8]);
+        // Without the cap every ready op starts; at its cap nothing more
+        // goes to the host at all.
+        assert_eq!(schedule(&ops, &[], &Caps::default()).len(), 8);
+        let full = Caps {
+            destination_load: HashMap::from([("hung.example".to_owned(), 3)]),
+            ..caps
+        };
+        assert_eq!(schedule(&ops, &[], &full), vec![7, 8]);
+    }
+
+    #[test]
     fn an_op_without_lanes_is_unordered() {
         let ops = vec![
             cand(1, Priority::Normal, vec![], OpState::Waiting),
@@ -454,6 +515,7 @@ mod tests {
                         .map(|c| HashMap::from([("k0".to_owned(), c)]))
                         .unwrap_or_default(),
                     starts: None,
+                    ..Caps::default()
                 };
                 (candidates, elsewhere, caps)
             })

@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod archive;
+pub mod bench;
 pub mod breaker;
 pub mod cli;
 pub mod clock;
@@ -18,6 +19,7 @@ pub mod egress;
 pub mod enqueue;
 pub mod events;
 pub mod executor;
+pub mod failpoint;
 pub mod fanout;
 pub mod fees;
 pub mod health;

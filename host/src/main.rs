@@ -28,10 +28,11 @@ fn main() -> ExitCode {
     };
     // The demo tells its story in its progress and report; its host's log
     // would scroll through the progress bars, so it is off unless asked for.
-    let default = if matches!(cli.command, cli::Command::Demo(_)) {
-        "off"
-    } else {
-        "info"
+    // The bench prints tables; its hosts' info lines would bury them.
+    let default = match cli.command {
+        cli::Command::Demo(_) => "off",
+        cli::Command::Bench(_) => "warn",
+        _ => "info",
     };
     let filter = EnvFilter::try_from_env("LANEWAY_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     // Colours only for a person at a terminal; LANEWAY_LOG_FORMAT=json for

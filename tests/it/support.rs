@@ -350,3 +350,32 @@ macro_rules! on_both_backends {
         }
     };
 }
+
+/// Runs `test` with a PostgreSQL URL naming a schema of its own (swept like
+/// every test schema), so each host opens its own pool on its own runtime.
+pub async fn with_own_pg_schema<F, Fut>(test: F) -> anyhow::Result<()>
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    use sqlx::Connection as _;
+    let schema = format!("lwtest_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = sqlx::PgConnection::connect(&crate::support::pg_url()).await?;
+    sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
+        .execute(&mut conn)
+        .await?;
+    let separator = if crate::support::pg_url().contains('?') {
+        '&'
+    } else {
+        '?'
+    };
+    let url = format!(
+        "{}{separator}options=-c%20search_path%3D{schema}",
+        crate::support::pg_url()
+    );
+    let result = test(url).await;
+    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .execute(&mut conn)
+        .await?;
+    result
+}

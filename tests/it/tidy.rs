@@ -48,14 +48,14 @@ fn every_module_starts_with_a_doc_comment_saying_what_it_owns() -> anyhow::Resul
 }
 
 /// Files under `host/src` outside `allowed/` that mention any of `needles`.
-fn outside(allowed: &str, needles: &[&str]) -> anyhow::Result<Vec<String>> {
+fn outside(allowed: &[&str], needles: &[&str]) -> anyhow::Result<Vec<String>> {
     let host_src = repo().join("host/src");
     let mut offenders = Vec::new();
     let mut files = Vec::new();
     rust_files(&host_src, &mut files)?;
     for file in files {
         let rel = file.strip_prefix(&host_src)?.to_string_lossy().replace('\\', "/");
-        if rel.starts_with(allowed) {
+        if allowed.iter().any(|a| rel.starts_with(a)) {
             continue;
         }
         let text = std::fs::read_to_string(&file)?;
@@ -68,14 +68,17 @@ fn outside(allowed: &str, needles: &[&str]) -> anyhow::Result<Vec<String>> {
 
 #[test]
 fn only_the_queue_issues_sql() -> anyhow::Result<()> {
-    let offenders = outside("queue/", &["sqlx::query", "QueryBuilder"])?;
+    // `bench/` is the `laneway bench` tool: its SQL makes and drops scratch
+    // schemas, runs the plain job loops it compares laneway with, and acts
+    // as a plain-SQL producer would (README's producer contract).
+    let offenders = outside(&["queue/", "bench/"], &["sqlx::query", "QueryBuilder"])?;
     anyhow::ensure!(offenders.is_empty(), "SQL outside host/src/queue: {offenders:?}");
     Ok(())
 }
 
 #[test]
 fn only_the_runtime_touches_wasmtime() -> anyhow::Result<()> {
-    let offenders = outside("runtime/", &["wasmtime"])?;
+    let offenders = outside(&["runtime/"], &["wasmtime"])?;
     anyhow::ensure!(offenders.is_empty(), "wasmtime outside host/src/runtime: {offenders:?}");
     Ok(())
 }

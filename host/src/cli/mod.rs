@@ -96,6 +96,10 @@ pub enum Command {
     /// or suspended, and inboxes gone; suspend or resume a host.
     #[command(subcommand)]
     Destinations(operator::DestinationsCommand),
+    /// Measure this build: drain throughput beside plain job loops and
+    /// graphile-worker, latency, ActivityPub end to end, signing (scratch
+    /// databases; PostgreSQL at TEST_PG_URL). Prints Markdown tables.
+    Bench(crate::bench::BenchArgs),
 }
 
 /// `laneway demo`
@@ -445,6 +449,12 @@ pub async fn run(cli: Cli, io: Io<'_>) -> Result<(), CliError> {
         };
         return Ok(crate::demo::run(demo, io.stdout).await?);
     }
+    // The bench builds its own scratch databases and configs.
+    if let Command::Bench(args) = &cli.command {
+        return crate::bench::run(args.clone())
+            .await
+            .map_err(|e| CliError::Input(format!("bench: {e:#}")));
+    }
     // Remote mode needs no config file or database: only the API and a key.
     if let Some(url) = &cli.url {
         return remote::run(url, cli.command, &io.env, io.stdout).await;
@@ -491,7 +501,7 @@ pub async fn run(cli: Cli, io: Io<'_>) -> Result<(), CliError> {
         Command::Ops(ops) => ops_cmd(&config, ops, io.stdout).await,
         Command::Run => run_cmd(config, file).await,
         // Handled above, before any config is loaded.
-        Command::Demo(_) => Ok(()),
+        Command::Demo(_) | Command::Bench(_) => Ok(()),
         Command::Plugin(PluginCommand::Check(args)) => plugin_check(&config, args, io.stdout).await,
         Command::Lanes(command) => lanes_cmd(&config, command, io.stdout).await,
         Command::Subjects(command) => subjects_cmd(&config, command, io.stdout).await,
@@ -1108,10 +1118,11 @@ mod tests {
         let mut found = Vec::new();
         leaves(&super::Cli::command(), "laneway".to_owned(), &mut found);
         // `run` and `demo` are processes, not answers: their output is logs
-        // (LANEWAY_LOG_FORMAT=json) and a live display.
+        // (LANEWAY_LOG_FORMAT=json) and a live display; `bench` prints the
+        // Markdown tables BENCHMARKS.md is made of.
         let missing: Vec<&str> = found
             .iter()
-            .filter(|(path, json)| !json && path != "laneway run" && path != "laneway demo")
+            .filter(|(path, json)| !json && path != "laneway run" && path != "laneway demo" && path != "laneway bench")
             .map(|(p, _)| p.as_str())
             .collect();
         assert!(missing.is_empty(), "commands without --json: {missing:?}");

@@ -131,6 +131,9 @@ pub struct DestinationsConfig {
     pub rate_per_second: f64,
     /// Requests a quiet host may take at once.
     pub rate_burst: u32,
+    /// Ops one laneway host keeps in flight to one destination host at
+    /// most, so slow or hung servers cannot hold every permit.
+    pub max_in_flight: usize,
 }
 
 impl DestinationsConfig {

@@ -157,6 +157,9 @@ pub(super) fn validate(config: &Config) -> Vec<Problem> {
             format!("expected 0 (unlimited) or a positive number, got {}", d.rate_per_second),
         );
     }
+    if d.max_in_flight == 0 {
+        bad("destinations.max_in_flight", "expected at least 1".to_owned());
+    }
     if d.rate_burst == 0 {
         bad("destinations.rate_burst", "expected at least 1".to_owned());
     }

@@ -310,6 +310,26 @@ impl Book {
         }
     }
 
+    /// The drain sent a claim of the op that has not committed yet: it
+    /// counts as in flight (it holds its lanes and caps, and no later round
+    /// picks it again) until the claim lands as [`Book::claimed`] or
+    /// [`Book::refused`]. A full read meanwhile sees it pending; the drain
+    /// marks it again.
+    pub fn claiming(&mut self, id: OpId) {
+        if let Some(entry) = self.get_mut(id) {
+            entry.row.in_flight = true;
+        }
+    }
+
+    /// A claim sent with [`Book::claiming`] did not take the op: it waits,
+    /// parked, until the next full read says why.
+    pub fn refused(&mut self, id: OpId) {
+        if let Some(entry) = self.get_mut(id) {
+            entry.row.in_flight = false;
+            entry.parked = true;
+        }
+    }
+
     /// The op could not be claimed or settled for a reason the book cannot
     /// see: it holds its lanes until the next full read.
     pub fn park(&mut self, id: OpId) {

@@ -15,12 +15,12 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::{Id as TaskId, JoinError, JoinSet};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use super::book::{Book, Filling};
+use super::load::Hold;
 use super::paused::Paused;
 use super::{DispatchError, Inner};
 use crate::breaker::{self, Admission};
@@ -148,7 +148,35 @@ struct Pass {
     held_wake: Option<DateTime<Utc>>,
     /// Ops sent as an unavailable destination's probe, until they settle.
     probing: HashSet<OpId>,
+    /// Rounds on their way to the database: tasks of their own, so a commit
+    /// proceeds while the drain awaits anything else.
+    commits: JoinSet<Landed>,
+    /// Ops whose claim is on its way (a full read meanwhile sees them
+    /// pending: they are marked in flight again).
+    claiming: HashSet<OpId>,
+    /// Host permits taken by those claims.
+    reserved: usize,
 }
+
+/// A round on its way: what the drain needs once it lands.
+struct Issued {
+    completions: Vec<Completion>,
+    notes: Vec<Note>,
+    signals: Vec<(String, String, Signal)>,
+    chosen: Vec<OpId>,
+    permits: Vec<Hold>,
+    trials: Vec<(OpId, String)>,
+    bids: HashMap<OpId, FeeBid>,
+    now: DateTime<Utc>,
+}
+
+/// A round and what the database said.
+type Landed = (Issued, Result<(Vec<Cas>, Vec<Claimed>), crate::queue::QueueError>);
+
+/// Rounds one drain keeps on their way at once: a second one goes while
+/// the first commits, so neither the drain nor the database waits for the
+/// other; more would only queue on the connections.
+const ROUNDS_IN_FLIGHT: usize = 2;
 
 /// What one attempt said about its destination host's health.
 #[derive(Debug, Clone)]
@@ -184,6 +212,9 @@ impl Pass {
             health: HealthView::default(),
             held_wake: None,
             probing: HashSet::new(),
+            commits: JoinSet::new(),
+            claiming: HashSet::new(),
+            reserved: 0,
         }
     }
 
@@ -209,8 +240,17 @@ impl Pass {
             if !stopping {
                 self.read(poll).await?;
             }
-            let wake_at = self.round(lease_for, stopping).await?;
-            if self.running.is_empty() && self.finished.is_empty() {
+            // A drain never waits for its own commit: while rounds are on
+            // their way to the database it keeps scheduling, and sends the
+            // next round (settles of what finished since, claims for the
+            // permits still free) as soon as there is one, up to
+            // [`ROUNDS_IN_FLIGHT`].
+            let wake_at = if self.worth_sending(&config) {
+                self.issue(lease_for, stopping).await?
+            } else {
+                None
+            };
+            if self.running.is_empty() && self.finished.is_empty() && self.commits.is_empty() {
                 // Nothing in flight. Wait here for an op whose backoff ends
                 // soon, or for new ops, rather than leave them to the next
                 // pass; otherwise end the pass (a timer wakes the outbox
@@ -245,6 +285,9 @@ impl Pass {
                 .unwrap_or(next_renew);
             tokio::select! {
                 biased;
+                Some(landed) = self.commits.join_next() => {
+                    self.land(landed.map_err(DispatchError::Commit)?).await?;
+                }
                 Some(joined) = self.running.join_next_with_id() => {
                     if let Some(f) = self.settle_join(joined) {
                         self.finished.push(f);
@@ -265,14 +308,51 @@ impl Pass {
                 next_renew = Instant::now() + renew_every;
             }
             if grace_deadline.is_some_and(|d| Instant::now() >= d) {
+                // Claims on their way start (and are interrupted at once)
+                // so that they are settled now, not by lease expiry.
+                self.land_all().await?;
                 self.interrupt().await;
                 break;
             }
         }
         // Whatever finished while the pass wound down is settled before the
         // slot is released.
+        self.land_all().await?;
         if !self.finished.is_empty() {
-            self.round(lease_for, true).await?;
+            self.issue(lease_for, true).await?;
+            self.land_all().await?;
+        }
+        Ok(())
+    }
+
+    /// Whether to send a round now. With none on its way, always (a round
+    /// with nothing to do costs no transaction). With one on its way, only a
+    /// second that carries a batch: half the drain's share of permits
+    /// finished or free. Small rounds otherwise wait for the one in
+    /// flight and grow meanwhile, so the transactions per op fall as load
+    /// rises (group commit), and no commit waits on a drain that is idle.
+    fn worth_sending(&self, config: &Config) -> bool {
+        match self.commits.len() {
+            0 => true,
+            n if n >= ROUNDS_IN_FLIGHT => false,
+            _ => {
+                let share = self
+                    .inner
+                    .share()
+                    .fair(self.inner.permit_total)
+                    .min(config.dispatch.outbox_max_in_flight);
+                let busy = self.running.len() + self.reserved;
+                let free = share.saturating_sub(busy).min(self.inner.permits.available_permits());
+                let batch = (share / 2).max(1);
+                self.finished.len() >= batch || free >= batch
+            }
+        }
+    }
+
+    /// Lands every round still on its way.
+    async fn land_all(&mut self) -> Result<(), DispatchError> {
+        while let Some(landed) = self.commits.join_next().await {
+            self.land(landed.map_err(DispatchError::Commit)?).await?;
         }
         Ok(())
     }
@@ -317,6 +397,9 @@ impl Pass {
             self.log_unrunnable_kinds(filling.rows(), &config);
             self.book
                 .fill(filling, halts.into_iter().map(|h| h.lane).collect(), elsewhere);
+            for id in &self.claiming {
+                self.book.claiming(*id);
+            }
             self.refresh_at = Instant::now() + poll;
             return Ok(());
         }
@@ -368,15 +451,16 @@ impl Pass {
         Ok(())
     }
 
-    /// One round: schedule from the book, then settle what finished and
-    /// claim what may start in one transaction, and start it. Returns when
-    /// the earliest waiting op becomes due.
+    /// Sends one round: schedule from the book, then settle what finished
+    /// and claim what may start, in one transaction on its way to the
+    /// database ([`Pass::land`] starts what it claimed once it committed).
+    /// Returns when the earliest waiting op becomes due.
     ///
     /// Ops that finished are still in flight for this round's schedule: the
     /// lanes they hold are free only once their settle has committed, so a
     /// crash between the two can never let a later op of a lane overtake one
     /// whose outcome was not recorded.
-    async fn round(&mut self, lease_for: Duration, stopping: bool) -> Result<Option<Instant>, DispatchError> {
+    async fn issue(&mut self, lease_for: Duration, stopping: bool) -> Result<Option<Instant>, DispatchError> {
         let config = self.inner.config.load_full();
         let now = self.inner.clock.now();
         let rules = config.lane_rules();
@@ -426,28 +510,72 @@ impl Pass {
         if completions.is_empty() && chosen.is_empty() {
             return Ok(due_next.map(due_at));
         }
+        if !completions.is_empty() {
+            crate::failpoint::hit(crate::failpoint::SETTLING, &self.slot.outbox).await;
+        }
         let spec = LeaseSpec {
             owner: self.inner.owner.clone(),
             duration: lease_for,
         };
-        let (settled, claimed) = self
-            .inner
-            .queue
-            .settle_then_claim(&completions, &chosen, &follows, &spec, &rules)
-            .await?;
-        // A retry settled in this round is due after the schedule above
-        // looked: the pass must wait for it (or leave a timer), not end.
-        // Any other settle freed lanes that schedule saw busy: the pass
-        // looks once more at once before it may end.
-        let mut due_next = due_next;
-        for (c, result) in completions.iter().zip(&settled) {
-            let at = match (&c.finish, result.applied()) {
-                (Finish::Retry { next_attempt_at, .. }, true) => *next_attempt_at,
-                (_, true) => now,
-                (_, false) => continue,
-            };
-            due_next = Some(due_next.map_or(at, |d| d.min(at)));
+        // Until the claim lands, the chosen ops count as in flight: no later
+        // round picks them, and they hold their lanes and the permits taken.
+        for id in &chosen {
+            self.book.claiming(*id);
+            self.claiming.insert(*id);
         }
+        self.reserved += permits.len();
+        let queue = self.inner.queue.clone();
+        let issued = Issued {
+            completions,
+            notes,
+            signals,
+            chosen,
+            permits,
+            trials,
+            bids,
+            now,
+        };
+        self.commits.spawn(async move {
+            let result = queue
+                .settle_then_claim(&issued.completions, &issued.chosen, &follows, &spec, &rules)
+                .await;
+            (issued, result)
+        });
+        Ok(due_next.map(due_at))
+    }
+
+    /// A round committed (or failed): records its settles, starts what it
+    /// claimed, and parks what it could not claim.
+    ///
+    /// **Architecture Invariant:** an op's side effect starts only here,
+    /// after the transaction that claimed it committed; and an op that
+    /// shares a strict lane with one this drain is settling is neither
+    /// scheduled nor claimed until that settle committed: either in the same
+    /// transaction (`follows`) or in a round sent after this one landed,
+    /// because the settling op stays in flight in the book until then.
+    async fn land(&mut self, (issued, result): Landed) -> Result<(), DispatchError> {
+        let Issued {
+            completions,
+            notes,
+            signals,
+            chosen,
+            permits,
+            trials,
+            bids,
+            now,
+        } = issued;
+        self.reserved = self.reserved.saturating_sub(permits.len());
+        for id in &chosen {
+            self.claiming.remove(id);
+        }
+        let (settled, claimed) = result?;
+        if !claimed.is_empty() {
+            crate::failpoint::hit(crate::failpoint::CLAIMED, &self.slot.outbox).await;
+        }
+        let config = self.inner.config.load_full();
+        // The pass schedules again as soon as this returns, from a book
+        // that holds these settles: a retry's due time and the lanes freed
+        // are seen then.
         let freed: Vec<String> = completions
             .iter()
             .zip(&notes)
@@ -468,7 +596,7 @@ impl Pass {
                 // full read soon explains it, or the outbox holding the lane
                 // here says when it lets go.
                 self.probing.remove(id);
-                self.book.park(*id);
+                self.book.refused(*id);
                 if let Some(entry) = self.book.get(*id) {
                     self.inner.handover().wait(&self.slot.outbox, &entry.row.lanes);
                 }
@@ -476,7 +604,7 @@ impl Pass {
                 // waits: the pass stays for the recheck's full read.
                 self.refresh_at = self.refresh_at.min(Instant::now() + PARKED_RECHECK);
                 let recheck = now + chrono_duration(PARKED_RECHECK);
-                due_next = Some(due_next.map_or(recheck, |d| d.min(recheck)));
+                self.held_wake = Some(self.held_wake.map_or(recheck, |w| w.min(recheck)));
             }
         }
         if !freed.is_empty() {
@@ -497,7 +625,7 @@ impl Pass {
         self.spawn(claimed, permits, &bids, &config);
         // Permits this round freed and left to the share of others.
         self.inner.wake_starved();
-        Ok(due_next.map(due_at))
+        Ok(())
     }
 
     /// Which ops of the book may start now, and when the earliest waiting
@@ -518,11 +646,17 @@ impl Pass {
             let share = self.inner.share();
             let free = self.inner.permits.available_permits();
             let free = if self.favoured { free } else { share.takeable(free) };
-            free.min(share.fair(self.inner.permit_total).saturating_sub(self.running.len()))
+            free.min(
+                share
+                    .fair(self.inner.permit_total)
+                    .saturating_sub(self.running.len() + self.reserved),
+            )
         };
         let mut caps = Caps {
             global: Some(config.dispatch.outbox_max_in_flight),
             starts: Some(starts),
+            per_destination: Some(config.destinations.max_in_flight),
+            destination_load: self.inner.destination_load.snapshot(),
             ..Caps::default()
         };
         for (name, kind) in &config.kinds {
@@ -586,6 +720,7 @@ impl Pass {
         };
         self.starved = starts == 0
             && self.running.is_empty()
+            && self.reserved == 0
             && !lanes::schedule(
                 &input,
                 &elsewhere,
@@ -685,7 +820,7 @@ impl Pass {
         let start = self.probes(start, now).await?;
         let start = self.rate_limited(start, now).await?;
         let mut chosen = Vec::with_capacity(start.len());
-        let mut permits: Vec<OwnedSemaphorePermit> = Vec::with_capacity(start.len());
+        let mut permits: Vec<Hold> = Vec::with_capacity(start.len());
         let mut trials: Vec<(OpId, String)> = Vec::new();
         {
             let mut breakers = self.inner.breakers();
@@ -697,7 +832,7 @@ impl Pass {
                     // nothing running, it is starved, and must say so to be
                     // woken when permits free, or a poll an hour away
                     // would be its only wake-up.
-                    if chosen.is_empty() && self.running.is_empty() {
+                    if chosen.is_empty() && self.running.is_empty() && self.reserved == 0 {
                         self.starved = true;
                     }
                     break;
@@ -709,8 +844,12 @@ impl Pass {
                         Admission::Allow => {}
                     }
                 }
+                let held = destination(&entry.row.lanes).map(|d| self.inner.destination_load.hold(d));
                 chosen.push(id);
-                permits.push(permit);
+                permits.push(Hold {
+                    _permit: permit,
+                    _destination: held,
+                });
             }
         }
         let bids = self.price(&mut chosen, now).await?;
@@ -916,13 +1055,7 @@ impl Pass {
     }
 
     /// Starts an execution task for each claimed op.
-    fn spawn(
-        &mut self,
-        claimed: Vec<Claimed>,
-        permits: Vec<OwnedSemaphorePermit>,
-        bids: &HashMap<OpId, FeeBid>,
-        config: &Config,
-    ) {
+    fn spawn(&mut self, claimed: Vec<Claimed>, permits: Vec<Hold>, bids: &HashMap<OpId, FeeBid>, config: &Config) {
         let mut permits = permits.into_iter();
         for claimed in claimed {
             let Some(permit) = permits.next() else { break };
@@ -1244,12 +1377,7 @@ type Note = (Claimed, Decision);
 
 /// What goes to a claim: the ops, their host-wide permits, the breaker
 /// trials among them, and their fee bids.
-type Chosen = (
-    Vec<OpId>,
-    Vec<OwnedSemaphorePermit>,
-    Vec<(OpId, String)>,
-    HashMap<OpId, FeeBid>,
-);
+type Chosen = (Vec<OpId>, Vec<Hold>, Vec<(OpId, String)>, HashMap<OpId, FeeBid>);
 
 /// Runs one attempt: reconcile first if an earlier attempt checkpointed a
 /// receipt, then execute; bounded by the kind's deadline; panics caught.
@@ -1262,7 +1390,7 @@ async fn execute(
     executor: Option<Arc<dyn Executor>>,
     flight: Flight,
     (timeout, max_attempts): (Duration, u32),
-    _permit: OwnedSemaphorePermit,
+    _hold: Hold,
 ) -> Finished {
     let Flight {
         claimed,

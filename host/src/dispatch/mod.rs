@@ -8,6 +8,7 @@
 mod book;
 mod drain;
 mod handover;
+mod load;
 mod paused;
 mod share;
 pub mod slots;
@@ -38,6 +39,11 @@ pub enum DispatchError {
     /// The queue failed.
     #[error(transparent)]
     Queue(#[from] QueueError),
+    /// A round's commit task ended without a result (it panicked, or the
+    /// runtime is shutting down): what it claimed is recovered by lease
+    /// expiry.
+    #[error("a round's commit did not finish: {0}")]
+    Commit(#[from] tokio::task::JoinError),
 }
 
 /// Shared state of one dispatcher.
@@ -78,6 +84,8 @@ pub(crate) struct Inner {
     pub health: ArcSwap<crate::destinations::HealthView>,
     /// Asks that task to read it now.
     pub health_changed: tokio::sync::Notify,
+    /// Ops in flight per destination host, for the per-destination cap.
+    pub destination_load: Arc<load::DestinationLoad>,
 }
 
 /// How stale a drain's view of destination health may be.
@@ -274,6 +282,7 @@ impl Dispatcher {
                 metrics: Arc::new(Metrics::new()),
                 health: ArcSwap::from_pointee(crate::destinations::HealthView::default()),
                 health_changed: tokio::sync::Notify::new(),
+                destination_load: Arc::default(),
             }),
         }
     }

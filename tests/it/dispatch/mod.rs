@@ -2,6 +2,7 @@
 //! seed 000's incident, head-of-line isolation, ordering under failure,
 //! exhaustion across restarts, halts, breakers, lease recovery.
 
+mod crash;
 pub mod harness;
 mod property;
 mod two_hosts;

@@ -18,7 +18,7 @@ use stellar_xdr::{Int128Parts, ScVal};
 
 use super::fake_rpc::{address, keypair, FakeRpc, SendFault, TxState};
 use crate::dispatch::harness::{settle, Running};
-use crate::support::TestDb;
+use crate::support::{with_own_pg_schema, TestDb};
 
 /// Where the vault lives (any valid contract address does for the fake).
 const CONTRACT: &str = "CAAQCAIBAEAQCAIBAEAQCAIBAEAQCAIBAEAQCAIBAEAQCAIBAEAQC526";
@@ -471,35 +471,6 @@ async fn a_recovered_receipt_goes_before_a_critical_op_sqlite() -> anyhow::Resul
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recovered_receipt_goes_before_a_critical_op_postgres() -> anyhow::Result<()> {
     with_own_pg_schema(a_recovered_receipt_goes_before_a_critical_op).await
-}
-
-/// Runs `test` with a PostgreSQL URL naming a schema of its own (swept like
-/// every test schema), so each host opens its own pool on its own runtime.
-async fn with_own_pg_schema<F, Fut>(test: F) -> anyhow::Result<()>
-where
-    F: FnOnce(String) -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<()>>,
-{
-    use sqlx::Connection as _;
-    let schema = format!("lwtest_{}", uuid::Uuid::new_v4().simple());
-    let mut conn = sqlx::PgConnection::connect(&crate::support::pg_url()).await?;
-    sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
-        .execute(&mut conn)
-        .await?;
-    let separator = if crate::support::pg_url().contains('?') {
-        '&'
-    } else {
-        '?'
-    };
-    let url = format!(
-        "{}{separator}options=-c%20search_path%3D{schema}",
-        crate::support::pg_url()
-    );
-    let result = test(url).await;
-    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(&mut conn)
-        .await?;
-    result
 }
 
 /// Seed 003 ran one dispatcher with an in-process signer lock. Here two

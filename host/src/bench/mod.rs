@@ -1,31 +1,45 @@
-//! laneway's benchmark, in one invocation, with figures printed side by side
-//! from the same run (these machines are noisy; ratios from one run hold).
+//! `laneway bench`: laneway's benchmark, in one invocation, with figures
+//! printed side by side from the same run (these machines are noisy; ratios
+//! from one run hold). A tool, not a service: it uses `anyhow`, and builds
+//! its own scratch databases, executors and fake inboxes.
 //!
 //! ```sh
-//! cargo build --release -p laneway && cargo run --release --example bench -- [--quick]
+//! laneway bench [--quick] [--only throughput,latency,activitypub,...]
 //! ```
 //!
-//! Sections (pick with `--only a,b`; all by default; `--systems
-//! full,normal,pg,graphile` narrows the throughput section):
+//! Sections (pick with `--only a,b`; the default set is every section but
+//! `soak` and `slow-fediverse`; `--systems full,normal,pg,graphile,plain`
+//! narrows the throughput section):
 //! - `throughput`: drain ops/s through a no-op executor: laneway on SQLite
-//!   (`synchronous` full and normal) and PostgreSQL, and graphile-worker
-//!   0.17.3 on the same PostgreSQL (installed by this command with npm into
-//!   `target/bench/graphile-worker`; skipped with a note when `npm` is
-//!   missing), alternating rounds; min and median, and the ratio.
+//!   (`synchronous` full and normal) and PostgreSQL; beside them, in the same
+//!   run, the plain job loops with no scheduler at all (PostgreSQL `SELECT …
+//!   FOR UPDATE SKIP LOCKED LIMIT 100` + update + one history row per job, 2
+//!   clients; SQLite the same batches in one durable transaction each), and
+//!   graphile-worker 0.17.3 on the same PostgreSQL (installed with npm into
+//!   a cache folder; left out with a note when `npm` is missing); min and
+//!   median, and the ratios.
 //! - `latency`: enqueue → executor start, p50/p99: in-process producers,
 //!   plain-SQL producers on another connection, and the `laneway enqueue`
 //!   CLI (another process; its wall time too).
+//! - `activitypub`: the real `activitypub` plugin, RSA-signed through the
+//!   host signer, fanning out to 50 local inboxes (each its own server) that
+//!   answer in 20 ms.
+//! - `slow-fediverse`: one activity to 5,000 inboxes answering in 200 ms,
+//!   1% of them hanging until the timeout (`--inboxes N` scales it).
+//! - `signing`: RSA-2048 PKCS#1 v1.5 SHA-256 signatures per second, `ring`
+//!   (the host signer) against the `rsa` crate, and Ed25519.
 //! - `backlog`: PostgreSQL rows read per settled op with 10k and with 1M ops
 //!   waiting (`--backlog N` changes the big one).
 //! - `lanes`: 10,000 strict lanes with 5 ops each.
 //! - `soak`: `--soak N` ops (default 1M) through a no-op executor on SQLite
 //!   with a producer keeping about 20k waiting, once without pruning and
-//!   once with retention at 5 s (the pruner every 500 ms): drain ops/s of
-//!   each and their ratio, and the largest row counts and database file
-//!   seen during the pruned run. Not in the default set (it takes minutes).
+//!   once with retention at 5 s (the pruner every 500 ms).
 //!
 //! PostgreSQL is `TEST_PG_URL` (default `postgres://postgres@127.0.0.1:5432/test`);
 //! every run uses a fresh schema and drops it. Peak RSS is printed at the end.
+
+mod activitypub;
+mod plain;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -33,22 +47,18 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::clock::SystemClock;
+use crate::config::{Config, Synchronous};
+use crate::dispatch::Dispatcher;
+use crate::executor::{Attempt, Executor, Executors, Registry};
+use crate::op::{Op, OpId, Status};
+use crate::outcome::Outcome;
+use crate::queue::postgres::PgQueue;
+use crate::queue::sqlite::SqliteQueue;
+use crate::queue::{prelude::*, NewOp};
 use anyhow::{bail, Context};
 use async_trait::async_trait;
-use laneway::clock::SystemClock;
-use laneway::config::{Config, Synchronous};
-use laneway::dispatch::Dispatcher;
-use laneway::executor::{Attempt, Executor, Executors, Registry};
-use laneway::op::{Op, OpId, Status};
-use laneway::outcome::Outcome;
-use laneway::queue::postgres::PgQueue;
-use laneway::queue::sqlite::SqliteQueue;
-use laneway::queue::{prelude::*, NewOp};
 use tokio::sync::mpsc;
-
-/// The laneway binary's allocator, so the figures are the binary's.
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Confirms at once, and reports when each op started.
 struct NoOp {
@@ -93,7 +103,7 @@ struct Scratch {
 
 impl Scratch {
     async fn new(store: Store, extra: &str) -> anyhow::Result<Self> {
-        let mut config = laneway::config::from_toml_str(&format!(
+        let mut config = crate::config::from_toml_str(&format!(
             "[dispatch]\nmax_in_flight = 256\noutbox_max_in_flight = 128\n\
              [kinds.bench]\nlanes = \"optional\"\n{extra}"
         ))?;
@@ -237,14 +247,16 @@ async fn laneway_round(store: Store, n: usize) -> anyhow::Result<f64> {
     Ok(rate)
 }
 
+/// graphile-worker's side of the comparison, run with Node.
+const GRAPHILE_SCRIPT: &str = include_str!("../../../tests/tools/graphile_bench.mjs");
+
 /// Installs graphile-worker into a scratch folder once; `None` when npm or
 /// node is missing (the section says so instead of failing).
 fn graphile_dir() -> anyhow::Result<Option<PathBuf>> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let dir = root.join("target/bench/graphile-worker");
+    let dir = std::env::temp_dir().join("laneway-bench/graphile-worker");
     let script = dir.join("graphile_bench.mjs");
     std::fs::create_dir_all(&dir)?;
-    std::fs::copy(root.join("tests/tools/graphile_bench.mjs"), &script)?;
+    std::fs::write(&script, GRAPHILE_SCRIPT)?;
     if !dir.join("node_modules/graphile-worker/package.json").exists() {
         eprintln!("bench: installing graphile-worker@0.17.3 into {}", dir.display());
         let status = std::process::Command::new("npm")
@@ -321,10 +333,15 @@ async fn throughput(n: usize, rounds: usize, systems: &[String]) -> anyhow::Resu
         if let Some(dir) = &graphile {
             let rate = graphile_round(dir, n).await?;
             eprintln!("  round {round}: graphile-worker 0.17.3: {rate:.0} ops/s");
-            results
-                .entry("graphile-worker 0.17.3 (16 workers)")
-                .or_default()
-                .push(rate);
+            results.entry(GRAPHILE).or_default().push(rate);
+        }
+        if wants("plain") {
+            let rate = plain::postgres_round(n, 2).await?;
+            eprintln!("  round {round}: {PLAIN_PG}: {rate:.0} ops/s");
+            results.entry(PLAIN_PG).or_default().push(rate);
+            let rate = plain::sqlite_round(n).await?;
+            eprintln!("  round {round}: {PLAIN_SQLITE}: {rate:.0} ops/s");
+            results.entry(PLAIN_SQLITE).or_default().push(rate);
         }
     }
     println!("| system | min ops/s | median ops/s |");
@@ -335,19 +352,40 @@ async fn throughput(n: usize, rounds: usize, systems: &[String]) -> anyhow::Resu
         let (min, median) = summary(&results[name]);
         println!("| {name} | {min:.0} | {median:.0} |");
     }
-    if let Some(gw) = results.get("graphile-worker 0.17.3 (16 workers)") {
-        let (_, gw_median) = summary(gw);
-        for store in &stores {
-            let (_, median) = summary(&results[store.name()]);
-            println!(
-                "ratio {} / graphile-worker (medians): {:.2}x",
-                store.name(),
-                median / gw_median
-            );
+    let median = |name: &str| results.get(name).map(|r| summary(r).1);
+    let pg = Store::Postgres.name();
+    let full = Store::SqliteFull.name();
+    for (what, ours, theirs, target) in [
+        (
+            "laneway PostgreSQL / graphile-worker (batched)",
+            pg,
+            GRAPHILE,
+            "target >= 1.5x",
+        ),
+        (
+            "laneway PostgreSQL / plain SKIP LOCKED loop",
+            pg,
+            PLAIN_PG,
+            "target >= 0.60x",
+        ),
+        (
+            "laneway SQLite full / plain SQLite loop",
+            full,
+            PLAIN_SQLITE,
+            "target >= 0.40x",
+        ),
+    ] {
+        if let (Some(a), Some(b)) = (median(ours), median(theirs)) {
+            println!("ratio {what} (medians): {:.2}x ({target})", a / b);
         }
     }
     Ok(())
 }
+
+/// The names of the comparison systems in the table.
+const GRAPHILE: &str = "graphile-worker 0.17.3 (16 workers, batched completion)";
+const PLAIN_PG: &str = "plain PostgreSQL loop (SKIP LOCKED, 100/batch, history row, 2 clients)";
+const PLAIN_SQLITE: &str = "plain SQLite loop (100/batch, history row, synchronous=full)";
 
 fn percentile(samples: &mut [Duration], p: f64) -> Duration {
     samples.sort_unstable();
@@ -386,11 +424,8 @@ async fn latency_samples(store: Store, producer: Producer, samples: usize) -> an
             scratch.config.database.url
         ),
     )?;
-    let laneway_bin = std::env::current_exe()?
-        .parent()
-        .and_then(Path::parent)
-        .map(|p| p.join("laneway"))
-        .context("no target dir")?;
+    // This very binary: `laneway bench` measures the `laneway` it is.
+    let laneway_bin = std::env::current_exe()?;
     let sqlite_producer = match (store, producer) {
         (Store::SqliteFull | Store::SqliteNormal, Producer::PlainSql) => {
             Some(sqlx::SqlitePool::connect(&scratch.url).await?)
@@ -609,48 +644,58 @@ fn peak_rss() -> String {
         .unwrap_or_else(|| "unknown".to_owned())
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let mut args = std::env::args().skip(1);
-    let mut soak_n = 1_000_000;
-    let mut quick = false;
-    let mut only: Option<Vec<String>> = None;
-    let mut n = 20_000;
-    let mut rounds = 3;
-    let mut big = 1_000_000;
-    let mut systems: Vec<String> = Vec::new();
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--quick" => quick = true,
-            "--only" => {
-                only = Some(
-                    args.next()
-                        .context("--only needs a list")?
-                        .split(',')
-                        .map(str::to_owned)
-                        .collect(),
-                )
-            }
-            "--ops" => n = args.next().context("--ops needs N")?.parse()?,
-            "--rounds" => rounds = args.next().context("--rounds needs N")?.parse()?,
-            "--backlog" => big = args.next().context("--backlog needs N")?.parse()?,
-            "--soak" => soak_n = args.next().context("--soak needs N")?.parse()?,
-            "--systems" => {
-                systems = args
-                    .next()
-                    .context("--systems needs a list of full,normal,pg,graphile")?
-                    .split(',')
-                    .map(str::to_owned)
-                    .collect();
-            }
-            other => bail!("unknown argument {other:?}"),
-        }
-    }
+/// `laneway bench`
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Smaller runs (5,000 ops, one round): the same sections in a minute.
+    #[arg(long)]
+    pub quick: bool,
+    /// Only these sections (throughput, latency, activitypub,
+    /// slow-fediverse, signing, backlog, lanes, soak).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Option<Vec<String>>,
+    /// Ops per drain round.
+    #[arg(long, default_value_t = 20_000)]
+    pub ops: usize,
+    /// Alternating rounds per system.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// The big backlog of the backlog section.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub backlog: usize,
+    /// Ops of the soak section.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub soak: usize,
+    /// Inboxes of the slow-fediverse section.
+    #[arg(long, default_value_t = 5_000)]
+    pub inboxes: usize,
+    /// The throughput section's systems (full, normal, pg, plain, graphile).
+    #[arg(long, value_delimiter = ',')]
+    pub systems: Vec<String>,
+}
+
+/// Runs the sections asked for, printing Markdown tables.
+///
+/// # Errors
+///
+/// Any section that cannot run (PostgreSQL unreachable, plugins not built).
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let BenchArgs {
+        quick,
+        only,
+        ops: mut n,
+        mut rounds,
+        backlog: mut big,
+        soak: soak_n,
+        inboxes,
+        systems,
+    } = args;
     if quick {
         n = n.min(5_000);
         rounds = rounds.min(1);
         big = big.min(100_000);
     }
+    let named = |s: &str| only.as_ref().is_some_and(|o| o.iter().any(|x| x == s));
     let wants = |s: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == s));
     let fsync = fsync_cost()?;
     println!(
@@ -663,13 +708,22 @@ async fn main() -> anyhow::Result<()> {
     if wants("latency") {
         latency(if quick { 50 } else { 200 }).await?;
     }
+    if wants("signing") {
+        activitypub::signing()?;
+    }
+    if wants("activitypub") {
+        activitypub::fan_out(if quick { 1_000 } else { 4_000 }, 50, Duration::from_millis(20)).await?;
+    }
+    if named("slow-fediverse") {
+        activitypub::slow_fediverse(inboxes).await?;
+    }
     if wants("backlog") {
         backlog(big).await?;
     }
     if wants("lanes") {
         many_lanes().await?;
     }
-    if only.as_ref().is_some_and(|o| o.iter().any(|x| x == "soak")) {
+    if named("soak") {
         soak(soak_n).await?;
     }
     println!("\npeak RSS of this process: {}", peak_rss());
@@ -728,7 +782,7 @@ async fn soak_run(n: usize, prune: bool) -> anyhow::Result<SoakRun> {
         let config = scratch.config.clone();
         let stop = dispatcher.clone();
         tokio::spawn(async move {
-            let pruner = laneway::pruner::Pruner::new(queue, Arc::new(SystemClock));
+            let pruner = crate::pruner::Pruner::new(queue, Arc::new(SystemClock));
             while !stop.is_cancelled() {
                 pruner.run_once(&config, "bench").await?;
                 tokio::time::sleep(Duration::from_millis(500)).await;

@@ -1,0 +1,350 @@
+//! ActivityPub end to end, measured: the real `activitypub` plugin signing
+//! every request with an RSA-2048 key through the host signer, fanning
+//! activities out to local inboxes, each inbox host a server of its own on
+//! 127.0.0.1 (so each is a destination of its own, as remote servers are).
+//! The inboxes run in this process and do not verify signatures.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use rsa::pkcs8::EncodePrivateKey as _;
+
+use crate::clock::SystemClock;
+use crate::dispatch::Dispatcher;
+use crate::fanout::{FanOut, Recipient};
+use crate::queue::prelude::*;
+use crate::runtime::host::PluginHost;
+
+/// What one inbox server saw: requests being answered now, the most at
+/// once, and how many it answered.
+#[derive(Default)]
+struct Load {
+    now: AtomicUsize,
+    most: AtomicUsize,
+    served: AtomicUsize,
+}
+
+/// Starts one inbox server answering 202 after `delay`, or never (`None`:
+/// it holds the request until the client gives up).
+async fn serve(load: Arc<Load>, delay: Option<Duration>) -> anyhow::Result<String> {
+    let app = axum::Router::new().route(
+        "/users/{who}/inbox",
+        axum::routing::post(move || {
+            let load = load.clone();
+            async move {
+                let now = load.now.fetch_add(1, Ordering::SeqCst) + 1;
+                load.most.fetch_max(now, Ordering::SeqCst);
+                match delay {
+                    Some(delay) => tokio::time::sleep(delay).await,
+                    None => std::future::pending::<()>().await,
+                }
+                load.now.fetch_sub(1, Ordering::SeqCst);
+                load.served.fetch_add(1, Ordering::SeqCst);
+                axum::http::StatusCode::ACCEPTED
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(format!("http://{addr}"))
+}
+
+/// This process's CPU time so far (user + system), from /proc.
+fn cpu_time() -> Duration {
+    let ticks = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            let fields: Vec<u64> = s
+                .rsplit(')')
+                .next()?
+                .split_whitespace()
+                .skip(11)
+                .take(2)
+                .filter_map(|f| f.parse().ok())
+                .collect();
+            Some(fields.iter().sum::<u64>())
+        })
+        .unwrap_or(0);
+    // Linux reports in clock ticks, 100 per second on every common build.
+    Duration::from_millis(ticks * 10)
+}
+
+/// The built `activitypub` plugin: beside the binary's checkout, or where
+/// `LANEWAY_PLUGINS` says.
+fn plugin() -> anyhow::Result<PathBuf> {
+    let dir = std::env::var_os("LANEWAY_PLUGINS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("plugins/target/wasm32-wasip2/release"));
+    let path = dir.join("activitypub.wasm");
+    anyhow::ensure!(
+        path.exists(),
+        "{} is missing: build the plugins first (./dev run does), or set LANEWAY_PLUGINS",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// A host on a fresh SQLite or PostgreSQL database with the activitypub
+/// kind, its key in a scratch folder.
+struct ApHost {
+    config: crate::config::Config,
+    dispatcher: Dispatcher,
+    queue: Arc<dyn Queue>,
+    handle: tokio::task::JoinHandle<Result<(), crate::dispatch::DispatchError>>,
+    schema: Option<(sqlx::PgPool, String)>,
+    _dir: tempfile::TempDir,
+}
+
+impl ApHost {
+    async fn start(backend: &str, extra: &str) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let key = rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 2048)?;
+        let pem = dir.path().join("actor.pem");
+        std::fs::write(&pem, key.to_pkcs8_pem(Default::default())?.as_bytes())?;
+        let mut schema = None;
+        let database = match backend {
+            "postgres" => {
+                let url = super::pg_url();
+                let name = format!("lwapbench_{}_{}", std::process::id(), super::rand_suffix());
+                let admin = sqlx::PgPool::connect(&url).await?;
+                sqlx::query(&format!("CREATE SCHEMA {name}")).execute(&admin).await?;
+                let separator = if url.contains('?') { '&' } else { '?' };
+                schema = Some((admin, name.clone()));
+                format!("{url}{separator}options=-c%20search_path%3D{name}")
+            }
+            _ => format!("sqlite://{}", dir.path().join("ap.db").display()),
+        };
+        let base = format!(
+            "[database]\nurl = {database:?}\n\
+             [keys.actor]\nalgorithm = \"rsa-sha256\"\nfile = {:?}\n\
+             [plugins.ap]\npath = {:?}\nallowed_hosts = [\"http://127.0.0.1:*\"]\nallowed_internal = [\"127.0.0.1\"]\nkeys = [\"actor\"]\n\
+             max_connections = 1024\nmax_idle_connections = 8\nrequest_timeout_ms = 10000\n\
+             [kinds.activitypub]\nplugin = \"ap\"\n\
+             config = {{ key = \"actor\", key_id = \"https://bench.example/actor#main-key\" }}\n",
+            pem.display().to_string(),
+            plugin()?.display().to_string(),
+        );
+        let config = crate::config::from_layers(&[&base, extra])?;
+        let queue = crate::queue::open(&config.database, config.limits(), Arc::new(SystemClock)).await?;
+        queue.migrate().await?;
+        let host = PluginHost::new(&config)?;
+        let refused = host.apply(&config).await?;
+        anyhow::ensure!(refused.is_empty(), "plugin refused its config: {refused:?}");
+        let dispatcher = Dispatcher::new(queue.clone(), host.registry(), config.clone(), Arc::new(SystemClock));
+        let runner = dispatcher.clone();
+        let handle = tokio::spawn(async move { runner.run().await });
+        Ok(Self {
+            config,
+            dispatcher,
+            queue,
+            handle,
+            schema,
+            _dir: dir,
+        })
+    }
+
+    async fn fan_out(&self, n: usize, recipients: &[Recipient]) -> anyhow::Result<()> {
+        let activity = serde_json::json!({
+            "@context": "https://www.w3.org/ns/activitystreams",
+            "id": format!("https://bench.example/activities/{n}"),
+            "type": "Create",
+            "actor": "https://bench.example/actor",
+            "object": { "type": "Note", "content": format!("note {n}") },
+        });
+        self.dispatcher
+            .fan_out(&FanOut {
+                kind: "activitypub".into(),
+                actor: "https://bench.example/actor".into(),
+                activity: activity.to_string(),
+                recipients: recipients.to_vec(),
+                priority: None,
+                subject: None,
+            })
+            .await
+            .context("fan-out")?;
+        Ok(())
+    }
+
+    async fn open_ops(&self) -> anyhow::Result<i64> {
+        Ok(self
+            .queue
+            .depth()
+            .await?
+            .iter()
+            .filter(|d| matches!(d.status, crate::op::Status::Pending | crate::op::Status::Submitted))
+            .map(|d| d.count)
+            .sum())
+    }
+
+    async fn stop(self) -> anyhow::Result<()> {
+        self.dispatcher.shutdown();
+        self.handle.await??;
+        if let Some((admin, name)) = self.schema {
+            sqlx::query(&format!("DROP SCHEMA {name} CASCADE"))
+                .execute(&admin)
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+/// `ops` deliveries (activities fanned out to `inboxes` inbox servers that
+/// answer in `delay`), on SQLite and on PostgreSQL.
+pub(super) async fn fan_out(ops: usize, inboxes: usize, delay: Duration) -> anyhow::Result<()> {
+    println!(
+        "\n## ActivityPub end to end: {ops} deliveries to {inboxes} inbox servers answering in {delay:?}, RSA-2048 signed"
+    );
+    println!("| store | ops/s | in flight at the inboxes (mean) | CPU per op (inboxes included) |");
+    println!("|---|---|---|---|");
+    for backend in ["sqlite", "postgres"] {
+        let loads: Vec<Arc<Load>> = (0..inboxes).map(|_| Arc::new(Load::default())).collect();
+        let mut recipients = Vec::with_capacity(inboxes);
+        for (i, load) in loads.iter().enumerate() {
+            let base = serve(load.clone(), Some(delay)).await?;
+            recipients.push(Recipient::parse(&format!("{base}/users/u{i}/inbox")));
+        }
+        let host = ApHost::start(backend, "").await?;
+        let activities = ops.div_ceil(inboxes);
+        let total = activities * inboxes;
+        let cpu0 = cpu_time();
+        let start = Instant::now();
+        for n in 0..activities {
+            host.fan_out(n, &recipients).await?;
+        }
+        let served = || loads.iter().map(|l| l.served.load(Ordering::SeqCst)).sum::<usize>();
+        let (mut samples, mut in_flight) = (0usize, 0usize);
+        while served() < total {
+            in_flight += loads.iter().map(|l| l.now.load(Ordering::SeqCst)).sum::<usize>();
+            samples += 1;
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        while host.open_ops().await? > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let seconds = start.elapsed().as_secs_f64();
+        let cpu = cpu_time() - cpu0;
+        host.stop().await?;
+        println!(
+            "| {backend} | {:.0} | {:.1} | {:.2} ms |",
+            total as f64 / seconds,
+            in_flight as f64 / samples.max(1) as f64,
+            cpu.as_secs_f64() * 1000.0 / total as f64
+        );
+    }
+    Ok(())
+}
+
+/// One activity to `inboxes` inboxes, five per server, answering in 200 ms;
+/// 1% of the servers never answer (their requests hang until the kind's
+/// timeout). Reports when every live inbox had its delivery, against the
+/// ideal (live inboxes × 200 ms ÷ in-flight capacity), and the most
+/// requests a hanging server held at once (the per-destination cap).
+pub(super) async fn slow_fediverse(inboxes: usize) -> anyhow::Result<()> {
+    const PER_SERVER: usize = 5;
+    let delay = Duration::from_millis(200);
+    let servers = inboxes.div_ceil(PER_SERVER);
+    let hanging = (servers / 100).max(1);
+    println!(
+        "\n## A slow fediverse: one activity to {inboxes} inboxes on {servers} servers answering in {delay:?}, {hanging} servers hanging"
+    );
+    let mut recipients = Vec::with_capacity(inboxes);
+    let mut live = Vec::new();
+    let mut hung = Vec::new();
+    for s in 0..servers {
+        let load = Arc::new(Load::default());
+        let hangs = s % (servers / hanging).max(1) == 0 && hung.len() < hanging;
+        let base = serve(load.clone(), (!hangs).then_some(delay)).await?;
+        let mut count = 0;
+        for i in 0..PER_SERVER {
+            if recipients.len() < inboxes {
+                recipients.push(Recipient::parse(&format!("{base}/users/u{s}x{i}/inbox")));
+                count += 1;
+            }
+        }
+        if hangs {
+            hung.push(load);
+        } else {
+            live.push((load, count));
+        }
+    }
+    let live_total: usize = live.iter().map(|(_, n)| n).sum();
+    // The kind's timeout ends the hanging requests; the retries wait long
+    // enough not to come back during the run.
+    let host = ApHost::start(
+        "sqlite",
+        "[kinds.activitypub]\ntimeout_ms = 10000\nbackoff_base_ms = 600000\nbackoff_max_ms = 600000\n",
+    )
+    .await?;
+    let config = &host.config;
+    let capacity = config.dispatch.max_in_flight.min(config.dispatch.outbox_max_in_flight);
+    let cap = config.destinations.max_in_flight;
+    let start = Instant::now();
+    host.fan_out(0, &recipients).await?;
+    let served = || live.iter().map(|(l, _)| l.served.load(Ordering::SeqCst)).sum::<usize>();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while served() < live_total && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let held = hung.iter().map(|l| l.most.load(Ordering::SeqCst)).max().unwrap_or(0);
+    let ideal = live_total as f64 * delay.as_secs_f64() / capacity as f64;
+    println!("| live inboxes delivered | time | ideal (live × 0.2 s ÷ {capacity} in flight) | ratio | most a hanging server held (cap {cap}) |");
+    println!("|---|---|---|---|---|");
+    println!(
+        "| {} of {live_total} | {seconds:.2} s | {ideal:.2} s | {:.2}x (target <= 1.3x) | {held} |",
+        served(),
+        seconds / ideal
+    );
+    host.stop().await?;
+    Ok(())
+}
+
+/// RSA-2048 PKCS#1 v1.5 SHA-256 signing: ring (the host signer) against the
+/// `rsa` crate, and Ed25519, each for about a second.
+pub(super) fn signing() -> anyhow::Result<()> {
+    use rsa::signature::Signer as _;
+    println!("\n## Signing, one core");
+    let key = rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 2048)?;
+    let der = key.to_pkcs8_der()?;
+    let pair = ring::signature::RsaKeyPair::from_pkcs8(der.as_bytes()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let rng = ring::rand::SystemRandom::new();
+    let data = b"(request-target): post /users/u1/inbox\nhost: example.social\ndate: Wed, 02 Dec 2026 12:00:00 GMT\ndigest: SHA-256=47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=";
+    let portable = rsa::pkcs1v15::SigningKey::<sha2::Sha256>::new(key);
+    let ed = ed25519_dalek::SigningKey::from_bytes(&rand::random::<[u8; 32]>());
+    let time = |f: &mut dyn FnMut() -> anyhow::Result<()>| -> anyhow::Result<f64> {
+        let start = Instant::now();
+        let mut n = 0u32;
+        while start.elapsed() < Duration::from_secs(1) {
+            f()?;
+            n += 1;
+        }
+        Ok(start.elapsed().as_secs_f64() * 1e6 / f64::from(n))
+    };
+    let ring_us = time(&mut || {
+        let mut signature = vec![0u8; pair.public().modulus_len()];
+        pair.sign(&ring::signature::RSA_PKCS1_SHA256, &rng, data, &mut signature)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+    })?;
+    let rsa_us = time(&mut || {
+        let _ = portable.sign(data);
+        Ok(())
+    })?;
+    let ed_us = time(&mut || {
+        let _ = ed.sign(data);
+        Ok(())
+    })?;
+    println!("| signer | µs per signature | signatures/s |");
+    println!("|---|---|---|");
+    for (name, us) in [
+        ("RSA-2048, ring (the host signer)", ring_us),
+        ("RSA-2048, rsa crate", rsa_us),
+        ("Ed25519, ed25519-dalek (RFC 9421 peers)", ed_us),
+    ] {
+        println!("| {name} | {us:.1} | {:.0} |", 1e6 / us);
+    }
+    Ok(())
+}
