@@ -74,15 +74,15 @@ fn cpu_time() -> Duration {
 }
 
 /// The built `activitypub` plugin: beside the binary's checkout, or where
-/// `LANEWAY_PLUGINS` says.
+/// `LW_BENCH_PLUGINS` says (not a `LANEWAY_` name: those set config keys).
 fn plugin() -> anyhow::Result<PathBuf> {
-    let dir = std::env::var_os("LANEWAY_PLUGINS")
+    let dir = std::env::var_os("LW_BENCH_PLUGINS")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("plugins/target/wasm32-wasip2/release"));
     let path = dir.join("activitypub.wasm");
     anyhow::ensure!(
         path.exists(),
-        "{} is missing: build the plugins first (./dev run does), or set LANEWAY_PLUGINS",
+        "{} is missing: build the plugins first (./dev run does), or set LW_BENCH_PLUGINS",
         path.display()
     );
     Ok(path)

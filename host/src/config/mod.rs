@@ -26,7 +26,12 @@ pub const DEFAULTS: &str = include_str!("../../../config/default.toml");
 pub const ENV_PREFIX: &str = "LANEWAY_";
 
 /// `LANEWAY_*` variables that are not config keys.
-const ENV_RESERVED: [&str; 3] = ["LANEWAY_CONFIG", "LANEWAY_LOG", "LANEWAY_LOG_FORMAT"];
+const ENV_RESERVED: [&str; 4] = [
+    "LANEWAY_CONFIG",
+    "LANEWAY_LOG",
+    "LANEWAY_LOG_FORMAT",
+    "LANEWAY_FAILPOINT",
+];
 
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -688,16 +693,16 @@ mod tests {
             env(&[
                 ("LANEWAY_DATABASE_URL", "postgres://u@h/db"),
                 ("LANEWAY_LOG_FORMAT", "json"),
+                ("LANEWAY_FAILPOINT", "settling@3"),
             ]),
         )
         .unwrap_err();
         let text = err.to_string();
         assert!(text.contains("database_url"), "{text}");
         assert!(text.contains("LANEWAY_DATABASE_URL"), "{text}");
-        assert!(
-            !text.contains("LANEWAY_LOG_FORMAT"),
-            "a reserved variable is not a key: {text}"
-        );
+        for reserved in ["LANEWAY_LOG_FORMAT", "LANEWAY_FAILPOINT"] {
+            assert!(!text.contains(reserved), "a reserved variable is not a key: {text}");
+        }
     }
 
     #[test]
