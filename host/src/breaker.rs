@@ -219,6 +219,12 @@ pub fn destination(lane: &str) -> Option<&str> {
     (!authority.is_empty()).then_some(authority)
 }
 
+/// The destination of an op with these lanes: its first URL lane's
+/// authority (what breakers, health and the per-destination cap count).
+pub fn first_destination<'a>(lanes: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    lanes.into_iter().find_map(destination)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

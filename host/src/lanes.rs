@@ -216,16 +216,15 @@ pub fn schedule(candidates: &[Candidate], elsewhere: &[Candidate], caps: &Caps) 
             };
             holder_ok && free
         });
-        let destination = caps.per_destination.and_then(|_| destination(c));
+        // Parsed only for an op that could otherwise start.
+        let startable =
+            c.state == OpState::Ready && lanes_free && under_caps(c, caps, &kind_load, global_load, started.len());
+        let destination = caps.per_destination.filter(|_| startable).and_then(|_| destination(c));
         let destination_free = match (caps.per_destination, destination) {
             (Some(cap), Some(d)) => destination_load.get(d).copied().unwrap_or(0) < cap,
             _ => true,
         };
-        if c.state == OpState::Ready
-            && lanes_free
-            && destination_free
-            && under_caps(c, caps, &kind_load, global_load, started.len())
-        {
+        if startable && destination_free {
             if let Some(d) = destination {
                 *destination_load.entry(d).or_default() += 1;
             }
@@ -247,7 +246,7 @@ pub fn schedule(candidates: &[Candidate], elsewhere: &[Candidate], caps: &Caps) 
 /// The destination host an op's cap counts against: its first URL lane's
 /// authority (the breaker's and destination health's key too).
 fn destination(c: &Candidate) -> Option<&str> {
-    c.lanes.iter().find_map(|lane| crate::breaker::destination(&lane.name))
+    crate::breaker::first_destination(c.lanes.iter().map(|lane| lane.name.as_str()))
 }
 
 /// Dispatch order.

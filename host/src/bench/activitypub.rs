@@ -95,7 +95,7 @@ struct ApHost {
     dispatcher: Dispatcher,
     queue: Arc<dyn Queue>,
     handle: tokio::task::JoinHandle<Result<(), crate::dispatch::DispatchError>>,
-    schema: Option<(sqlx::PgPool, String)>,
+    schema: Option<super::ScratchSchema>,
     _dir: tempfile::TempDir,
 }
 
@@ -109,12 +109,11 @@ impl ApHost {
         let database = match backend {
             "postgres" => {
                 let url = super::pg_url();
-                let name = format!("lwapbench_{}_{}", std::process::id(), super::rand_suffix());
-                let admin = sqlx::PgPool::connect(&url).await?;
-                sqlx::query(&format!("CREATE SCHEMA {name}")).execute(&admin).await?;
+                let created = super::ScratchSchema::create("lwapbench").await?;
                 let separator = if url.contains('?') { '&' } else { '?' };
-                schema = Some((admin, name.clone()));
-                format!("{url}{separator}options=-c%20search_path%3D{name}")
+                let url = format!("{url}{separator}options=-c%20search_path%3D{}", created.name);
+                schema = Some(created);
+                url
             }
             _ => format!("sqlite://{}", dir.path().join("ap.db").display()),
         };
@@ -169,24 +168,11 @@ impl ApHost {
         Ok(())
     }
 
-    async fn open_ops(&self) -> anyhow::Result<i64> {
-        Ok(self
-            .queue
-            .depth()
-            .await?
-            .iter()
-            .filter(|d| matches!(d.status, crate::op::Status::Pending | crate::op::Status::Submitted))
-            .map(|d| d.count)
-            .sum())
-    }
-
     async fn stop(self) -> anyhow::Result<()> {
         self.dispatcher.shutdown();
         self.handle.await??;
-        if let Some((admin, name)) = self.schema {
-            sqlx::query(&format!("DROP SCHEMA {name} CASCADE"))
-                .execute(&admin)
-                .await?;
+        if let Some(schema) = self.schema {
+            schema.drop().await?;
         }
         Ok(())
     }
@@ -222,7 +208,7 @@ pub(super) async fn fan_out(ops: usize, inboxes: usize, delay: Duration) -> anyh
             samples += 1;
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        while host.open_ops().await? > 0 {
+        while super::open_ops(host.queue.as_ref()).await? > 0 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let seconds = start.elapsed().as_secs_f64();

@@ -95,7 +95,7 @@ struct Scratch {
     queue: Arc<dyn Queue>,
     config: Config,
     _dir: tempfile::TempDir,
-    schema: Option<(sqlx::PgPool, String)>,
+    schema: Option<ScratchSchema>,
     /// A connection string a plain-SQL producer would use.
     url: String,
     options: Option<sqlx::postgres::PgConnectOptions>,
@@ -111,12 +111,10 @@ impl Scratch {
         match store {
             Store::Postgres => {
                 let url = pg_url();
-                let name = format!("lwbench_{}_{}", std::process::id(), rand_suffix());
-                let admin = sqlx::PgPool::connect(&url).await?;
-                sqlx::query(&format!("CREATE SCHEMA {name}")).execute(&admin).await?;
+                let schema = ScratchSchema::create("lwbench").await?;
                 config.database.url = url.clone();
                 let options =
-                    sqlx::postgres::PgConnectOptions::from_str(&url)?.options([("search_path", name.as_str())]);
+                    sqlx::postgres::PgConnectOptions::from_str(&url)?.options([("search_path", schema.name.as_str())]);
                 let queue: Arc<dyn Queue> = Arc::new(
                     PgQueue::open_with(
                         options.clone(),
@@ -131,7 +129,7 @@ impl Scratch {
                     queue,
                     config,
                     _dir: dir,
-                    schema: Some((admin, name)),
+                    schema: Some(schema),
                     url,
                     options: Some(options),
                 })
@@ -173,24 +171,48 @@ impl Scratch {
     }
 
     async fn open_ops(&self) -> anyhow::Result<i64> {
-        Ok(self
-            .queue
-            .depth()
-            .await?
-            .iter()
-            .filter(|d| matches!(d.status, Status::Pending | Status::Submitted))
-            .map(|d| d.count)
-            .sum())
+        open_ops(self.queue.as_ref()).await
     }
 
     async fn drop(self) -> anyhow::Result<()> {
-        if let Some((admin, name)) = self.schema {
-            sqlx::query(&format!("DROP SCHEMA {name} CASCADE"))
-                .execute(&admin)
-                .await?;
+        if let Some(schema) = self.schema {
+            schema.drop().await?;
         }
         Ok(())
     }
+}
+
+/// A fresh PostgreSQL schema for one run, dropped by [`ScratchSchema::drop`].
+struct ScratchSchema {
+    admin: sqlx::PgPool,
+    name: String,
+}
+
+impl ScratchSchema {
+    async fn create(prefix: &str) -> anyhow::Result<Self> {
+        let name = format!("{prefix}_{}_{}", std::process::id(), rand_suffix());
+        let admin = sqlx::PgPool::connect(&pg_url()).await?;
+        sqlx::query(&format!("CREATE SCHEMA {name}")).execute(&admin).await?;
+        Ok(Self { admin, name })
+    }
+
+    async fn drop(self) -> anyhow::Result<()> {
+        sqlx::query(&format!("DROP SCHEMA {} CASCADE", self.name))
+            .execute(&self.admin)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Ops not yet terminal.
+async fn open_ops(queue: &dyn Queue) -> anyhow::Result<i64> {
+    Ok(queue
+        .depth()
+        .await?
+        .iter()
+        .filter(|d| matches!(d.status, Status::Pending | Status::Submitted))
+        .map(|d| d.count)
+        .sum())
 }
 
 fn pg_url() -> String {
@@ -561,7 +583,11 @@ async fn pg_reads(pool: &sqlx::PgPool, schema: &str) -> anyhow::Result<(i64, i64
 
 async fn backlog_cost(backlog: usize, settle: usize) -> anyhow::Result<(f64, f64, f64)> {
     let scratch = Scratch::new(Store::Postgres, "").await?;
-    let (admin, schema) = scratch.schema.clone().context("postgres")?;
+    let (admin, schema) = scratch
+        .schema
+        .as_ref()
+        .map(|s| (s.admin.clone(), s.name.clone()))
+        .context("postgres")?;
     let pool = sqlx::PgPool::connect_with(scratch.options.clone().context("postgres")?).await?;
     // The backlog, inserted by SQL in bulk: one outbox, one lane per op.
     for start in (0..backlog).step_by(100_000) {

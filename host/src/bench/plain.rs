@@ -5,18 +5,16 @@
 use std::str::FromStr as _;
 use std::time::Instant;
 
-use super::{pg_url, rand_suffix};
+use super::{pg_url, ScratchSchema};
 
 /// The plain PostgreSQL job loop with no scheduler at all: `clients`
 /// connections each take up to 100 pending jobs with `FOR UPDATE SKIP
 /// LOCKED`, mark them done and write one history row per job, in one
 /// transaction, until none is left. The floor any PostgreSQL queue pays.
 pub(super) async fn postgres_round(n: usize, clients: usize) -> anyhow::Result<f64> {
-    let url = pg_url();
-    let schema = format!("plainbench_{}_{}", std::process::id(), rand_suffix());
-    let admin = sqlx::PgPool::connect(&url).await?;
-    sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&admin).await?;
-    let options = sqlx::postgres::PgConnectOptions::from_str(&url)?.options([("search_path", schema.as_str())]);
+    let schema = ScratchSchema::create("plainbench").await?;
+    let options =
+        sqlx::postgres::PgConnectOptions::from_str(&pg_url())?.options([("search_path", schema.name.as_str())]);
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(u32::try_from(clients).unwrap_or(2) + 1)
         .connect_with(options)
@@ -67,9 +65,7 @@ pub(super) async fn postgres_round(n: usize, clients: usize) -> anyhow::Result<f
     }
     let seconds = start.elapsed().as_secs_f64();
     pool.close().await;
-    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
-        .execute(&admin)
-        .await?;
+    schema.drop().await?;
     Ok(n as f64 / seconds)
 }
 

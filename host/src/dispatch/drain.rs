@@ -152,10 +152,9 @@ struct Pass {
     /// proceeds while the drain awaits anything else.
     commits: JoinSet<Landed>,
     /// Ops whose claim is on its way (a full read meanwhile sees them
-    /// pending: they are marked in flight again).
+    /// pending: they are marked in flight again); each holds a host permit
+    /// until its claim lands.
     claiming: HashSet<OpId>,
-    /// Host permits taken by those claims.
-    reserved: usize,
 }
 
 /// A round on its way: what the drain needs once it lands.
@@ -164,7 +163,7 @@ struct Issued {
     notes: Vec<Note>,
     signals: Vec<(String, String, Signal)>,
     chosen: Vec<OpId>,
-    permits: Vec<Hold>,
+    permits: HashMap<OpId, Hold>,
     trials: Vec<(OpId, String)>,
     bids: HashMap<OpId, FeeBid>,
     now: DateTime<Utc>,
@@ -214,7 +213,6 @@ impl Pass {
             probing: HashSet::new(),
             commits: JoinSet::new(),
             claiming: HashSet::new(),
-            reserved: 0,
         }
     }
 
@@ -341,7 +339,7 @@ impl Pass {
                     .share()
                     .fair(self.inner.permit_total)
                     .min(config.dispatch.outbox_max_in_flight);
-                let busy = self.running.len() + self.reserved;
+                let busy = self.running.len() + self.claiming.len();
                 let free = share.saturating_sub(busy).min(self.inner.permits.available_permits());
                 let batch = (share / 2).max(1);
                 self.finished.len() >= batch || free >= batch
@@ -523,7 +521,6 @@ impl Pass {
             self.book.claiming(*id);
             self.claiming.insert(*id);
         }
-        self.reserved += permits.len();
         let queue = self.inner.queue.clone();
         let issued = Issued {
             completions,
@@ -564,7 +561,6 @@ impl Pass {
             bids,
             now,
         } = issued;
-        self.reserved = self.reserved.saturating_sub(permits.len());
         for id in &chosen {
             self.claiming.remove(id);
         }
@@ -649,7 +645,7 @@ impl Pass {
             free.min(
                 share
                     .fair(self.inner.permit_total)
-                    .saturating_sub(self.running.len() + self.reserved),
+                    .saturating_sub(self.running.len() + self.claiming.len()),
             )
         };
         let mut caps = Caps {
@@ -720,7 +716,7 @@ impl Pass {
         };
         self.starved = starts == 0
             && self.running.is_empty()
-            && self.reserved == 0
+            && self.claiming.is_empty()
             && !lanes::schedule(
                 &input,
                 &elsewhere,
@@ -820,7 +816,7 @@ impl Pass {
         let start = self.probes(start, now).await?;
         let start = self.rate_limited(start, now).await?;
         let mut chosen = Vec::with_capacity(start.len());
-        let mut permits: Vec<Hold> = Vec::with_capacity(start.len());
+        let mut permits: HashMap<OpId, Hold> = HashMap::with_capacity(start.len());
         let mut trials: Vec<(OpId, String)> = Vec::new();
         {
             let mut breakers = self.inner.breakers();
@@ -832,27 +828,33 @@ impl Pass {
                     // nothing running, it is starved, and must say so to be
                     // woken when permits free, or a poll an hour away
                     // would be its only wake-up.
-                    if chosen.is_empty() && self.running.is_empty() && self.reserved == 0 {
+                    if chosen.is_empty() && self.running.is_empty() && self.claiming.is_empty() {
                         self.starved = true;
                     }
                     break;
                 };
-                if let Some(dest) = destination(&entry.row.lanes) {
+                let dest = destination(&entry.row.lanes);
+                if let Some(dest) = dest {
                     match breakers.admit(dest, now) {
                         Admission::Hold => continue,
                         Admission::Trial => trials.push((id, dest.to_owned())),
                         Admission::Allow => {}
                     }
                 }
-                let held = destination(&entry.row.lanes).map(|d| self.inner.destination_load.hold(d));
                 chosen.push(id);
-                permits.push(Hold {
-                    _permit: permit,
-                    _destination: held,
-                });
+                permits.insert(
+                    id,
+                    Hold {
+                        _permit: permit,
+                        _destination: dest.map(|d| self.inner.destination_load.hold(d)),
+                    },
+                );
             }
         }
         let bids = self.price(&mut chosen, now).await?;
+        // What pricing deferred or could not price gives its permit and its
+        // place in its destination's count back now.
+        permits.retain(|id, _| chosen.contains(id));
         Ok((chosen, permits, trials, bids))
     }
 
@@ -1055,10 +1057,18 @@ impl Pass {
     }
 
     /// Starts an execution task for each claimed op.
-    fn spawn(&mut self, claimed: Vec<Claimed>, permits: Vec<Hold>, bids: &HashMap<OpId, FeeBid>, config: &Config) {
-        let mut permits = permits.into_iter();
+    fn spawn(
+        &mut self,
+        claimed: Vec<Claimed>,
+        mut permits: HashMap<OpId, Hold>,
+        bids: &HashMap<OpId, FeeBid>,
+        config: &Config,
+    ) {
         for claimed in claimed {
-            let Some(permit) = permits.next() else { break };
+            // Each op's own hold: its permit and its destination's count.
+            let Some(permit) = permits.remove(&claimed.op.id) else {
+                continue;
+            };
             let kind = config.kinds.get(&claimed.op.kind);
             let timeout = Duration::from_millis(kind.map_or(60_000, |k| k.timeout_ms));
             let executor = self.inner.executors.get(&claimed.op.kind);
@@ -1369,7 +1379,7 @@ fn health_signals(finished: &[Finished]) -> Vec<(String, String, Signal)> {
 
 /// The breaker destination of an op: its first URL lane's authority.
 fn destination(lanes: &[String]) -> Option<&str> {
-    lanes.iter().find_map(|lane| breaker::destination(lane))
+    breaker::first_destination(lanes.iter().map(String::as_str))
 }
 
 /// A settle's claim and decision, logged once it is written.
@@ -1377,7 +1387,12 @@ type Note = (Claimed, Decision);
 
 /// What goes to a claim: the ops, their host-wide permits, the breaker
 /// trials among them, and their fee bids.
-type Chosen = (Vec<OpId>, Vec<Hold>, Vec<(OpId, String)>, HashMap<OpId, FeeBid>);
+type Chosen = (
+    Vec<OpId>,
+    HashMap<OpId, Hold>,
+    Vec<(OpId, String)>,
+    HashMap<OpId, FeeBid>,
+);
 
 /// Runs one attempt: reconcile first if an earlier attempt checkpointed a
 /// receipt, then execute; bounded by the kind's deadline; panics caught.
