@@ -160,6 +160,96 @@ async fn postgres_plain_sql_producers_get_lanes_a_notify_and_cannot_rewrite_an_o
     Ok(())
 }
 
+/// The lane guard's table (PostgreSQL keeps the occupying ops' lanes in
+/// `lane_occupants`, written by triggers): every way an op enters or leaves
+/// occupancy, by any writer, in one statement or many, shows in what the
+/// guard reads.
+#[tokio::test]
+async fn postgres_lane_occupants_follow_every_writer() -> anyhow::Result<()> {
+    use laneway::queue::DispatchStore;
+    let db = support::postgres().await?;
+    let TestBackend::Postgres(queue) = &db.kind else {
+        anyhow::bail!("not postgres")
+    };
+    let pool = queue.pool();
+    let insert = |lanes: &'static str, receipt: Option<&'static str>| async move {
+        sqlx::query_scalar::<_, i64>(
+            "INSERT INTO ops (outbox, kind, lanes, payload, receipt) VALUES ('o', 'k', $1::text[], '{}', $2) RETURNING id",
+        )
+        .bind(lanes)
+        .bind(receipt)
+        .fetch_one(pool)
+        .await
+    };
+    let occupants = |lanes: &'static [&'static str]| {
+        let queue = db.queue.clone();
+        async move {
+            let lanes: Vec<String> = lanes.iter().map(|l| (*l).to_owned()).collect();
+            let mut ids: Vec<i64> = queue.occupants(&lanes).await?.into_iter().map(|o| o.id).collect();
+            ids.sort_unstable();
+            anyhow::Ok(ids)
+        }
+    };
+    let rows = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM lane_occupants")
+            .fetch_one(pool)
+            .await
+    };
+    let a = insert("{L1,L2,L1}", None).await?;
+    let b = insert("{L2}", None).await?;
+    ensure!(occupants(&["L1", "L2"]).await?.is_empty(), "pending ops occupy nothing");
+
+    // One statement claims both.
+    sqlx::query(
+        "UPDATE ops SET status = 'submitted', attempts = 1, lease_token = gen_random_uuid(),
+         lease_until = now() + interval '1 minute' WHERE id = ANY($1)",
+    )
+    .bind(vec![a, b])
+    .execute(pool)
+    .await?;
+    ensure!(occupants(&["L1"]).await? == vec![a], "claimed: L1 is a's");
+    ensure!(occupants(&["L2", "L9"]).await? == vec![a, b], "claimed: L2 is both's");
+    ensure!(rows().await? == 3, "one row per distinct lane and op");
+
+    // a's outcome is in doubt (pending with a receipt): it keeps its lanes;
+    // b settles in the same statement and leaves them.
+    sqlx::query(
+        "UPDATE ops SET status = CASE WHEN id = $1 THEN 'pending' ELSE 'confirmed' END,
+         receipt = CASE WHEN id = $1 THEN 'tx' END, lease_token = NULL, lease_until = NULL WHERE id = ANY($2)",
+    )
+    .bind(a)
+    .bind(vec![a, b])
+    .execute(pool)
+    .await?;
+    ensure!(
+        occupants(&["L1", "L2"]).await? == vec![a],
+        "in doubt keeps its lanes; confirmed leaves"
+    );
+
+    // Reconciled: the receipt goes, the lanes are free.
+    sqlx::query("UPDATE ops SET receipt = NULL WHERE id = $1")
+        .bind(a)
+        .execute(pool)
+        .await?;
+    ensure!(occupants(&["L1", "L2"]).await?.is_empty(), "reconciled: no occupant");
+    ensure!(rows().await? == 0, "no row left behind");
+
+    // A plain-SQL producer may insert an op already in doubt; deleting it
+    // (an operator's own SQL) takes its rows too.
+    let c = insert("{L3}", Some("tx")).await?;
+    ensure!(occupants(&["L3"]).await? == vec![c], "inserted in doubt occupies");
+    sqlx::query("DELETE FROM op_lanes WHERE op_id = $1")
+        .bind(c)
+        .execute(pool)
+        .await?;
+    sqlx::query("DELETE FROM ops WHERE id = $1")
+        .bind(c)
+        .execute(pool)
+        .await?;
+    ensure!(rows().await? == 0, "deleted op's rows stay behind");
+    Ok(())
+}
+
 async fn schema_checks(db: support::TestDb, insert_future: &str) -> anyhow::Result<()> {
     match db.queue.check_schema().await {
         Err(QueueError::SchemaBehind { .. }) => {}

@@ -12,7 +12,8 @@ attempts - attempt_floor AS budget_attempts, fee_bumps, created_at,
 -- name: occupant_columns
 id, outbox, kind, priority, lanes, status, receipt IS NOT NULL AS in_doubt
 
--- Ops that occupy their lanes: the ops_occupying partial index's predicate.
+-- Ops that occupy their lanes; the lane_occupants triggers (migration
+-- 20261202000002) keep the same predicate.
 -- name: occupying
 (status = 'submitted' OR (status = 'pending' AND receipt IS NOT NULL))
 
@@ -22,10 +23,14 @@ id, outbox, kind, priority, lanes, status, receipt IS NOT NULL AS in_doubt
 SELECT * FROM (SELECT {{book_columns}} FROM ops WHERE outbox = $1 AND status IN ('pending', 'submitted')
     AND priority = {rank} AND id > {after} ORDER BY id LIMIT $3) AS tier{rank}
 
--- The occupying ops are few (the index); the array overlap keeps only the
--- ones that matter.
+-- The lanes asked about, joined to their occupants (one row per lane and
+-- op while the op occupies it): the cost is in those lanes, never in the
+-- ops in flight on others. The triggers write the table in the transaction
+-- that changes the op, so every op that occupies a lane has its row in the
+-- same snapshot; the predicate again makes a row left behind harmless.
 -- name: occupants
-SELECT {{occupant_columns}} FROM ops WHERE {{occupying}} AND lanes && $1::text[]
+SELECT {{occupant_columns}} FROM ops WHERE {{occupying}} AND id IN
+    (SELECT o.op_id FROM unnest($1::text[]) AS q(lane) JOIN lane_occupants o ON o.lane = q.lane)
 
 -- Another claimer's rows are skipped, never waited for.
 -- name: pick_claimable
