@@ -166,7 +166,6 @@ async fn postgres_plain_sql_producers_get_lanes_a_notify_and_cannot_rewrite_an_o
 /// guard reads.
 #[tokio::test]
 async fn postgres_lane_occupants_follow_every_writer() -> anyhow::Result<()> {
-    use laneway::queue::DispatchStore;
     let db = support::postgres().await?;
     let TestBackend::Postgres(queue) = &db.kind else {
         anyhow::bail!("not postgres")
