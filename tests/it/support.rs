@@ -379,3 +379,30 @@ where
         .await?;
     result
 }
+
+/// A host on a runtime of its own, on a thread of its own, so that a test
+/// can kill it mid-call (`shutdown_background`: no graceful shutdown, no
+/// settle, its leases just stay, as after kill -9). It opens and migrates
+/// the queue, then `start` starts the host (and leaks it, so nothing stops
+/// it but the runtime's end) and says what it enqueued.
+pub fn doomed_host<T, F, Fut>(config: config::Config, start: F) -> anyhow::Result<(tokio::runtime::Runtime, T)>
+where
+    T: Send + 'static,
+    F: FnOnce(Arc<dyn Queue>, config::Config) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    std::thread::spawn(move || -> anyhow::Result<(tokio::runtime::Runtime, T)> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?;
+        let started = runtime.block_on(async {
+            let queue = laneway::queue::open(&config.database, config.limits(), Arc::new(SystemClock)).await?;
+            queue.migrate().await?;
+            start(queue, config).await
+        })?;
+        Ok((runtime, started))
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the doomed host's thread panicked"))?
+}

@@ -16,37 +16,26 @@ use laneway::op::{OpId, Status};
 use laneway::queue::NewOp;
 
 use super::harness::{fast_config, settle, to, Running, Scripted};
-use crate::support::with_own_pg_schema;
+use crate::support::{doomed_host, with_own_pg_schema};
 
 const LANES: u32 = 6;
 const PER_LANE: u32 = 20;
 
-/// Host A on a runtime of its own: migrates, starts the dispatcher with
-/// `exec`, enqueues `ops` and keeps running until the test drops it.
+/// Host A, killable mid-drain: starts the dispatcher with `exec` and
+/// enqueues `ops`.
 fn doomed(config: Config, exec: Scripted, ops: Vec<NewOp>) -> anyhow::Result<(tokio::runtime::Runtime, Vec<OpId>)> {
-    std::thread::spawn(move || -> anyhow::Result<_> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()?;
-        let ids = runtime.block_on(async {
-            let queue = laneway::queue::open(&config.database, config.limits(), Arc::new(SystemClock)).await?;
-            queue.migrate().await?;
-            let running = Running::start(queue.clone(), exec.registry(&["activitypub"]), config).await?;
-            let ids: Vec<OpId> = running
-                .dispatcher
-                .enqueue(&ops)
-                .await?
-                .into_iter()
-                .map(|e| e.id())
-                .collect();
-            std::mem::forget(running);
-            anyhow::Ok(ids)
-        })?;
-        Ok((runtime, ids))
+    doomed_host(config, move |queue, config| async move {
+        let running = Running::start(queue, exec.registry(&["activitypub"]), config).await?;
+        let ids: Vec<OpId> = running
+            .dispatcher
+            .enqueue(&ops)
+            .await?
+            .into_iter()
+            .map(|e| e.id())
+            .collect();
+        std::mem::forget(running);
+        anyhow::Ok(ids)
     })
-    .join()
-    .map_err(|_| anyhow::anyhow!("host A panicked"))?
 }
 
 async fn killed_at(point: &str, url: String) -> anyhow::Result<()> {

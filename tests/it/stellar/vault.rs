@@ -742,27 +742,15 @@ async fn congestion_defers_low_prices_critical_aggressively_and_never_exceeds_th
     host.running.stop().await
 }
 
-/// Host A, on a runtime of its own so that a test can kill it mid-call
-/// (`shutdown_background`: no graceful shutdown, no settle, its leases just
-/// stay): it migrates, starts, enqueues `op` and keeps running.
+/// Host A, killable mid-call (`support::doomed_host`): starts and enqueues
+/// `op`.
 fn doomed_host(config: Config, op: NewOp) -> anyhow::Result<(tokio::runtime::Runtime, OpId)> {
-    std::thread::spawn(move || -> anyhow::Result<(tokio::runtime::Runtime, OpId)> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()?;
-        let id = runtime.block_on(async {
-            let queue = laneway::queue::open(&config.database, config.limits(), Arc::new(SystemClock)).await?;
-            queue.migrate().await?;
-            let host = Host::start(queue, config).await?;
-            let id = host.enqueue(&[op]).await?[0];
-            std::mem::forget(host);
-            anyhow::Ok(id)
-        })?;
-        Ok((runtime, id))
+    crate::support::doomed_host(config, move |queue, config| async move {
+        let host = Host::start(queue, config).await?;
+        let id = host.enqueue(&[op]).await?[0];
+        std::mem::forget(host);
+        anyhow::Ok(id)
     })
-    .join()
-    .map_err(|_| anyhow::anyhow!("host A panicked"))?
 }
 
 /// A host killed between `sendTransaction` and the answer (its runtime is
