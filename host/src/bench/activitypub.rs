@@ -13,8 +13,8 @@ use anyhow::Context as _;
 use rsa::pkcs8::EncodePrivateKey as _;
 
 use crate::clock::SystemClock;
+use crate::dispatch::Dispatcher;
 use crate::fanout::{FanOut, Recipient};
-use crate::node::{Node, Services, Wiring};
 use crate::queue::prelude::*;
 use crate::runtime::host::PluginHost;
 
@@ -92,8 +92,9 @@ fn plugin() -> anyhow::Result<PathBuf> {
 /// kind, its key in a scratch folder.
 struct ApHost {
     config: crate::config::Config,
-    node: Node,
+    dispatcher: Dispatcher,
     queue: Arc<dyn Queue>,
+    handle: tokio::task::JoinHandle<Result<(), crate::dispatch::DispatchError>>,
     schema: Option<super::ScratchSchema>,
     _dir: tempfile::TempDir,
 }
@@ -132,23 +133,14 @@ impl ApHost {
         let host = PluginHost::new(&config)?;
         let refused = host.apply(&config).await?;
         anyhow::ensure!(refused.is_empty(), "plugin refused its config: {refused:?}");
-        // The composition root `laneway run` uses, with the dispatcher only.
-        let node = Node::start(
-            config.clone(),
-            Wiring {
-                queue: queue.clone(),
-                executors: host.registry(),
-                plugins: Some(Arc::new(host)),
-                source: None,
-                clock: Arc::new(SystemClock),
-                services: Services::DISPATCH_ONLY,
-            },
-        )
-        .await?;
+        let dispatcher = Dispatcher::new(queue.clone(), host.registry(), config.clone(), Arc::new(SystemClock));
+        let runner = dispatcher.clone();
+        let handle = tokio::spawn(async move { runner.run().await });
         Ok(Self {
             config,
-            node,
+            dispatcher,
             queue,
+            handle,
             schema,
             _dir: dir,
         })
@@ -162,8 +154,7 @@ impl ApHost {
             "actor": "https://bench.example/actor",
             "object": { "type": "Note", "content": format!("note {n}") },
         });
-        self.node
-            .dispatcher
+        self.dispatcher
             .fan_out(&FanOut {
                 kind: "activitypub".into(),
                 actor: "https://bench.example/actor".into(),
@@ -178,7 +169,8 @@ impl ApHost {
     }
 
     async fn stop(self) -> anyhow::Result<()> {
-        self.node.stop().await?;
+        self.dispatcher.shutdown();
+        self.handle.await??;
         if let Some(schema) = self.schema {
             schema.drop().await?;
         }
