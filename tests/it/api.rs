@@ -616,7 +616,7 @@ async fn metrics_after_a_workload_carry_the_seed_names_and_labels(db: TestDb) ->
 }
 
 /// Every route the API must serve, as (method, OpenAPI path).
-const ROUTES: [(&str, &str); 35] = [
+const ROUTES: [(&str, &str); 37] = [
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),
@@ -650,6 +650,8 @@ const ROUTES: [(&str, &str); 35] = [
     ("post", "/inbox"),
     ("get", "/api/admin/plugins"),
     ("post", "/api/admin/plugins/reload"),
+    ("get", "/api/admin/outbox/activity"),
+    ("get", "/api/admin/whoami"),
     // Not routes of their own: the same paths' other methods are 405s, and
     // listed here so the count above is every (method, path) served.
     ("get", "/api/admin/outbox/{id}/retry"),
@@ -674,7 +676,7 @@ async fn the_openapi_document_names_every_route_and_each_asks_for_its_scope(db: 
         }
     }
     documented.sort();
-    let mut want: Vec<(String, String)> = ROUTES[..33]
+    let mut want: Vec<(String, String)> = ROUTES[..35]
         .iter()
         .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
         .collect();
@@ -728,7 +730,20 @@ async fn the_openapi_document_names_every_route_and_each_asks_for_its_scope(db: 
             reqs.iter()
                 .any(|r| r.as_object().is_some_and(serde_json::Map::is_empty))
         });
+        let keyed = op["security"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|req| req.get("bearer").is_some());
         match scopes.as_slice() {
+            // Any valid key, whatever its scopes.
+            [] if keyed => {
+                ensure!(status == 401, "{verb} {path} without a key: {status} {answer}");
+                for key in keys.values() {
+                    let (status, answer) = served.call(&verb, &url, Some(key), None).await?;
+                    ensure!(status == 200, "{verb} {path} with a key: {status} {answer}");
+                }
+            }
             [] => ensure!(status != 401 && status != 403, "{verb} {path} is public: {status}"),
             [scope] if optional => ensure!(status == 200, "{verb} {path}: the key is optional ({scope})"),
             [scope] => {
@@ -752,7 +767,7 @@ async fn the_openapi_document_names_every_route_and_each_asks_for_its_scope(db: 
         }
     }
     // A method a path does not serve is refused, not answered.
-    for (method, path) in &ROUTES[33..] {
+    for (method, path) in &ROUTES[35..] {
         let (status, _) = served.call(&method.to_uppercase(), &concrete(path), None, None).await?;
         ensure!(status == 405, "{method} {path}: {status}");
     }

@@ -10,6 +10,7 @@ mod assets;
 mod backend_specific;
 mod checks;
 mod cli;
+mod console;
 mod demo;
 mod dispatch;
 mod egress;

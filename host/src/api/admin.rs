@@ -128,6 +128,54 @@ pub(super) async fn stats(State(state): State<ApiState>, headers: HeaderMap) -> 
     })))
 }
 
+/// How far back `activity` looks, and the most outcomes it counts.
+const ACTIVITY_WINDOW: chrono::TimeDelta = chrono::TimeDelta::hours(1);
+const ACTIVITY_ROWS: u32 = 100_000;
+
+/// Ops that reached each terminal status in the last hour (counted over
+/// the newest outcomes only, so the answer costs the same at any size).
+#[utoipa::path(get, path = "/api/admin/outbox/activity", tag = "outbox",
+    security(("bearer" = ["outbox:read"])),
+    responses((status = 200, description = "`window_seconds` (3600), `counts` ({status, count, since}), `covered_seconds` (less than the window when more outcomes came than are counted), `failure_rate` (failed of confirmed and failed)", body = Value), Refusals))]
+pub(super) async fn activity(State(state): State<ApiState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+    state.authorize(&headers, "outbox:read").await?;
+    let now = Utc::now();
+    let counts = state
+        .queue()
+        .recent_outcomes(now - ACTIVITY_WINDOW, ACTIVITY_ROWS)
+        .await?;
+    let total: i64 = counts.iter().map(|c| c.count).sum();
+    let covered = if total >= i64::from(ACTIVITY_ROWS) {
+        counts
+            .iter()
+            .map(|c| c.since)
+            .min()
+            .map_or(0, |since| (now - since).num_seconds())
+    } else {
+        ACTIVITY_WINDOW.num_seconds()
+    };
+    let of = |status: Status| {
+        counts
+            .iter()
+            .filter(|c| c.status == status)
+            .map(|c| c.count)
+            .sum::<i64>()
+    };
+    let (confirmed, failed) = (of(Status::Confirmed), of(Status::Failed));
+    #[allow(clippy::cast_precision_loss)]
+    let failure_rate = if confirmed + failed > 0 {
+        Some(failed as f64 / (confirmed + failed) as f64)
+    } else {
+        None
+    };
+    Ok(Json(json!({
+        "window_seconds": ACTIVITY_WINDOW.num_seconds(),
+        "covered_seconds": covered,
+        "counts": counts,
+        "failure_rate": failure_rate,
+    })))
+}
+
 /// One op: the row, its lanes, and every attempt.
 #[utoipa::path(get, path = "/api/admin/outbox/{id}", tag = "outbox",
     params(("id" = i64, Path, description = "The op id")),

@@ -95,6 +95,27 @@ impl Actor {
 /// 401 for a missing, malformed, unknown or revoked key; 403 for a key
 /// without the scope.
 pub async fn authorize(queue: &dyn Queue, headers: &HeaderMap, scope: &str) -> Result<Actor, ApiError> {
+    let (name, scopes) = key(queue, headers).await?;
+    if !scopes.iter().any(|s| s == scope) {
+        return Err(ApiError::forbidden(format!("key {name:?} lacks the {scope} scope")));
+    }
+    Ok(Actor(format!("key:{name}"), scopes))
+}
+
+/// Checks the request's key whatever its scopes: who is asking, for a
+/// client that shows only what the key may do (the API still checks every
+/// route's scope).
+///
+/// # Errors
+///
+/// 401 for a missing, malformed, unknown or revoked key.
+pub async fn identify(queue: &dyn Queue, headers: &HeaderMap) -> Result<Actor, ApiError> {
+    let (name, scopes) = key(queue, headers).await?;
+    Ok(Actor(format!("key:{name}"), scopes))
+}
+
+/// The name and scopes of the request's valid, unrevoked key.
+async fn key(queue: &dyn Queue, headers: &HeaderMap) -> Result<(String, Vec<String>), ApiError> {
     let header = headers
         .get(axum::http::header::AUTHORIZATION)
         .ok_or_else(|| ApiError::unauthorized("an API key is required: Authorization: Bearer lw_…"))?;
@@ -113,13 +134,7 @@ pub async fn authorize(queue: &dyn Queue, headers: &HeaderMap, scope: &str) -> R
     if !bool::from(presented.as_slice().ct_eq(&hash)) || stored.revoked_at.is_some() {
         return Err(unknown());
     }
-    if !stored.scopes.iter().any(|s| s == scope) {
-        return Err(ApiError::forbidden(format!(
-            "key {:?} lacks the {scope} scope",
-            stored.name
-        )));
-    }
-    Ok(Actor(format!("key:{}", stored.name), stored.scopes))
+    Ok((stored.name, stored.scopes))
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@
 
 mod admin;
 pub mod auth;
+mod console;
 mod error;
 mod inbox;
 pub mod listener;
@@ -206,6 +207,8 @@ fn api_router() -> OpenApiRouter<ApiState> {
         .routes(routes!(outcomes::feed))
         .routes(routes!(admin::list))
         .routes(routes!(admin::stats))
+        .routes(routes!(admin::activity))
+        .routes(routes!(console::whoami))
         .routes(routes!(admin::recover))
         .routes(routes!(admin::show))
         .routes(routes!(admin::retry))
@@ -238,7 +241,11 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 /// Every route, ready to serve.
 pub fn router(state: ApiState) -> Router {
     let limit = state.dispatcher().config().api.max_body_bytes;
-    let (router, _) = api_router().split_for_parts();
+    let console = state.dispatcher().config().api.console;
+    let (mut router, _) = api_router().split_for_parts();
+    if console {
+        router = router.merge(console::router());
+    }
     router
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(DefaultBodyLimit::max(limit))

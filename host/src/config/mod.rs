@@ -90,6 +90,8 @@ pub struct ApiConfig {
     pub max_connections_per_ip: usize,
     /// `POST /api/v1/ops?wait=` requests held at once (429 past it).
     pub max_waiters: usize,
+    /// Serve the operator console at `/console`.
+    pub console: bool,
 }
 
 /// `[retention]`: how long terminal ops and pruned ops' idempotency keys

@@ -9,8 +9,8 @@ use chrono::{DateTime, Utc};
 
 use super::{
     ApiKey, AuditEntry, Backend, BookRow, Cas, Claimed, Completion, Depth, Enqueued, Expect, ExpireTo, HaltedSubject,
-    HostShare, LaneHalt, Latency, LeaseSpec, NewApiKey, NewAuditEntry, NewOp, Occupant, OpFilter, OutcomeEntry, Pause,
-    PauseScope, PruneQuery, QueueError, QueueGauges, Record, SlotLease, Subscription, Tombstone,
+    HostShare, LaneHalt, Latency, LeaseSpec, NewApiKey, NewAuditEntry, NewOp, Occupant, OpFilter, OutcomeCount,
+    OutcomeEntry, Pause, PauseScope, PruneQuery, QueueError, QueueGauges, Record, SlotLease, Subscription, Tombstone,
 };
 use crate::lanes::LaneRules;
 use crate::op::{Attempt, Lease, Op, OpId, Priority, Status};
@@ -45,6 +45,12 @@ pub trait OpStore: Send + Sync + std::fmt::Debug {
 
     /// Queue depth by status and priority.
     async fn depth(&self) -> Result<Vec<Depth>, QueueError>;
+
+    /// Transitions into each terminal status at or after `since`, counted
+    /// over the newest `max_rows` outcomes at most (so the cost is bounded
+    /// whatever the table holds; a sum of `max_rows` means the window was
+    /// cut short).
+    async fn recent_outcomes(&self, since: DateTime<Utc>, max_rows: u32) -> Result<Vec<OutcomeCount>, QueueError>;
 
     /// Wake-ups from producers in other processes, where the backend has
     /// them (PostgreSQL `LISTEN`); `None` otherwise.

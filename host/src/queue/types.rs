@@ -340,6 +340,18 @@ pub struct Depth {
     pub count: i64,
 }
 
+/// How many ops reached one terminal status since a time (the newest
+/// outcomes only, up to a bound).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OutcomeCount {
+    /// The terminal status.
+    pub status: Status,
+    /// How many transitions into it.
+    pub count: i64,
+    /// The oldest of them.
+    pub since: DateTime<Utc>,
+}
+
 /// A shared record: a JSON value under (namespace, key) with a version
 /// every write bumps, so hosts update it by compare-and-set.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use crate::op::{Attempt, AttemptClass, AttemptRecord, Op, OpId, Priority, Status
 use crate::queue::codec::{get, Lanes, List, Rank, St, Ts};
 use crate::queue::dialect::Dialect;
 use crate::queue::policy::{check_versions, shared_payload, validate_new_op};
-use crate::queue::{Backend, Depth, Enqueued, NewOp, OpFilter, OpStore, QueueError, Subscription};
+use crate::queue::{Backend, Depth, Enqueued, NewOp, OpFilter, OpStore, OutcomeCount, QueueError, Subscription};
 
 impl Store {
     /// Enqueues ops on the caller's connection, inside whatever transaction
@@ -236,6 +236,24 @@ impl OpStore for Store {
                     priority: get::<Rank, _>(row, 0, "priority")?.0,
                     kind: get(row, 0, "kind")?,
                     count: get(row, 0, "n")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn recent_outcomes(&self, since: DateTime<Utc>, max_rows: u32) -> Result<Vec<OutcomeCount>, QueueError> {
+        let mut conn = reader(&self.conns).await?;
+        let rows = sqlx::query(sql::ops::RECENT_OUTCOMES)
+            .bind(Ts(since))
+            .bind(i64::from(max_rows))
+            .fetch_all(&mut *conn)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(OutcomeCount {
+                    status: get::<St, _>(row, 0, "status")?.0,
+                    count: get(row, 0, "n")?,
+                    since: get::<Ts, _>(row, 0, "since")?.0,
                 })
             })
             .collect()

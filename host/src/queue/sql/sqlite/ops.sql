@@ -45,6 +45,13 @@ SELECT {{op_columns}} FROM ops WHERE TRUE
 SELECT status, priority, kind, COUNT(*) AS n FROM ops GROUP BY status, priority, kind
 ORDER BY status, priority, kind
 
+-- The newest outcomes only, at most $2 of them, through the primary key:
+-- what the console's last hour shows costs the same at any table size.
+-- name: recent_outcomes
+SELECT status, COUNT(*) AS n, MIN(at) AS since
+FROM (SELECT status, at FROM outcomes ORDER BY seq DESC LIMIT $2) recent
+WHERE at >= $1 GROUP BY status ORDER BY status
+
 -- The single writer already serialises these writers.
 -- name: lock_kind_defaults
 SELECT 1
