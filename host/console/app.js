@@ -317,13 +317,6 @@ async function op(main, live, params, id) {
   };
 }
 
-// Groups by kind, then by the error with its long numbers (ids, ports,
-// amounts) blanked; status codes stay.
-function failureOf(o) {
-  if (o.receipt) return 'outcome unknown (receipt not proven)';
-  return (o.last_error || 'no error recorded').replace(/\d{4,}/g, 'N').slice(0, 120);
-}
-
 async function dead(main, live) {
   const preview = h('div', { id: 'preview' });
   const input = (name, label, placeholder) => h('label', { for: `r-${name}` }, label, h('input', { id: `r-${name}`, name, placeholder: placeholder || '' }));
@@ -359,22 +352,17 @@ async function dead(main, live) {
     main.append(h('h2', {}, 'Bulk recover'), form, h('div', { class: 'actions' }, button('Preview', previewRun, { id: 'recover-preview' })), preview);
   }
   return async () => {
-    const page = await api('GET', `/api/admin/outbox${query({ status: 'failed', order: 'desc', limit: 1000 })}`);
-    const groups = new Map();
-    for (const o of page.ops) {
-      const key = `${o.kind}\u0000${failureOf(o)}`;
-      const g = groups.get(key) || { kind: o.kind, failure: failureOf(o), ids: [], unknown: !!o.receipt };
-      g.ids.push(o.id); groups.set(key, g);
-    }
-    const rows = [...groups.values()].sort((a, b) => b.ids.length - a.ids.length);
-    fill(live, 
-      table(`The newest ${page.ops.length} dead letters, by kind and failure`, [
-        { title: 'kind', cell: r => h('a', { href: `#/ops${query({ status: 'failed', kind: r.kind })}` }, r.kind) },
-        { title: 'failure', cell: r => r.unknown ? h('span', { class: 'warn' }, r.failure) : r.failure },
-        { title: 'count', num: true, cell: r => r.ids.length },
-        { title: 'examples', cell: r => r.ids.slice(0, 5).map(id => [opLink(id), ' ']) },
-      ], rows, 'No dead letters.'),
-      page.next !== null ? h('p', { class: 'muted' }, 'More dead letters exist; filter on the Ops page to see them all.') : null);
+    const { groups } = await api('GET', '/api/admin/outbox/dead-letters');
+    const total = groups.reduce((n, g) => n + g.count, 0);
+    fill(live,
+      table(`${total} dead letter${total === 1 ? '' : 's'}, by kind and the class of their last attempt`, [
+        { title: 'kind', cell: r => r.kind },
+        { title: 'failure class', cell: r => r.class || 'no attempt' },
+        { title: 'outcome', cell: r => r.unknown ? h('span', { class: 'warn' }, 'unknown: left out of a recover unless named') : 'known' },
+        { title: 'count', num: true, cell: r => r.count },
+        { title: 'newest', cell: r => opLink(r.newest) },
+        { title: 'all', cell: r => h('a', { href: `#/ops${query({ status: 'failed', kind: r.kind })}` }, `${r.kind} dead letters`) },
+      ], groups, 'No dead letters.'));
   };
 }
 

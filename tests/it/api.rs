@@ -616,7 +616,7 @@ async fn metrics_after_a_workload_carry_the_seed_names_and_labels(db: TestDb) ->
 }
 
 /// Every route the API must serve, as (method, OpenAPI path).
-const ROUTES: [(&str, &str); 37] = [
+const ROUTES: [(&str, &str); 38] = [
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),
@@ -652,6 +652,7 @@ const ROUTES: [(&str, &str); 37] = [
     ("post", "/api/admin/plugins/reload"),
     ("get", "/api/admin/outbox/activity"),
     ("get", "/api/admin/whoami"),
+    ("get", "/api/admin/outbox/dead-letters"),
     // Not routes of their own: the same paths' other methods are 405s, and
     // listed here so the count above is every (method, path) served.
     ("get", "/api/admin/outbox/{id}/retry"),
@@ -676,7 +677,7 @@ async fn the_openapi_document_names_every_route_and_each_asks_for_its_scope(db: 
         }
     }
     documented.sort();
-    let mut want: Vec<(String, String)> = ROUTES[..35]
+    let mut want: Vec<(String, String)> = ROUTES[..36]
         .iter()
         .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
         .collect();
@@ -767,7 +768,7 @@ async fn the_openapi_document_names_every_route_and_each_asks_for_its_scope(db: 
         }
     }
     // A method a path does not serve is refused, not answered.
-    for (method, path) in &ROUTES[35..] {
+    for (method, path) in &ROUTES[36..] {
         let (status, _) = served.call(&method.to_uppercase(), &concrete(path), None, None).await?;
         ensure!(status == 405, "{method} {path}: {status}");
     }

@@ -1,5 +1,5 @@
-//! The operator console: its files and their policy, the two routes it
-//! added (`whoami`, `activity`) on both backends, and a real headless
+//! The operator console: its files and their policy, the routes it added
+//! (`whoami`, `activity`, `dead-letters`) on both backends, and a real headless
 //! Chromium driving it against the `laneway` binary run as its own process
 //! with the real noop and ActivityPub plugins and a fake inbox.
 
@@ -20,7 +20,7 @@ use crate::support::TestDb;
 
 crate::on_both_backends!(
     live: the_console_is_served_under_a_strict_policy_and_only_when_on,
-    whoami_names_the_key_and_activity_counts_the_last_hours_outcomes,
+    whoami_names_the_key_and_activity_and_dead_letters_count_outcomes,
 );
 
 fn no_redirects() -> anyhow::Result<reqwest::Client> {
@@ -117,7 +117,7 @@ async fn the_console_is_served_under_a_strict_policy_and_only_when_on(db: TestDb
     served.running.stop().await
 }
 
-async fn whoami_names_the_key_and_activity_counts_the_last_hours_outcomes(db: TestDb) -> anyhow::Result<()> {
+async fn whoami_names_the_key_and_activity_and_dead_letters_count_outcomes(db: TestDb) -> anyhow::Result<()> {
     let exec = Scripted::new(0);
     let served = Served::start(&db, &exec, "").await?;
     let reader = served.key("reader", &["outbox:read"]).await?;
@@ -182,6 +182,18 @@ async fn whoami_names_the_key_and_activity_counts_the_last_hours_outcomes(db: Te
         .call("GET", "/api/admin/outbox/activity", Some(&producer), None)
         .await?;
     ensure!(status == 403, "{status}");
+    // The two dead letters, as one group: their kind, their last attempt's
+    // class, a known outcome, the newer of the two.
+    let (status, dead) = served
+        .call("GET", "/api/admin/outbox/dead-letters", Some(&reader), None)
+        .await?;
+    ensure!(status == 200, "{status} {dead}");
+    ensure!(
+        dead["groups"]
+            == serde_json::json!([{"kind": "activitypub", "class": "permanent", "unknown": false,
+                                   "count": 2, "newest": ids[3]}]),
+        "{dead}"
+    );
     served.running.stop().await
 }
 

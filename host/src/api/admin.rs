@@ -176,6 +176,16 @@ pub(super) async fn activity(State(state): State<ApiState>, headers: HeaderMap) 
     })))
 }
 
+/// Every dead letter counted by kind, last attempt class and whether its
+/// outcome is unknown (what the console's dead-letter page groups by).
+#[utoipa::path(get, path = "/api/admin/outbox/dead-letters", tag = "outbox",
+    security(("bearer" = ["outbox:read"])),
+    responses((status = 200, description = "`groups` ({kind, class, unknown, count, newest}), largest first; `class` is the last attempt's (permanent, retryable, plugin_fault, lease_expired) or null", body = Value), Refusals))]
+pub(super) async fn dead_letters(State(state): State<ApiState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+    state.authorize(&headers, "outbox:read").await?;
+    Ok(Json(json!({ "groups": state.queue().dead_letter_groups().await? })))
+}
+
 /// One op: the row, its lanes, and every attempt.
 #[utoipa::path(get, path = "/api/admin/outbox/{id}", tag = "outbox",
     params(("id" = i64, Path, description = "The op id")),

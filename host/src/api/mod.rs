@@ -208,6 +208,7 @@ fn api_router() -> OpenApiRouter<ApiState> {
         .routes(routes!(admin::list))
         .routes(routes!(admin::stats))
         .routes(routes!(admin::activity))
+        .routes(routes!(admin::dead_letters))
         .routes(routes!(console::whoami))
         .routes(routes!(admin::recover))
         .routes(routes!(admin::show))

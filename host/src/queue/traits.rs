@@ -8,9 +8,10 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::{
-    ApiKey, AuditEntry, Backend, BookRow, Cas, Claimed, Completion, Depth, Enqueued, Expect, ExpireTo, HaltedSubject,
-    HostShare, LaneHalt, Latency, LeaseSpec, NewApiKey, NewAuditEntry, NewOp, Occupant, OpFilter, OutcomeCount,
-    OutcomeEntry, Pause, PauseScope, PruneQuery, QueueError, QueueGauges, Record, SlotLease, Subscription, Tombstone,
+    ApiKey, AuditEntry, Backend, BookRow, Cas, Claimed, Completion, DeadLetterGroup, Depth, Enqueued, Expect, ExpireTo,
+    HaltedSubject, HostShare, LaneHalt, Latency, LeaseSpec, NewApiKey, NewAuditEntry, NewOp, Occupant, OpFilter,
+    OutcomeCount, OutcomeEntry, Pause, PauseScope, PruneQuery, QueueError, QueueGauges, Record, SlotLease,
+    Subscription, Tombstone,
 };
 use crate::lanes::LaneRules;
 use crate::op::{Attempt, Lease, Op, OpId, Priority, Status};
@@ -217,6 +218,10 @@ pub trait OperatorStore: Send + Sync + std::fmt::Debug {
 
     /// Every pause, by scope and target.
     async fn pauses(&self) -> Result<Vec<Pause>, QueueError>;
+
+    /// Every dead letter, counted by kind, last attempt class and whether
+    /// its outcome is unknown, largest group first.
+    async fn dead_letter_groups(&self) -> Result<Vec<DeadLetterGroup>, QueueError>;
 
     /// The counts `/metrics` and `/stats` show, by aggregate queries.
     async fn gauges(&self) -> Result<QueueGauges, QueueError>;

@@ -340,6 +340,21 @@ pub struct Depth {
     pub count: i64,
 }
 
+/// Dead letters of one kind whose last attempt had one class.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeadLetterGroup {
+    /// Their kind.
+    pub kind: String,
+    /// Their last attempt's class (`None`: dead-lettered without one).
+    pub class: Option<crate::op::AttemptClass>,
+    /// Their outcome is unknown: a receipt was never proven landed or dead.
+    pub unknown: bool,
+    /// How many.
+    pub count: i64,
+    /// The newest of them.
+    pub newest: OpId,
+}
+
 /// How many ops reached one terminal status since a time (the newest
 /// outcomes only, up to a bound).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -83,7 +83,8 @@ try {
   step('preview, then run, a bulk recover');
   await page.getByRole('link', { name: 'Dead letters' }).click();
   await heading('Dead letters');
-  await page.getByRole('cell', { name: 'activitypub' }).first().waitFor();
+  await page.getByRole('cell', { name: 'permanent' }).waitFor();
+  await page.getByText('1 dead letter, by kind').waitFor();
   await page.fill('#r-kind', 'activitypub');
   await page.click('#recover-preview');
   await page.getByText('1 dead letter would be recovered').waitFor();

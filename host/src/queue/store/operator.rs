@@ -6,15 +6,15 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::{api_key_from_row, ops_from_rows, reader, sql, Store};
-use crate::op::{Op, OpId, Transition};
+use crate::op::{AttemptClass, Op, OpId, Transition};
 use crate::queue::codec::{get, List, Rank, St, Times, Ts};
 use crate::queue::dialect::Dialect;
 use crate::queue::policy::{
     api_key_name_taken, is_unique_violation, json_column, json_from_column, pause_scope, refusal, scopes_column,
 };
 use crate::queue::{
-    ApiKey, AuditEntry, HaltedSubject, LaneHalt, Latency, NewApiKey, NewAuditEntry, OldestDue, OperatorStore, Pause,
-    PauseScope, QueueError, QueueGauges,
+    ApiKey, AuditEntry, DeadLetterGroup, HaltedSubject, LaneHalt, Latency, NewApiKey, NewAuditEntry, OldestDue,
+    OperatorStore, Pause, PauseScope, QueueError, QueueGauges,
 };
 
 impl Store {
@@ -324,6 +324,34 @@ impl OperatorStore for Store {
             subjects_halted: get(&row, 0, "halted")?,
             oldest_due,
         })
+    }
+
+    async fn dead_letter_groups(&self) -> Result<Vec<DeadLetterGroup>, QueueError> {
+        let mut conn = reader(&self.conns).await?;
+        let rows = sqlx::query(sql::operator::DEAD_LETTER_GROUPS)
+            .bind(St(Transition::Fail.to()))
+            .fetch_all(&mut *conn)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let newest: OpId = get(r, 0, "newest")?;
+                let class: Option<String> = get(r, newest, "class")?;
+                Ok(DeadLetterGroup {
+                    kind: get(r, newest, "kind")?,
+                    class: match class {
+                        None => None,
+                        Some(c) => Some(AttemptClass::parse(&c).ok_or_else(|| QueueError::Corrupt {
+                            id: newest,
+                            column: "attempts.outcome",
+                            value: c.clone(),
+                        })?),
+                    },
+                    unknown: get(r, newest, "unknown")?,
+                    count: get(r, newest, "n")?,
+                    newest,
+                })
+            })
+            .collect()
     }
 
     async fn recent_latencies(&self, since: DateTime<Utc>, limit: u32) -> Result<Vec<Latency>, QueueError> {

@@ -83,3 +83,13 @@ GROUP BY kind, outbox ORDER BY kind, outbox
 -- name: recent_latencies
 SELECT id, kind, priority, finished_at - created_at AS ms FROM ops
 WHERE status = $3 AND finished_at >= $1 ORDER BY id DESC LIMIT $2
+
+-- Dead letters by kind, by the class of their last attempt, and whether
+-- their outcome is unknown (a receipt never proven): through the status
+-- index and one attempt lookup per dead letter, never the other ops.
+-- name: dead_letter_groups
+SELECT o.kind, a.outcome AS class, o.receipt IS NOT NULL AS unknown, COUNT(*) AS n, MAX(o.id) AS newest
+FROM ops o LEFT JOIN attempts a ON a.op_id = o.id AND a.attempt = o.attempts
+WHERE o.status = $1
+GROUP BY o.kind, a.outcome, o.receipt IS NOT NULL
+ORDER BY n DESC, o.kind
