@@ -6,9 +6,12 @@
 
 const KEY = 'laneway.console.key';
 const POLL_MS = 3000;
+// The overview's counts cost the database most (depth reads an index of
+// every op kept), so it refreshes less often.
+const OVERVIEW_POLL_MS = 10000;
 const PAGE = 50;
 
-const state = { key: sessionStorage.getItem(KEY), actor: null, scopes: [], timer: null, route: null, refreshFailed: false };
+const state = { key: sessionStorage.getItem(KEY), actor: null, scopes: [], timer: null, route: null, refreshFailed: false, refreshing: false };
 
 // ---- small helpers -------------------------------------------------------
 
@@ -467,7 +470,9 @@ async function audit(main, live, params) {
 const PAGES = { '': overview, ops, op, dead, destinations, steering, audit };
 
 async function refresh() {
-  if (!state.route) return;
+  // One refresh at a time: a slow answer is not overtaken by the next poll.
+  if (!state.route || state.refreshing) return;
+  state.refreshing = true;
   try {
     await state.route();
     // A refresh that failed said so; one that works takes that back (and
@@ -477,6 +482,8 @@ async function refresh() {
   } catch (e) {
     state.refreshFailed = true;
     say(e.message, true);
+  } finally {
+    state.refreshing = false;
   }
 }
 
@@ -507,7 +514,7 @@ async function route() {
   document.title = `${main.querySelector('h1').textContent} · laneway`;
   main.focus();
   await refresh();
-  state.timer = setInterval(() => { if (!document.hidden) refresh(); }, POLL_MS);
+  state.timer = setInterval(() => { if (!document.hidden) refresh(); }, page === overview ? OVERVIEW_POLL_MS : POLL_MS);
 }
 
 window.addEventListener('hashchange', () => { say(''); route(); });
