@@ -11,7 +11,7 @@ const POLL_MS = 3000;
 const OVERVIEW_POLL_MS = 10000;
 const PAGE = 50;
 
-const state = { key: sessionStorage.getItem(KEY), actor: null, scopes: [], timer: null, route: null, refreshFailed: false, refreshing: false };
+const state = { key: sessionStorage.getItem(KEY), actor: null, scopes: [], timer: null, route: null, refreshFailed: false, refreshing: null, nav: 0 };
 
 // ---- small helpers -------------------------------------------------------
 
@@ -470,11 +470,13 @@ async function audit(main, live, params) {
 const PAGES = { '': overview, ops, op, dead, destinations, steering, audit };
 
 async function refresh() {
-  // One refresh at a time: a slow answer is not overtaken by the next poll.
-  if (!state.route || state.refreshing) return;
-  state.refreshing = true;
+  // One refresh at a time per page: a slow answer is not overtaken by the
+  // next poll (a page just navigated to does not wait for the last one's).
+  const current = state.route;
+  if (!current || state.refreshing === current) return;
+  state.refreshing = current;
   try {
-    await state.route();
+    await current();
     // A refresh that failed said so; one that works takes that back (and
     // leaves what an action reported).
     if (state.refreshFailed) say('');
@@ -483,11 +485,13 @@ async function refresh() {
     state.refreshFailed = true;
     say(e.message, true);
   } finally {
-    state.refreshing = false;
+    if (state.refreshing === current) state.refreshing = null;
   }
 }
 
 async function route() {
+  // A later navigation wins: an earlier one still awaiting stops there.
+  const nav = ++state.nav;
   clearInterval(state.timer);
   state.route = null;
   const main = document.getElementById('main');
@@ -495,6 +499,7 @@ async function route() {
   if (!state.key) { signInPage(main); return; }
   if (!state.actor) {
     try { await whoami(); } catch (e) { return; }
+    if (nav !== state.nav) return;
   }
   const [path, search] = location.hash.replace(/^#\/?/, '').split('?');
   const [name, arg] = path.split('/');
@@ -510,10 +515,13 @@ async function route() {
     return;
   }
   const live = h('div', { id: 'live', 'aria-busy': 'false' });
-  state.route = await page(main, live, params, arg);
+  const refresher = await page(main, live, params, arg);
+  if (nav !== state.nav) return;
+  state.route = refresher;
   document.title = `${main.querySelector('h1').textContent} · laneway`;
   main.focus();
   await refresh();
+  if (nav !== state.nav) return;
   state.timer = setInterval(() => { if (!document.hidden) refresh(); }, page === overview ? OVERVIEW_POLL_MS : POLL_MS);
 }
 
