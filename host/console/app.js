@@ -23,16 +23,19 @@ function h(tag, attrs, ...children) {
     else if (k === 'class') el.className = v;
     else el.setAttribute(k, v === true ? '' : String(v));
   }
-  for (const c of children.flat(Infinity)) {
-    if (c === null || c === undefined || c === false) continue;
-    el.append(c instanceof Node ? c : String(c));
-  }
+  el.append(...nodes(children));
   return el;
 }
 
-// Replaces an element's children, skipping what is absent.
+// Children as the DOM takes them: nested lists flattened, what is absent
+// skipped, anything else as text (never parsed as HTML).
+function nodes(children) {
+  return children.flat(Infinity).filter(c => c !== null && c !== undefined && c !== false).map(c => (c instanceof Node ? c : String(c)));
+}
+
+// Replaces an element's children.
 function fill(el, ...children) {
-  el.replaceChildren(...children.flat(Infinity).filter(c => c !== null && c !== undefined && c !== false).map(c => (c instanceof Node ? c : String(c))));
+  el.replaceChildren(...nodes(children));
 }
 
 function may(scope) { return state.scopes.includes(scope); }

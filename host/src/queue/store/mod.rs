@@ -18,7 +18,7 @@ use chrono::{DateTime, Utc};
 
 use super::{sql, Conn, Conns, Row};
 use crate::clock::Clock;
-use crate::op::{Op, OpId, Transition};
+use crate::op::{AttemptClass, Op, OpId, Transition};
 use crate::queue::codec::{get, Lanes, List, Rank, St, Token, Ts};
 use crate::queue::dialect::Dialect;
 use crate::queue::policy::now_ms;
@@ -124,6 +124,15 @@ pub(crate) fn occupant_from_row(row: &Row) -> Result<Occupant, QueueError> {
         lanes: get::<Lanes, _>(row, id, "lanes")?.0,
         in_flight: get::<St, _>(row, id, "status")?.0 == Transition::Claim.to(),
         in_doubt: get(row, id, "in_doubt")?,
+    })
+}
+
+/// An attempt's class as stored in `attempts.outcome`.
+pub(crate) fn attempt_class(id: OpId, stored: String) -> Result<AttemptClass, QueueError> {
+    AttemptClass::parse(&stored).ok_or(QueueError::Corrupt {
+        id,
+        column: "attempts.outcome",
+        value: stored,
     })
 }
 

@@ -5,8 +5,8 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::{api_key_from_row, ops_from_rows, reader, sql, Store};
-use crate::op::{AttemptClass, Op, OpId, Transition};
+use super::{api_key_from_row, attempt_class, ops_from_rows, reader, sql, Store};
+use crate::op::{Op, OpId, Transition};
 use crate::queue::codec::{get, List, Rank, St, Times, Ts};
 use crate::queue::dialect::Dialect;
 use crate::queue::policy::{
@@ -338,14 +338,7 @@ impl OperatorStore for Store {
                 let class: Option<String> = get(r, newest, "class")?;
                 Ok(DeadLetterGroup {
                     kind: get(r, newest, "kind")?,
-                    class: match class {
-                        None => None,
-                        Some(c) => Some(AttemptClass::parse(&c).ok_or_else(|| QueueError::Corrupt {
-                            id: newest,
-                            column: "attempts.outcome",
-                            value: c.clone(),
-                        })?),
-                    },
+                    class: class.map(|c| attempt_class(newest, c)).transpose()?,
                     unknown: get(r, newest, "unknown")?,
                     count: get(r, newest, "n")?,
                     newest,

@@ -5,8 +5,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::QueryBuilder;
 
-use super::{ops_from_rows, reader, sql, Conn, Conns, Store};
-use crate::op::{Attempt, AttemptClass, AttemptRecord, Op, OpId, Priority, Status};
+use super::{attempt_class, ops_from_rows, reader, sql, Conn, Conns, Store};
+use crate::op::{Attempt, AttemptRecord, Op, OpId, Priority, Status};
 use crate::queue::codec::{get, Lanes, List, Rank, St, Ts};
 use crate::queue::dialect::Dialect;
 use crate::queue::policy::{check_versions, shared_payload, validate_new_op};
@@ -153,18 +153,13 @@ impl OpStore for Store {
         rows.iter()
             .map(|row| {
                 let op_id: i64 = get(row, id, "op_id")?;
-                let outcome: String = get(row, op_id, "outcome")?;
                 Ok(Attempt {
                     op_id,
                     attempt: get(row, op_id, "attempt")?,
                     record: AttemptRecord {
                         started_at: get::<Ts, _>(row, op_id, "started_at")?.0,
                         finished_at: get::<Ts, _>(row, op_id, "finished_at")?.0,
-                        class: AttemptClass::parse(&outcome).ok_or(QueueError::Corrupt {
-                            id: op_id,
-                            column: "attempts.outcome",
-                            value: outcome.clone(),
-                        })?,
+                        class: attempt_class(op_id, get(row, op_id, "outcome")?)?,
                         detail: get(row, op_id, "detail")?,
                         fee: get(row, op_id, "fee")?,
                         error: get(row, op_id, "error")?,
