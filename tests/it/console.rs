@@ -129,7 +129,12 @@ async fn whoami_names_the_key_and_activity_and_dead_letters_count_outcomes(db: T
     ensure!(status == 200 && me["scopes"][0] == "ops:write", "{status} {me}");
     let (status, _) = served.call("GET", "/api/admin/whoami", None, None).await?;
     ensure!(status == 401, "{status}");
-    // Three confirmed, two dead-lettered, one cancelled.
+    // Three confirmed, two dead-lettered, one cancelled; paused while the
+    // ops are scripted, so none runs unscripted.
+    served
+        .queue
+        .pause(laneway::queue::PauseScope::Kind, "activitypub", None, "test")
+        .await?;
     let ids: Vec<_> = served
         .queue
         .enqueue(
@@ -144,6 +149,10 @@ async fn whoami_names_the_key_and_activity_and_dead_letters_count_outcomes(db: T
     for (i, id) in ids.iter().enumerate() {
         exec.script(*id, [if i % 2 == 1 { Step::Permanent } else { Step::Ok }]);
     }
+    served
+        .queue
+        .resume(laneway::queue::PauseScope::Kind, "activitypub")
+        .await?;
     settle(served.queue.as_ref(), Duration::from_secs(20)).await?;
     let mut held = to("o", "https://later.example/inbox", 9);
     held.not_before = Some(chrono::Utc::now() + chrono::Duration::hours(1));
