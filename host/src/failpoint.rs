@@ -11,8 +11,9 @@
 //!   which is a kill -9 as far as the database can tell (no settle, no
 //!   release; leases just stay).
 //!
-//! The points ([`CLAIMED`], [`SETTLING`]) are the two crash windows of the
-//! drain's pipeline; ARCHITECTURE.md says what each costs.
+//! The points: [`CLAIMED`] and [`SETTLING`], the two crash windows of the
+//! drain's pipeline (ARCHITECTURE.md says what each costs), and [`RELAY`],
+//! the outcome relay's window between its enqueue and its cursor.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -22,6 +23,9 @@ pub const CLAIMED: &str = "claimed";
 /// A round with settles (their side effects done) is about to be sent;
 /// none of them is committed.
 pub const SETTLING: &str = "settling";
+/// The outcome relay enqueued a page's webhook ops; its cursor is not
+/// stored yet.
+pub const RELAY: &str = "relay";
 
 /// One armed point.
 struct Armed {

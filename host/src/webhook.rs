@@ -254,6 +254,7 @@ pub async fn relay_once(
         if !ops.is_empty() {
             sent += ops.len();
             dispatcher.enqueue_internal(&ops).await?;
+            crate::failpoint::hit(crate::failpoint::RELAY, RELAY).await;
         }
         queue.set_feed_cursor(RELAY, &last).await?;
         cursor = Some(last);

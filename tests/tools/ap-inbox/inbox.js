@@ -6,6 +6,9 @@
 //   node inbox.js KEYS.json OUT.jsonl [--accept cavage|rfc9421|both] [--challenge]
 //
 // KEYS.json maps each keyId to {"pem": "...", "alg": "rsa-sha256"|"ed25519"}.
+// POSTs to /hooks/... are outcome webhooks instead: with a "whsec_..." secret
+// under KEYS.json's "webhook_secret", their Standard Webhooks signature is
+// checked, and they are recorded with their webhook-id.
 // Every request is appended to OUT.jsonl as {path, scheme, status, id, why}.
 // Paths whose user name starts with "gone" answer 410; "flaky" ones answer
 // 503 to their first two POSTs. With --accept, the other scheme gets 401
@@ -68,6 +71,24 @@ async function verifyRfc9421(req, body) {
   if (req.headers['content-digest'] !== `sha-256=:${sha256(body)}:`) throw new Error('content-digest mismatch');
 }
 
+// Standard Webhooks v1: HMAC-SHA256 over "id.timestamp.body" with the
+// base64 secret after "whsec_"; any of the space-separated v1 signatures.
+function verifyWebhook(req, body) {
+  const id = req.headers['webhook-id'];
+  const timestamp = req.headers['webhook-timestamp'];
+  const signatures = (req.headers['webhook-signature'] || '').split(' ');
+  if (!id || !timestamp) return [400, 'webhook-id and webhook-timestamp are required', id];
+  const secret = keys.webhook_secret;
+  if (secret) {
+    const mac = crypto
+      .createHmac('sha256', Buffer.from(secret.replace(/^whsec_/, ''), 'base64'))
+      .update(`${id}.${timestamp}.${body.toString('utf8')}`)
+      .digest('base64');
+    if (!signatures.includes(`v1,${mac}`)) return [401, 'bad webhook signature', id];
+  }
+  return [204, null, id];
+}
+
 const server = http.createServer((req, res) => {
   const chunks = [];
   req.on('data', (c) => chunks.push(c));
@@ -84,6 +105,7 @@ const server = http.createServer((req, res) => {
       res.end(why ? JSON.stringify({ error: why }) : '');
     };
     if (req.method !== 'POST') return answer(405, 'POST only');
+    if (req.url.startsWith('/hooks/')) return answer(...verifyWebhook(req, body));
     if (accept !== 'both' && scheme !== accept) return answer(401, `this inbox accepts ${accept} signatures only`);
     try {
       if (scheme === 'cavage') verifyCavage(req, body);

@@ -1,0 +1,136 @@
+//! `laneway-faults`: runs the fault plans and prints the checker's table;
+//! exits non-zero when any run fails its checks.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use laneway_faults::check::{check, table};
+use laneway_faults::run::{run, Backend, Env, Fault, Plan};
+use rand::Rng as _;
+
+#[derive(Parser)]
+#[command(about = "laneway's fault harness: the binary killed and stalled mid-flight, then checked")]
+struct Args {
+    /// reduced (every fault once, 5k ops per backend: ./dev test runs it) or
+    /// full (100k ops, 50 kills, every fault several times per backend).
+    #[arg(long, default_value = "reduced")]
+    size: String,
+    /// sqlite, postgres or both.
+    #[arg(long, default_value = "both")]
+    backend: String,
+    /// The PostgreSQL server; each run makes a database of its own there.
+    #[arg(long, env = "TEST_PG_URL", default_value = "postgres://postgres@127.0.0.1:5432/test")]
+    pg: String,
+    /// The laneway binary under test.
+    #[arg(long, env = "LW_LANEWAY_BIN")]
+    laneway: Option<PathBuf>,
+    /// Keep each run's directory (database, config, logs) under this one.
+    #[arg(long)]
+    keep: Option<PathBuf>,
+}
+
+/// Every fault of a plan, `kills` of them random kill -9s (the failpoints
+/// first, so each is hit while there is work).
+fn faults(backend: &Backend, kills: usize, rounds: usize, full: bool) -> Vec<Fault> {
+    let mut rng = rand::thread_rng();
+    let mut plan = Vec::new();
+    for _ in 0..rounds {
+        // The relay passes a page every 100 ms at most: a low N is hit.
+        for (point, most) in [("claimed", 40), ("settling", 40), ("relay", 8)] {
+            plan.push(Fault::Failpoint(format!("{point}@{}", rng.gen_range(1..=most))));
+        }
+        plan.push(Fault::Stall);
+        plan.push(Fault::RewriteConfig);
+        plan.push(Fault::ReplacePlugin);
+        plan.push(Fault::ThreeHosts);
+        if matches!(backend, Backend::Postgres(_)) {
+            plan.push(Fault::TerminateConnections);
+            // Restarting the server disturbs whatever else uses it: the
+            // full run only, on a machine of its own.
+            if full {
+                plan.push(Fault::RestartPostgres);
+            }
+        }
+    }
+    let extra = kills.saturating_sub(plan.len());
+    for _ in 0..extra {
+        plan.push(Fault::Kill { after_ms: (200, 1500) });
+    }
+    plan
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let laneway = match args.laneway {
+        Some(path) => path,
+        None => {
+            let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo.join("target"), PathBuf::from);
+            target.join("debug/laneway")
+        }
+    };
+    anyhow::ensure!(
+        laneway.exists(),
+        "{} is missing: build it (cargo build -p laneway) or pass --laneway",
+        laneway.display()
+    );
+    let backends = match args.backend.as_str() {
+        "sqlite" => vec![Backend::Sqlite],
+        "postgres" => vec![Backend::Postgres(args.pg.clone())],
+        "both" => vec![Backend::Sqlite, Backend::Postgres(args.pg.clone())],
+        other => anyhow::bail!("--backend: expected sqlite, postgres or both, got {other:?}"),
+    };
+    let (activities, kills, rounds) = match args.size.as_str() {
+        "reduced" => (250, 5, 1),
+        "full" => (5000, 50, 3),
+        other => anyhow::bail!("--size: expected reduced or full, got {other:?}"),
+    };
+    let mut failed = 0;
+    for backend in backends {
+        let plan = Plan {
+            faults: faults(&backend, kills, rounds, args.size == "full"),
+            backend,
+            activities,
+            inboxes: 20,
+            outboxes: 4,
+            drain_deadline: Duration::from_secs(if activities > 1000 { 600 } else { 120 }),
+        };
+        let env = Env {
+            repo: repo.clone(),
+            laneway: laneway.clone(),
+            keep: args.keep.as_ref().map(|k| k.join(plan.backend.name())),
+        };
+        println!(
+            "laneway-faults: {} ops on {}, {} faults, {}",
+            plan.ops(),
+            plan.backend.name(),
+            plan.faults.len(),
+            laneway.display()
+        );
+        let outcome = run(&plan, &env)
+            .await
+            .with_context(|| format!("the {} run", plan.backend.name()))?;
+        for line in &outcome.faults {
+            println!("  {line}");
+        }
+        let report = check(&outcome.history);
+        println!(
+            "  {} lease expiries recorded; {:.1} s",
+            outcome.lease_expired,
+            outcome.elapsed.as_secs_f64()
+        );
+        println!("{}\n", table(plan.backend.name(), &report));
+        if !report.passed() {
+            failed += 1;
+        }
+    }
+    if failed > 0 {
+        eprintln!("laneway-faults: {failed} run(s) failed their checks");
+        std::process::exit(1);
+    }
+    Ok(())
+}

@@ -1,0 +1,680 @@
+//! One faulted run: a fresh database, the Node inboxes, a producer posting
+//! fan-outs through the API the whole time, and the `laneway` binary
+//! started again and again, each time ended by the next fault of the plan.
+//! Then one clean host drains what is left, and the history goes to the
+//! checker.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context as _};
+use rand::Rng as _;
+use serde_json::{json, Value};
+use sqlx::Row as _;
+
+use crate::check::{Acked, Arrival, History, Status};
+use crate::procs::{self, Laneway, Proc};
+
+/// Which queue the hosts share.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    /// A server URL; the run makes (and drops) a database of its own there.
+    Postgres(String),
+}
+
+impl Backend {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres(_) => "postgres",
+        }
+    }
+}
+
+/// One fault: how a host's life ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// `LANEWAY_FAILPOINT=name@N`: the host aborts at that point's Nth hit.
+    Failpoint(String),
+    /// kill -9 at a random moment this long (ms range) after it is ready.
+    Kill { after_ms: (u64, u64) },
+    /// SIGSTOP past the lease while a second host takes over, then SIGCONT:
+    /// the stale host must change nothing; then it is killed.
+    Stall,
+    /// PostgreSQL only: every connection of the host terminated by the
+    /// server mid-run; the host must reconnect and lose nothing.
+    TerminateConnections,
+    /// The config file rewritten in place (truncated, then written) while
+    /// ops flow: no kind may be unloaded, nothing dead-lettered.
+    RewriteConfig,
+    /// Three hosts share the queue; one is killed -9: its outboxes move to
+    /// the others within the slot TTL, and no op is claimed twice.
+    ThreeHosts,
+    /// PostgreSQL only: the server itself restarted mid-run (`pg_ctlcluster
+    /// restart`); the host must ride it out and lose nothing.
+    RestartPostgres,
+    /// The kind's `.wasm` rewritten in place (its first half, a pause, then
+    /// all of it), as a copy or a build does: the half-written module must
+    /// be refused and the running one kept.
+    ReplacePlugin,
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fault::Failpoint(point) => write!(f, "failpoint {point}"),
+            Fault::Kill { .. } => write!(f, "kill -9"),
+            Fault::Stall => write!(f, "SIGSTOP past the lease"),
+            Fault::TerminateConnections => write!(f, "pg_terminate_backend"),
+            Fault::RewriteConfig => write!(f, "config rewritten in place"),
+            Fault::ReplacePlugin => write!(f, ".wasm rewritten in place"),
+            Fault::ThreeHosts => write!(f, "three hosts, one killed"),
+            Fault::RestartPostgres => write!(f, "PostgreSQL restarted"),
+        }
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub backend: Backend,
+    /// Activities fanned out; each goes to every inbox.
+    pub activities: usize,
+    pub inboxes: usize,
+    /// Sending actors (outboxes), each with its own drain.
+    pub outboxes: usize,
+    pub faults: Vec<Fault>,
+    /// The longest the clean host may take to finish after the faults.
+    pub drain_deadline: Duration,
+}
+
+impl Plan {
+    pub fn ops(&self) -> usize {
+        self.activities * self.inboxes
+    }
+}
+
+/// Where the run finds what it drives.
+#[derive(Debug, Clone)]
+pub struct Env {
+    pub repo: PathBuf,
+    pub laneway: PathBuf,
+    /// Kept after the run when set (the database, the logs, the config).
+    pub keep: Option<PathBuf>,
+}
+
+/// What happened, for the table.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub history: History,
+    /// One line per fault: what it was and what it did.
+    pub faults: Vec<String>,
+    pub lease_expired: i64,
+    pub elapsed: Duration,
+}
+
+/// The lease and slot TTL the run's hosts use: short, so that a crash
+/// costs a second or two, not the production default's 30 s and 15 s.
+const LEASE_MS: u64 = 2000;
+const SLOT_TTL_MS: u64 = 1000;
+/// Per-destination in-flight cap; each inbox process is one destination.
+const PER_DESTINATION: u32 = 8;
+const INBOX_PROCESSES: usize = 2;
+
+const KEY_ID: &str = "https://faults.laneway.example/actor#main-key";
+
+fn config_text(db_url: &str, plugins: &Path, pem: &Path, hook_key: &Path, hooks: &str) -> String {
+    format!(
+        r#"# Written by laneway-faults.
+[database]
+url = "{db_url}"
+[outcomes]
+allowed_hosts = ["http://127.0.0.1:*"]
+allowed_internal = ["127.0.0.1"]
+relay_every_ms = 100
+[queue]
+lease_ms = {LEASE_MS}
+[dispatch]
+poll_ms = 100
+slot_ttl_ms = {SLOT_TTL_MS}
+shutdown_grace_ms = 2000
+[destinations]
+max_in_flight = {PER_DESTINATION}
+[runtime]
+reload_debounce_ms = 50
+[keys.actor]
+algorithm = "rsa-sha256"
+file = "{pem}"
+[keys.hook]
+algorithm = "hmac-sha256"
+file = "{hook_key}"
+[plugins.activitypub]
+path = "{plugins}/activitypub.wasm"
+allowed_hosts = ["http://127.0.0.1:*"]
+allowed_internal = ["127.0.0.1"]
+keys = ["actor"]
+[kinds.activitypub]
+plugin = "activitypub"
+backoff_base_ms = 50
+backoff_max_ms = 500
+timeout_ms = 1500
+max_attempts = 1000
+config = {{ key = "actor", key_id = "{KEY_ID}", signature = "cavage" }}
+outcome_webhook = "{hooks}"
+outcome_webhook_key = "hook"
+[kinds.outcome_webhook]
+backoff_base_ms = 50
+backoff_max_ms = 500
+timeout_ms = 1500
+max_attempts = 1000
+"#,
+        pem = pem.display(),
+        hook_key = hook_key.display(),
+        plugins = plugins.display(),
+    )
+}
+
+/// A fresh PostgreSQL database for one run, dropped when the run passed.
+async fn pg_database(server: &str) -> anyhow::Result<(String, String)> {
+    use sqlx::Connection as _;
+    let name = format!(
+        "laneway_faults_{}_{}",
+        std::process::id(),
+        rand::thread_rng().gen_range(0..1_000_000u32)
+    );
+    let mut admin = sqlx::PgConnection::connect(server)
+        .await
+        .with_context(|| format!("connecting to {server}"))?;
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut admin)
+        .await?;
+    let base = server.rsplit_once('/').map_or(server, |(base, _)| base);
+    Ok((name.clone(), format!("{base}/{name}")))
+}
+
+async fn drop_pg_database(server: &str, name: &str) -> anyhow::Result<()> {
+    use sqlx::Connection as _;
+    let mut admin = sqlx::PgConnection::connect(server).await?;
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .execute(&mut admin)
+        .await?;
+    Ok(())
+}
+
+/// The producer: posts every activity's fan-out until it is acknowledged,
+/// through whichever host is up (a refused connection or a 5xx is retried
+/// with the same activity, which the fan-out de-duplicates per inbox).
+struct Producer {
+    acked: Arc<Mutex<Vec<Acked>>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+fn spawn_producer(
+    http: reqwest::Client,
+    ports: Arc<Mutex<Vec<u16>>>,
+    key: String,
+    plan: &Plan,
+    inboxes: Vec<String>,
+    gate: Arc<tokio::sync::Semaphore>,
+) -> Producer {
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let (activities, outboxes) = (plan.activities, plan.outboxes);
+    let task = {
+        let acked = acked.clone();
+        tokio::spawn(async move {
+            for n in 0..activities {
+                // The run hands out the activities a chunk per host life,
+                // so that every fault meets work in flight.
+                gate.acquire().await?.forget();
+                let outbox = format!("https://faults.laneway.example/actors/{}", n % outboxes);
+                let activity = format!("{outbox}/activities/{n}");
+                let body = json!({
+                    "outbox": outbox,
+                    "activity": {"id": activity, "type": "Create", "actor": outbox,
+                                 "object": {"id": format!("{activity}/note"), "type": "Note"}},
+                    "recipients": inboxes,
+                });
+                let answer = post_until_acked(&http, &ports, &key, &body).await?;
+                let deliveries = answer["deliveries"].as_array().context("deliveries")?;
+                ensure!(deliveries.len() == inboxes.len(), "one delivery per inbox: {answer}");
+                let mut acked = acked.lock().unwrap_or_else(PoisonError::into_inner);
+                for (inbox, delivery) in inboxes.iter().zip(deliveries) {
+                    acked.push(Acked {
+                        op: delivery["id"].as_i64().context("delivery id")?,
+                        outbox: outbox.clone(),
+                        inbox: inbox.clone(),
+                        activity: activity.clone(),
+                    });
+                }
+            }
+            Ok(())
+        })
+    };
+    Producer { acked, task }
+}
+
+async fn post_until_acked(
+    http: &reqwest::Client,
+    ports: &Mutex<Vec<u16>>,
+    key: &str,
+    body: &Value,
+) -> anyhow::Result<Value> {
+    let started = Instant::now();
+    loop {
+        let candidates = ports.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        for port in candidates {
+            let sent = http
+                .post(format!("http://127.0.0.1:{port}/api/v1/activitypub/deliveries"))
+                .bearer_auth(key)
+                .header("content-type", "application/json")
+                .body(body.to_string())
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await;
+            let Ok(answer) = sent else { continue };
+            let status = answer.status();
+            let text = answer.text().await.unwrap_or_default();
+            if status.is_success() {
+                return serde_json::from_str(&text).with_context(|| text.clone());
+            }
+            // A 4xx is the harness's bug or laneway's; never retried.
+            ensure!(
+                status.is_server_error(),
+                "the fan-out was refused with {status}: {text}"
+            );
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(120),
+            "no host acknowledged a fan-out for 2 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Reads the inbox logs: every request each fake answered, in order, and
+/// the `webhook-id`s of the outcome webhooks they accepted.
+fn arrivals(logs: &[(u16, PathBuf)]) -> anyhow::Result<(Vec<Arrival>, Vec<String>)> {
+    let mut all = Vec::new();
+    let mut hooks = Vec::new();
+    for (port, path) in logs {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let entry: Value = serde_json::from_str(line).with_context(|| format!("{}: {line}", path.display()))?;
+            let request = entry["path"].as_str().unwrap_or_default();
+            let arrival = Arrival {
+                inbox: format!("http://127.0.0.1:{port}{request}"),
+                activity: entry["id"].as_str().map(str::to_owned),
+                status: entry["status"]
+                    .as_u64()
+                    .and_then(|s| u16::try_from(s).ok())
+                    .unwrap_or(0),
+            };
+            match (request.starts_with("/hooks/"), arrival.status, &arrival.activity) {
+                (true, 200..=299, Some(id)) => hooks.push(id.clone()),
+                // A refused webhook is a refused request like any other.
+                (true, _, _) => all.push(Arrival {
+                    activity: None,
+                    ..arrival
+                }),
+                (false, _, _) => all.push(arrival),
+            }
+        }
+    }
+    Ok((all, hooks))
+}
+
+/// The database side: every op row's status, the lease expiries, and how
+/// many ops are still open. (sqlx's `Any` driver is not built: the same
+/// three statements on each backend's pool.)
+async fn rows(db_url: &str) -> anyhow::Result<(HashMap<i64, Status>, i64, i64)> {
+    macro_rules! read {
+        ($pool:expr) => {{
+            let pool = $pool;
+            let rows = sqlx::query("SELECT id, status FROM ops").fetch_all(&pool).await?;
+            let expired: i64 = sqlx::query_scalar("SELECT count(*) FROM attempts WHERE outcome = 'lease_expired'")
+                .fetch_one(&pool)
+                .await?;
+            let open: i64 = sqlx::query_scalar("SELECT count(*) FROM ops WHERE status IN ('pending', 'submitted')")
+                .fetch_one(&pool)
+                .await?;
+            pool.close().await;
+            (statuses(rows.iter().map(|r| (r.get(0), r.get(1))))?, expired, open)
+        }};
+    }
+    Ok(if db_url.starts_with("sqlite") {
+        read!(sqlx::SqlitePool::connect(db_url).await?)
+    } else {
+        read!(sqlx::PgPool::connect(db_url).await?)
+    })
+}
+
+fn statuses(rows: impl Iterator<Item = (i64, String)>) -> anyhow::Result<HashMap<i64, Status>> {
+    rows.map(|(id, status)| {
+        Status::parse(&status)
+            .map(|s| (id, s))
+            .with_context(|| format!("op {id} has status {status:?}"))
+    })
+    .collect()
+}
+
+/// Runs one plan to the end and returns its history.
+pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
+    use rsa::pkcs8::{EncodePrivateKey as _, EncodePublicKey as _};
+    let started = Instant::now();
+    let temp = tempfile::tempdir()?;
+    let dir = env.keep.clone().unwrap_or_else(|| temp.path().to_owned());
+    std::fs::create_dir_all(&dir)?;
+    let key = rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 2048)?;
+    let pem = dir.join("actor.pem");
+    std::fs::write(&pem, key.to_pkcs8_pem(rsa::pkcs8::LineEnding::LF)?.as_bytes())?;
+    let public = key.to_public_key().to_public_key_pem(rsa::pkcs8::LineEnding::LF)?;
+    let hook_secret = format!(
+        "whsec_{}",
+        base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            rand::thread_rng().gen::<[u8; 32]>()
+        )
+    );
+    let hook_key = dir.join("hook.key");
+    std::fs::write(&hook_key, &hook_secret)?;
+    let keys = dir.join("keys.json");
+    std::fs::write(
+        &keys,
+        json!({ KEY_ID: {"pem": public, "alg": "rsa-sha256"}, "webhook_secret": hook_secret }).to_string(),
+    )?;
+
+    // The inboxes, as processes of their own.
+    let mut fakes: Vec<Proc> = Vec::new();
+    let mut logs = Vec::new();
+    for n in 0..INBOX_PROCESSES {
+        let out = dir.join(format!("inbox-{n}.jsonl"));
+        let (proc, port) = procs::node_inbox(&env.repo, &keys, &out)?;
+        fakes.push(proc);
+        logs.push((port, out));
+    }
+    let inboxes: Vec<String> = (0..plan.inboxes)
+        .map(|n| format!("http://127.0.0.1:{}/users/u{n}/inbox", logs[n % logs.len()].0))
+        .collect();
+
+    let (db_url, pg_name) = match &plan.backend {
+        Backend::Sqlite => (format!("sqlite://{}", dir.join("queue.db").display()), None),
+        Backend::Postgres(server) => {
+            let (name, url) = pg_database(server).await?;
+            (url, Some(name))
+        }
+    };
+    let config = dir.join("laneway.toml");
+    let hooks = format!("http://127.0.0.1:{}/hooks/outcomes", logs[0].0);
+    // The run's own copy of the plugin, which ReplacePlugin rewrites.
+    let plugins = dir.join("plugins");
+    std::fs::create_dir_all(&plugins)?;
+    let wasm = std::fs::read(env.repo.join("plugins/target/wasm32-wasip2/release/activitypub.wasm"))
+        .context("the activitypub plugin (./dev test builds it)")?;
+    std::fs::write(plugins.join("activitypub.wasm"), &wasm)?;
+    let text = config_text(&db_url, &plugins, &pem, &hook_key, &hooks);
+    std::fs::write(&config, &text)?;
+    let laneway = Laneway {
+        bin: env.laneway.clone(),
+        config: config.clone(),
+        log: dir.join("hosts.log"),
+    };
+    laneway.cli(&["check-config"])?;
+    laneway.cli(&["migrate"])?;
+    let out = laneway.cli(&["api-keys", "new", "--name", "faults", "--scopes", "ops:write", "--json"])?;
+    let secret: Value = serde_json::from_str(&out).with_context(|| out.clone())?;
+    let secret = secret["secret"].as_str().context("the key's secret")?.to_owned();
+
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    let ports = Arc::new(Mutex::new(Vec::new()));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let producer = spawn_producer(http.clone(), ports.clone(), secret, plan, inboxes, gate.clone());
+    let chunk = plan.activities.div_ceil(plan.faults.len() + 1);
+    let set_ports = |list: &[u16]| *ports.lock().unwrap_or_else(PoisonError::into_inner) = list.to_vec();
+
+    let mut outcome = Outcome::default();
+    let mut kills = 0u32;
+    for fault in &plan.faults {
+        let port = procs::free_port()?;
+        let failpoint = match fault {
+            Fault::Failpoint(point) => Some(point.as_str()),
+            _ => None,
+        };
+        let mut host = laneway.start(port, failpoint)?;
+        procs::ready(&http, &mut host, port).await?;
+        set_ports(&[port]);
+        gate.add_permits(chunk);
+        let line = match fault {
+            Fault::Failpoint(point) => {
+                // It aborts by itself at the point; a point never reached
+                // (no more work) is reported, and the host is killed.
+                let deadline = Instant::now() + Duration::from_secs(20);
+                loop {
+                    if let Some(status) = host.exited() {
+                        kills += 1;
+                        break format!("failpoint {point}: aborted ({status})");
+                    }
+                    if Instant::now() > deadline {
+                        host.kill9();
+                        kills += 1;
+                        break format!("failpoint {point}: not reached in 20 s; killed -9");
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            Fault::Kill { after_ms } => {
+                let wait = rand::thread_rng().gen_range(after_ms.0..=after_ms.1);
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+                host.kill9();
+                kills += 1;
+                format!("kill -9 {wait} ms after ready")
+            }
+            Fault::Stall => {
+                let wait = rand::thread_rng().gen_range(200..=800);
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+                host.signal("STOP")?;
+                // A second host takes the stalled one's outboxes once their
+                // slots lapse, and its ops once their leases do.
+                let second_port = procs::free_port()?;
+                let mut second = laneway.start(second_port, None)?;
+                // SQLite: the stalled host may hold the write lock, and the
+                // second waits on it; the stall ends regardless.
+                tokio::time::sleep(Duration::from_millis(LEASE_MS + SLOT_TTL_MS + 1500)).await;
+                host.signal("CONT")?;
+                procs::ready(&http, &mut second, second_port).await?;
+                set_ports(&[second_port]);
+                // The stale host wakes holding expired leases and slots:
+                // every write it tries must be refused by its token.
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                host.kill9();
+                // Then the second host dies too, so the next fault starts
+                // from one host again.
+                second.kill9();
+                kills += 2;
+                format!(
+                    "SIGSTOP {wait} ms after ready; a second host took over; SIGCONT after {} ms",
+                    LEASE_MS + SLOT_TTL_MS + 1500
+                )
+            }
+            Fault::TerminateConnections => {
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                let (Backend::Postgres(server), Some(name)) = (&plan.backend, &pg_name) else {
+                    bail!("pg_terminate_backend needs the PostgreSQL backend");
+                };
+                let terminated = terminate(server, name).await?;
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                ensure!(
+                    host.exited().is_none(),
+                    "the host died when its connections were terminated"
+                );
+                host.kill9();
+                // A settle refused by a dead connection re-runs its op.
+                kills += 2;
+                format!("{terminated} connections terminated; the host reconnected; then kill -9")
+            }
+            Fault::RewriteConfig => {
+                // As editors and `cat >` do: truncate, a pause, then write.
+                for _ in 0..5 {
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                    std::fs::write(&config, "")?;
+                    tokio::time::sleep(Duration::from_millis(60)).await;
+                    std::fs::write(&config, &text)?;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                ensure!(host.exited().is_none(), "the host died while its config was rewritten");
+                host.kill9();
+                kills += 1;
+                "config truncated and rewritten 5 times; then kill -9".to_owned()
+            }
+            Fault::ThreeHosts => {
+                let mut others = Vec::new();
+                let mut listening = vec![port];
+                for _ in 0..2 {
+                    let other_port = procs::free_port()?;
+                    let mut other = laneway.start(other_port, None)?;
+                    procs::ready(&http, &mut other, other_port).await?;
+                    listening.push(other_port);
+                    others.push(other);
+                }
+                set_ports(&listening);
+                tokio::time::sleep(Duration::from_millis(1000)).await;
+                host.kill9();
+                set_ports(&listening[1..]);
+                // Its slots lapse and the others take its outboxes.
+                tokio::time::sleep(Duration::from_millis(SLOT_TTL_MS + LEASE_MS + 1000)).await;
+                for other in &mut others {
+                    ensure!(other.exited().is_none(), "a surviving host exited");
+                    other.kill9();
+                }
+                kills += 3;
+                "three hosts for 1 s, one killed -9, the other two for 4 s; then kill -9".to_owned()
+            }
+            Fault::RestartPostgres => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let version = std::fs::read_dir("/etc/postgresql")
+                    .context("/etc/postgresql (pg_ctlcluster's clusters)")?
+                    .filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .next()
+                    .context("no cluster in /etc/postgresql")?;
+                let status = std::process::Command::new("pg_ctlcluster")
+                    .args([
+                        "--skip-systemctl-redirect",
+                        &version,
+                        "main",
+                        "restart",
+                        "--",
+                        "-m",
+                        "fast",
+                    ])
+                    .status()
+                    .context("pg_ctlcluster")?;
+                ensure!(status.success(), "pg_ctlcluster restart: {status}");
+                tokio::time::sleep(Duration::from_millis(3000)).await;
+                ensure!(host.exited().is_none(), "the host died when PostgreSQL restarted");
+                host.kill9();
+                kills += 2;
+                "PostgreSQL restarted (fast) under the host, which rode it out; then kill -9".to_owned()
+            }
+            Fault::ReplacePlugin => {
+                let path = plugins.join("activitypub.wasm");
+                for _ in 0..3 {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    std::fs::write(&path, &wasm[..wasm.len() / 2])?;
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                    std::fs::write(&path, &wasm)?;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                ensure!(host.exited().is_none(), "the host died while its plugin was rewritten");
+                host.kill9();
+                kills += 1;
+                ".wasm half-written then whole, 3 times; then kill -9".to_owned()
+            }
+        };
+        outcome.faults.push(line);
+    }
+
+    // The clean host: everything enqueued must end terminal.
+    let port = procs::free_port()?;
+    let mut host = laneway.start(port, None)?;
+    procs::ready(&http, &mut host, port).await?;
+    set_ports(&[port]);
+    gate.add_permits(plan.activities);
+    let in_flight = PER_DESTINATION * INBOX_PROCESSES as u32;
+    let acked = || producer.acked.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let history = |rows: HashMap<i64, Status>| -> anyhow::Result<History> {
+        let (arrivals, webhooks) = arrivals(&logs)?;
+        Ok(History {
+            acked: acked(),
+            arrivals,
+            rows,
+            kills,
+            in_flight,
+            webhooks: Some(webhooks),
+        })
+    };
+    let deadline = Instant::now() + plan.drain_deadline;
+    loop {
+        if producer.task.is_finished() {
+            // Done, or failed: either way nothing more will come.
+            let (rows, _, open) = rows(&db_url).await?;
+            let report = crate::check::check(&history(rows)?);
+            if open == 0 && report.webhooks_missing == 0 {
+                break;
+            }
+        }
+        if Instant::now() > deadline {
+            outcome.faults.push(format!(
+                "the clean host did not finish within {:?}",
+                plan.drain_deadline
+            ));
+            break;
+        }
+        if let Some(status) = host.exited() {
+            bail!("the clean host exited: {status} (see {})", laneway.log.display());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    host.signal("TERM")?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(host);
+    if producer.task.is_finished() {
+        producer.task.await??;
+    } else {
+        producer.task.abort();
+    }
+    drop(fakes);
+
+    let (rows, expired, _) = rows(&db_url).await?;
+    outcome.history = history(rows)?;
+    outcome.lease_expired = expired;
+    outcome.elapsed = started.elapsed();
+    let passed = crate::check::check(&outcome.history).passed();
+    if let (Backend::Postgres(server), Some(name)) = (&plan.backend, &pg_name) {
+        if passed && env.keep.is_none() {
+            drop_pg_database(server, name).await?;
+        } else {
+            outcome.faults.push(format!("database {name} kept"));
+        }
+    }
+    if !passed && env.keep.is_none() {
+        let kept = temp.keep();
+        outcome.faults.push(format!("run directory kept: {}", kept.display()));
+    }
+    Ok(outcome)
+}
+
+/// Terminates every connection to `name` but the caller's own.
+async fn terminate(server: &str, name: &str) -> anyhow::Result<i64> {
+    use sqlx::Connection as _;
+    let mut admin = sqlx::PgConnection::connect(server).await?;
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+    )
+    .bind(name)
+    .fetch_one(&mut admin)
+    .await?;
+    Ok(n)
+}
