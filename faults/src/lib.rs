@@ -7,5 +7,6 @@
 #![forbid(unsafe_code)]
 
 pub mod check;
+pub mod hostile;
 pub mod procs;
 pub mod run;

@@ -27,6 +27,9 @@ struct Args {
     /// The laneway binary under test.
     #[arg(long, env = "LW_LANEWAY_BIN")]
     laneway: Option<PathBuf>,
+    /// faults, hostile (the API fed generated garbage) or all.
+    #[arg(long, default_value = "all")]
+    only: String,
     /// Keep each run's directory (database, config, logs) under this one.
     #[arg(long)]
     keep: Option<PathBuf>,
@@ -84,12 +87,23 @@ async fn main() -> anyhow::Result<()> {
         "both" => vec![Backend::Sqlite, Backend::Postgres(args.pg.clone())],
         other => anyhow::bail!("--backend: expected sqlite, postgres or both, got {other:?}"),
     };
-    let (activities, kills, rounds) = match args.size.as_str() {
-        "reduced" => (250, 5, 1),
-        "full" => (5000, 50, 3),
+    let (activities, kills, rounds, per_operation) = match args.size.as_str() {
+        "reduced" => (250, 5, 1, 30),
+        "full" => (5000, 50, 3, 300),
         other => anyhow::bail!("--size: expected reduced or full, got {other:?}"),
     };
     let mut failed = 0;
+    anyhow::ensure!(
+        ["all", "faults", "hostile"].contains(&args.only.as_str()),
+        "--only: expected faults, hostile or all, got {:?}",
+        args.only
+    );
+    let backends_again = if args.only == "faults" {
+        Vec::new()
+    } else {
+        backends.clone()
+    };
+    let backends = if args.only == "hostile" { Vec::new() } else { backends };
     for backend in backends {
         let plan = Plan {
             faults: faults(&backend, kills, rounds, args.size == "full"),
@@ -125,6 +139,39 @@ async fn main() -> anyhow::Result<()> {
         );
         println!("{}\n", table(plan.backend.name(), &report));
         if !report.passed() {
+            failed += 1;
+        }
+    }
+    // Hostile input: every API operation, generated garbage, both backends.
+    for backend in backends_again {
+        let env = Env {
+            repo: repo.clone(),
+            laneway: laneway.clone(),
+            keep: args
+                .keep
+                .as_ref()
+                .map(|k| k.join(format!("hostile-{}", backend.name()))),
+        };
+        let findings = laneway_faults::run::hostile(&backend, &env, per_operation)
+            .await
+            .with_context(|| format!("the hostile-input run on {}", backend.name()))?;
+        println!(
+            "hostile input on {}: {} requests to every API operation; answers by class: {} no answer (closed on an oversized body), {} 2xx, {} 3xx, {} 4xx, {} 5xx",
+            backend.name(),
+            findings.requests,
+            findings.by_class[0],
+            findings.by_class[2],
+            findings.by_class[3],
+            findings.by_class[4],
+            findings.by_class[5],
+        );
+        if findings.failures.is_empty() {
+            println!("PASSED: no 5xx, no hang, no refused request changed a row, the host still ready\n");
+        } else {
+            println!("FAILED");
+            for failure in findings.failures.iter().take(20) {
+                println!("  {failure}");
+            }
             failed += 1;
         }
     }

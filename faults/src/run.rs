@@ -126,7 +126,8 @@ const INBOX_PROCESSES: usize = 2;
 
 const KEY_ID: &str = "https://faults.laneway.example/actor#main-key";
 
-fn config_text(db_url: &str, plugins: &Path, pem: &Path, hook_key: &Path, hooks: &str) -> String {
+/// The run's config; `hooks`, where the kind's outcome webhooks go.
+fn config_text(db_url: &str, plugins: &Path, pem: &Path, hook_key: &Path, hooks: Option<&str>) -> String {
     format!(
         r#"# Written by laneway-faults.
 [database]
@@ -163,8 +164,7 @@ backoff_max_ms = 500
 timeout_ms = 1500
 max_attempts = 1000
 config = {{ key = "actor", key_id = "{KEY_ID}", signature = "cavage" }}
-outcome_webhook = "{hooks}"
-outcome_webhook_key = "hook"
+{webhook}
 [kinds.outcome_webhook]
 backoff_base_ms = 50
 backoff_max_ms = 500
@@ -174,6 +174,9 @@ max_attempts = 1000
         pem = pem.display(),
         hook_key = hook_key.display(),
         plugins = plugins.display(),
+        webhook = hooks.map_or(String::new(), |url| format!(
+            "outcome_webhook = \"{url}\"\noutcome_webhook_key = \"hook\""
+        )),
     )
 }
 
@@ -414,7 +417,7 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
     let wasm = std::fs::read(env.repo.join("plugins/target/wasm32-wasip2/release/activitypub.wasm"))
         .context("the activitypub plugin (./dev test builds it)")?;
     std::fs::write(plugins.join("activitypub.wasm"), &wasm)?;
-    let text = config_text(&db_url, &plugins, &pem, &hook_key, &hooks);
+    let text = config_text(&db_url, &plugins, &pem, &hook_key, Some(hooks.as_str()));
     std::fs::write(&config, &text)?;
     let laneway = Laneway {
         bin: env.laneway.clone(),
@@ -483,7 +486,17 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
                 // second waits on it; the stall ends regardless.
                 tokio::time::sleep(Duration::from_millis(LEASE_MS + SLOT_TTL_MS + 1500)).await;
                 host.signal("CONT")?;
-                procs::ready(&http, &mut second, second_port).await?;
+                // SQLite: a process frozen inside a write transaction
+                // holds the file's one write lock, and a process started
+                // meanwhile may give up at its first write after
+                // busy_timeout_ms ("database is locked"). A supervisor
+                // starts it again; so does the harness.
+                let mut restarts = 0;
+                while let Err(e) = procs::ready(&http, &mut second, second_port).await {
+                    restarts += 1;
+                    ensure!(restarts <= 3, "the second host never started: {e}");
+                    second = laneway.start(second_port, None)?;
+                }
                 set_ports(&[second_port]);
                 // The stale host wakes holding expired leases and slots:
                 // every write it tries must be refused by its token.
@@ -494,7 +507,12 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
                 second.kill9();
                 kills += 2;
                 format!(
-                    "SIGSTOP {wait} ms after ready; a second host took over; SIGCONT after {} ms",
+                    "SIGSTOP {wait} ms after ready; a second host took over{}; SIGCONT after {} ms",
+                    if restarts > 0 {
+                        format!(" (started {} times: the frozen one held the write lock)", restarts + 1)
+                    } else {
+                        String::new()
+                    },
                     LEASE_MS + SLOT_TTL_MS + 1500
                 )
             }
@@ -677,4 +695,149 @@ async fn terminate(server: &str, name: &str) -> anyhow::Result<i64> {
     .fetch_one(&mut admin)
     .await?;
     Ok(n)
+}
+
+/// Every row a refused request could have changed, as numbers; `due` is
+/// the dialect's `next_attempt_at` in milliseconds.
+fn fingerprint_sql(due: &str) -> String {
+    format!(
+        "SELECT
+    (SELECT count(*) FROM ops),
+    (SELECT CAST(coalesce(sum(attempts + attempt_floor + priority + length(status)), 0) AS BIGINT) FROM ops),
+    (SELECT CAST(coalesce(sum({due} % 1000003), 0) AS BIGINT) FROM ops),
+    (SELECT count(*) FROM attempts),
+    (SELECT count(*) FROM audit_log),
+    (SELECT count(*) FROM api_keys),
+    (SELECT count(*) FROM pauses),
+    (SELECT count(*) FROM halted_subjects),
+    (SELECT count(*) FROM lane_halts),
+    (SELECT count(*) FROM records)"
+    )
+}
+
+/// The hostile-input run: one host, a few waiting ops (their kind paused),
+/// and [`crate::hostile::run`] against its API.
+pub async fn hostile(backend: &Backend, env: &Env, per_operation: usize) -> anyhow::Result<crate::hostile::Findings> {
+    use rsa::pkcs8::EncodePrivateKey as _;
+    let temp = tempfile::tempdir()?;
+    let dir = env.keep.clone().unwrap_or_else(|| temp.path().to_owned());
+    std::fs::create_dir_all(&dir)?;
+    let key = rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 2048)?;
+    let pem = dir.join("actor.pem");
+    std::fs::write(&pem, key.to_pkcs8_pem(rsa::pkcs8::LineEnding::LF)?.as_bytes())?;
+    let hook_key = dir.join("hook.key");
+    std::fs::write(
+        &hook_key,
+        format!("whsec_{}", "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0NTY3ODk="),
+    )?;
+    let (db_url, pg_name) = match backend {
+        Backend::Sqlite => (format!("sqlite://{}", dir.join("queue.db").display()), None),
+        Backend::Postgres(server) => {
+            let (name, url) = pg_database(server).await?;
+            (url, Some(name))
+        }
+    };
+    let config = dir.join("laneway.toml");
+    std::fs::write(
+        &config,
+        config_text(
+            &db_url,
+            &env.repo.join("plugins/target/wasm32-wasip2/release"),
+            &pem,
+            &hook_key,
+            // No webhook: an op a request cancels must start nothing in
+            // the background, or the fingerprints would move on their own.
+            None,
+        ),
+    )?;
+    let laneway = Laneway {
+        bin: env.laneway.clone(),
+        config,
+        log: dir.join("hosts.log"),
+    };
+    laneway.cli(&["migrate"])?;
+    let new_key = |name: &str, scopes: &str| -> anyhow::Result<String> {
+        let out = laneway.cli(&["api-keys", "new", "--name", name, "--scopes", scopes, "--json"])?;
+        let v: Value = serde_json::from_str(&out).with_context(|| out.clone())?;
+        Ok(v["secret"].as_str().context("secret")?.to_owned())
+    };
+    let producer = new_key("producer", "ops:write")?;
+    let admin = new_key("admin", "ops:write,outbox:read,outbox:write,plugins:admin")?;
+    let port = procs::free_port()?;
+    let mut host = laneway.start(port, None)?;
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    procs::ready(&http, &mut host, port).await?;
+    let base = format!("http://127.0.0.1:{port}");
+    // Waiting ops for the id-taking routes to find: their kind is paused.
+    let paused = http
+        .post(format!("{base}/api/admin/pauses"))
+        .bearer_auth(&admin)
+        .header("content-type", "application/json")
+        .body(json!({"scope": "kind", "target": "activitypub"}).to_string())
+        .send()
+        .await?;
+    ensure!(paused.status().is_success(), "pause: {}", paused.status());
+    let answer = http
+        .post(format!("{base}/api/v1/activitypub/deliveries"))
+        .bearer_auth(&producer)
+        .header("content-type", "application/json")
+        .body(
+            json!({"outbox": "https://faults.laneway.example/actors/0",
+                   "activity": {"id": "https://faults.laneway.example/a/1", "type": "Create"},
+                   "recipients": ["http://127.0.0.1:9/users/a/inbox", "http://127.0.0.1:9/users/b/inbox"]})
+            .to_string(),
+        )
+        .send()
+        .await?
+        .text()
+        .await?;
+    let answer: Value = serde_json::from_str(&answer).with_context(|| answer.clone())?;
+    let ids: Vec<i64> = answer["deliveries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d["id"].as_i64())
+        .collect();
+    ensure!(ids.len() == 2, "seeding: {answer}");
+    macro_rules! fingerprint {
+        ($pool:expr, $due:expr) => {{
+            let pool = $pool;
+            let sql: Arc<str> = fingerprint_sql($due).into();
+            crate::hostile::run(&base, (&producer, &admin), &ids, per_operation, || {
+                let (pool, sql) = (pool.clone(), sql.clone());
+                async move {
+                    let row = sqlx::query(&sql).fetch_one(&pool).await?;
+                    (0..10).map(|i| Ok(row.try_get::<i64, _>(i)?)).collect()
+                }
+            })
+            .await
+        }};
+    }
+    let findings = if db_url.starts_with("sqlite") {
+        fingerprint!(sqlx::SqlitePool::connect(&db_url).await?, "next_attempt_at")
+    } else {
+        fingerprint!(
+            sqlx::PgPool::connect(&db_url).await?,
+            "CAST(extract(epoch FROM next_attempt_at) * 1000 AS BIGINT)"
+        )
+    };
+    let mut findings = findings?;
+    if let Some(status) = host.exited() {
+        findings.failures.push(format!("the host exited: {status}"));
+    } else if procs::ready(&http, &mut host, port).await.is_err() {
+        findings.failures.push("the host is no longer ready".to_owned());
+    }
+    drop(host);
+    if let (Backend::Postgres(server), Some(name)) = (backend, &pg_name) {
+        if findings.failures.is_empty() && env.keep.is_none() {
+            drop_pg_database(server, name).await?;
+        }
+    }
+    if !findings.failures.is_empty() && env.keep.is_none() {
+        let kept = temp.keep();
+        findings
+            .failures
+            .push(format!("run directory kept: {}", kept.display()));
+    }
+    Ok(findings)
 }
