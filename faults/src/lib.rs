@@ -9,4 +9,5 @@
 pub mod check;
 pub mod hostile;
 pub mod procs;
+pub mod proxy;
 pub mod run;

@@ -27,7 +27,8 @@ struct Args {
     /// The laneway binary under test.
     #[arg(long, env = "LW_LANEWAY_BIN")]
     laneway: Option<PathBuf>,
-    /// faults, hostile (the API fed generated garbage) or all.
+    /// faults, hostile (the API fed generated garbage), disk (SQLite on a
+    /// full disk) or all.
     #[arg(long, default_value = "all")]
     only: String,
     /// Keep each run's directory (database, config, logs) under this one.
@@ -49,6 +50,7 @@ fn faults(backend: &Backend, kills: usize, rounds: usize, full: bool) -> Vec<Fau
         plan.push(Fault::RewriteConfig);
         plan.push(Fault::ReplacePlugin);
         plan.push(Fault::ThreeHosts);
+        plan.push(Fault::Network);
         if matches!(backend, Backend::Postgres(_)) {
             plan.push(Fault::TerminateConnections);
             // Restarting the server disturbs whatever else uses it: the
@@ -94,16 +96,14 @@ async fn main() -> anyhow::Result<()> {
     };
     let mut failed = 0;
     anyhow::ensure!(
-        ["all", "faults", "hostile"].contains(&args.only.as_str()),
-        "--only: expected faults, hostile or all, got {:?}",
+        ["all", "faults", "hostile", "disk"].contains(&args.only.as_str()),
+        "--only: expected faults, hostile, disk or all, got {:?}",
         args.only
     );
-    let backends_again = if args.only == "faults" {
-        Vec::new()
-    } else {
-        backends.clone()
-    };
-    let backends = if args.only == "hostile" { Vec::new() } else { backends };
+    let only = |what: &str| args.only == "all" || args.only == what;
+    let disk = only("disk") && backends.contains(&Backend::Sqlite);
+    let backends_again = if only("hostile") { backends.clone() } else { Vec::new() };
+    let backends = if only("faults") { backends } else { Vec::new() };
     for backend in backends {
         let plan = Plan {
             faults: faults(&backend, kills, rounds, args.size == "full"),
@@ -173,6 +173,30 @@ async fn main() -> anyhow::Result<()> {
                 println!("  {failure}");
             }
             failed += 1;
+        }
+    }
+    if disk {
+        let env = Env {
+            repo: repo.clone(),
+            laneway: laneway.clone(),
+            keep: args.keep.as_ref().map(|k| k.join("disk-full")),
+        };
+        let outcome = laneway_faults::run::disk_full(&env)
+            .await
+            .context("the disk-full run")?;
+        match &outcome.not_run {
+            Some(why) => println!("disk full (SQLite): NOT RUN: {why}\n"),
+            None => {
+                let report = check(&outcome.history);
+                println!(
+                    "disk full (SQLite, a 12 MiB tmpfs): {} fan-outs taken before the disk filled; then {}\n  kill -9 while full: {}\n  integrity_check after space returned: {}",
+                    outcome.acked_before, outcome.refusal, outcome.restart, outcome.integrity
+                );
+                println!("{}\n", table("disk full", &report));
+                if !report.passed() || outcome.integrity != "ok" {
+                    failed += 1;
+                }
+            }
         }
     }
     if failed > 0 {

@@ -56,6 +56,10 @@ pub enum Fault {
     /// PostgreSQL only: the server itself restarted mid-run (`pg_ctlcluster
     /// restart`); the host must ride it out and lose nothing.
     RestartPostgres,
+    /// The network between laneway and one destination: latency, resets,
+    /// a blackhole, a dribbled answer, answers lost after the inbox
+    /// accepted, a second or so each, while ops flow.
+    Network,
     /// The kind's `.wasm` rewritten in place (its first half, a pause, then
     /// all of it), as a copy or a build does: the half-written module must
     /// be refused and the running one kept.
@@ -72,6 +76,7 @@ impl std::fmt::Display for Fault {
             Fault::RewriteConfig => write!(f, "config rewritten in place"),
             Fault::ReplacePlugin => write!(f, ".wasm rewritten in place"),
             Fault::ThreeHosts => write!(f, "three hosts, one killed"),
+            Fault::Network => write!(f, "network faults"),
             Fault::RestartPostgres => write!(f, "PostgreSQL restarted"),
         }
     }
@@ -299,7 +304,13 @@ async fn post_until_acked(
 
 /// Reads the inbox logs: every request each fake answered, in order, and
 /// the `webhook-id`s of the outcome webhooks they accepted.
-fn arrivals(logs: &[(u16, PathBuf)]) -> anyhow::Result<(Vec<Arrival>, Vec<String>)> {
+fn arrivals(logs: &[(u16, PathBuf)], inboxes: &[String]) -> anyhow::Result<(Vec<Arrival>, Vec<String>)> {
+    // An inbox's log knows the path, not which port (direct or through the
+    // proxy) laneway used: each user's path is unique.
+    let by_path: HashMap<&str, &str> = inboxes
+        .iter()
+        .filter_map(|url| Some((url.get(url.find("/users/")?..)?, url.as_str())))
+        .collect();
     let mut all = Vec::new();
     let mut hooks = Vec::new();
     for (port, path) in logs {
@@ -308,7 +319,9 @@ fn arrivals(logs: &[(u16, PathBuf)]) -> anyhow::Result<(Vec<Arrival>, Vec<String
             let entry: Value = serde_json::from_str(line).with_context(|| format!("{}: {line}", path.display()))?;
             let request = entry["path"].as_str().unwrap_or_default();
             let arrival = Arrival {
-                inbox: format!("http://127.0.0.1:{port}{request}"),
+                inbox: by_path
+                    .get(request)
+                    .map_or_else(|| format!("http://127.0.0.1:{port}{request}"), |url| (*url).to_owned()),
                 activity: entry["id"].as_str().map(str::to_owned),
                 status: entry["status"]
                     .as_u64()
@@ -398,8 +411,16 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
         fakes.push(proc);
         logs.push((port, out));
     }
+    // A third destination: the second inbox behind the fault proxy.
+    let proxy = crate::proxy::Proxy::start(logs[1].0).await?;
+    let destinations = [logs[0].0, logs[1].0, proxy.port];
     let inboxes: Vec<String> = (0..plan.inboxes)
-        .map(|n| format!("http://127.0.0.1:{}/users/u{n}/inbox", logs[n % logs.len()].0))
+        .map(|n| {
+            format!(
+                "http://127.0.0.1:{}/users/u{n}/inbox",
+                destinations[n % destinations.len()]
+            )
+        })
         .collect();
 
     let (db_url, pg_name) = match &plan.backend {
@@ -433,7 +454,7 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
     let http = reqwest::Client::builder().no_proxy().build()?;
     let ports = Arc::new(Mutex::new(Vec::new()));
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let producer = spawn_producer(http.clone(), ports.clone(), secret, plan, inboxes, gate.clone());
+    let producer = spawn_producer(http.clone(), ports.clone(), secret, plan, inboxes.clone(), gate.clone());
     let chunk = plan.activities.div_ceil(plan.faults.len() + 1);
     let set_ports = |list: &[u16]| *ports.lock().unwrap_or_else(PoisonError::into_inner) = list.to_vec();
 
@@ -533,6 +554,7 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
                 format!("{terminated} connections terminated; the host reconnected; then kill -9")
             }
             Fault::RewriteConfig => {
+                let before = reloads(&laneway.log);
                 // As editors and `cat >` do: truncate, a pause, then write.
                 for _ in 0..5 {
                     tokio::time::sleep(Duration::from_millis(150)).await;
@@ -544,7 +566,12 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
                 ensure!(host.exited().is_none(), "the host died while its config was rewritten");
                 host.kill9();
                 kills += 1;
-                "config truncated and rewritten 5 times; then kill -9".to_owned()
+                let after = reloads(&laneway.log);
+                format!(
+                    "config truncated and rewritten 5 times ({} reloads refused, {} applied); then kill -9",
+                    after.0 - before.0,
+                    after.1 - before.1
+                )
             }
             Fault::ThreeHosts => {
                 let mut others = Vec::new();
@@ -596,7 +623,26 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
                 kills += 2;
                 "PostgreSQL restarted (fast) under the host, which rode it out; then kill -9".to_owned()
             }
+            Fault::Network => {
+                let mut seen = Vec::new();
+                for mode in crate::proxy::Mode::FAULTS {
+                    proxy.set(mode);
+                    tokio::time::sleep(Duration::from_millis(900)).await;
+                    seen.push(format!("{mode:?}"));
+                }
+                proxy.set(crate::proxy::Mode::Pass);
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                ensure!(host.exited().is_none(), "the host died under network faults");
+                host.kill9();
+                kills += 1;
+                format!(
+                    "network faults to one destination ({}), 0.9 s each; {} answers lost so far; then kill -9",
+                    seen.join(", "),
+                    proxy.lost_answers()
+                )
+            }
             Fault::ReplacePlugin => {
+                let before = reloads(&laneway.log);
                 let path = plugins.join("activitypub.wasm");
                 for _ in 0..3 {
                     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -608,7 +654,12 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
                 ensure!(host.exited().is_none(), "the host died while its plugin was rewritten");
                 host.kill9();
                 kills += 1;
-                ".wasm half-written then whole, 3 times; then kill -9".to_owned()
+                let after = reloads(&laneway.log);
+                format!(
+                    ".wasm half-written then whole, 3 times ({} reloads refused, {} applied); then kill -9",
+                    after.0 - before.0,
+                    after.1 - before.1
+                )
             }
         };
         outcome.faults.push(line);
@@ -620,16 +671,17 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
     procs::ready(&http, &mut host, port).await?;
     set_ports(&[port]);
     gate.add_permits(plan.activities);
-    let in_flight = PER_DESTINATION * INBOX_PROCESSES as u32;
+    let in_flight = PER_DESTINATION * destinations.len() as u32;
     let acked = || producer.acked.lock().unwrap_or_else(PoisonError::into_inner).clone();
     let history = |rows: HashMap<i64, Status>| -> anyhow::Result<History> {
-        let (arrivals, webhooks) = arrivals(&logs)?;
+        let (arrivals, webhooks) = arrivals(&logs, &inboxes)?;
         Ok(History {
             acked: acked(),
             arrivals,
             rows,
             kills,
             in_flight,
+            lost_answers: proxy.lost_answers(),
             webhooks: Some(webhooks),
         })
     };
@@ -682,6 +734,15 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
         outcome.faults.push(format!("run directory kept: {}", kept.display()));
     }
     Ok(outcome)
+}
+
+/// How many reloads the hosts' log shows refused and applied so far.
+fn reloads(log: &Path) -> (usize, usize) {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    (
+        text.matches("Reload refused; the previous configuration").count(),
+        text.matches("Configuration reloaded.").count(),
+    )
 }
 
 /// Terminates every connection to `name` but the caller's own.
@@ -840,4 +901,237 @@ pub async fn hostile(backend: &Backend, env: &Env, per_operation: usize) -> anyh
             .push(format!("run directory kept: {}", kept.display()));
     }
     Ok(findings)
+}
+
+/// What the disk-full run saw.
+#[derive(Debug, Default)]
+pub struct DiskFull {
+    /// Why it did not run, when it could not (mounting needs root).
+    pub not_run: Option<String>,
+    /// Fan-outs acknowledged before the disk filled.
+    pub acked_before: usize,
+    /// The API's answer once the disk was full.
+    pub refusal: String,
+    /// What a kill -9 and a restart on the full disk did.
+    pub restart: String,
+    /// `PRAGMA integrity_check` after space returned.
+    pub integrity: String,
+    pub history: History,
+}
+
+/// SQLite on a full disk: the database on a small tmpfs, a ballast file
+/// holding the last of its space, ops enqueued (their kind paused) until
+/// the API refuses; a kill -9 and restart while full; then the ballast
+/// removed, the kind resumed, and every acknowledged op must be delivered
+/// from an intact database.
+pub async fn disk_full(env: &Env) -> anyhow::Result<DiskFull> {
+    use rsa::pkcs8::{EncodePrivateKey as _, EncodePublicKey as _};
+    let mut outcome = DiskFull::default();
+    let temp = tempfile::tempdir()?;
+    let dir = env.keep.clone().unwrap_or_else(|| temp.path().to_owned());
+    std::fs::create_dir_all(&dir)?;
+    let disk = dir.join("disk");
+    std::fs::create_dir_all(&disk)?;
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=12m", "tmpfs"])
+        .arg(&disk)
+        .output()
+        .context("mount(8)")?;
+    if !mounted.status.success() {
+        outcome.not_run = Some(format!(
+            "mounting a 12 MiB tmpfs failed (it needs root): {}",
+            String::from_utf8_lossy(&mounted.stderr).trim()
+        ));
+        return Ok(outcome);
+    }
+    // Unmounted however the run ends.
+    struct Mount(PathBuf);
+    impl Drop for Mount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _mount = Mount(disk.clone());
+
+    let key = rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 2048)?;
+    let pem = dir.join("actor.pem");
+    std::fs::write(&pem, key.to_pkcs8_pem(rsa::pkcs8::LineEnding::LF)?.as_bytes())?;
+    let public = key.to_public_key().to_public_key_pem(rsa::pkcs8::LineEnding::LF)?;
+    let keys = dir.join("keys.json");
+    std::fs::write(
+        &keys,
+        json!({ KEY_ID: {"pem": public, "alg": "rsa-sha256"} }).to_string(),
+    )?;
+    let hook_key = dir.join("hook.key");
+    std::fs::write(&hook_key, "whsec_QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0NTY3ODk=")?;
+    let log = dir.join("inbox.jsonl");
+    let (_inbox, inbox_port) = procs::node_inbox(&env.repo, &keys, &log)?;
+    let db_url = format!("sqlite://{}", disk.join("queue.db").display());
+    let config = dir.join("laneway.toml");
+    std::fs::write(
+        &config,
+        config_text(
+            &db_url,
+            &env.repo.join("plugins/target/wasm32-wasip2/release"),
+            &pem,
+            &hook_key,
+            None,
+        ),
+    )?;
+    let laneway = Laneway {
+        bin: env.laneway.clone(),
+        config,
+        log: dir.join("hosts.log"),
+    };
+    laneway.cli(&["migrate"])?;
+    let new_key = |name: &str, scopes: &str| -> anyhow::Result<String> {
+        let out = laneway.cli(&["api-keys", "new", "--name", name, "--scopes", scopes, "--json"])?;
+        let v: Value = serde_json::from_str(&out).with_context(|| out.clone())?;
+        Ok(v["secret"].as_str().context("secret")?.to_owned())
+    };
+    let producer = new_key("producer", "ops:write")?;
+    let admin = new_key("admin", "outbox:read,outbox:write")?;
+    // The ballast: everything the disk has left but 1 MiB, freed later.
+    let ballast = disk.join("ballast");
+    {
+        let free = statvfs_free(&disk)?;
+        let size = free.saturating_sub(1 << 20);
+        std::fs::write(&ballast, vec![0u8; usize::try_from(size).unwrap_or(0)])?;
+    }
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    let port = procs::free_port()?;
+    let mut host = laneway.start(port, None)?;
+    procs::ready(&http, &mut host, port).await?;
+    let base = format!("http://127.0.0.1:{port}");
+    let pause = http
+        .post(format!("{base}/api/admin/pauses"))
+        .bearer_auth(&admin)
+        .header("content-type", "application/json")
+        .body(json!({"scope": "kind", "target": "activitypub"}).to_string())
+        .send()
+        .await?;
+    ensure!(pause.status().is_success(), "pause: {}", pause.status());
+    let inboxes: Vec<String> = (0..10)
+        .map(|n| format!("http://127.0.0.1:{inbox_port}/users/u{n}/inbox"))
+        .collect();
+    let mut acked = Vec::new();
+    let fan_out = |n: usize| {
+        let outbox = "https://faults.laneway.example/actors/0".to_owned();
+        let activity = format!("{outbox}/activities/{n}");
+        let body = json!({"outbox": outbox, "recipients": inboxes,
+            "activity": {"id": activity, "type": "Create", "actor": outbox,
+                         "object": {"id": format!("{activity}/note"), "type": "Note",
+                                    "content": "x".repeat(2000)}}});
+        (outbox, activity, body)
+    };
+    let record = |acked: &mut Vec<Acked>, answer: &Value, outbox: &str, activity: &str| -> anyhow::Result<()> {
+        for (inbox, d) in inboxes
+            .iter()
+            .zip(answer["deliveries"].as_array().context("deliveries")?)
+        {
+            acked.push(Acked {
+                op: d["id"].as_i64().context("id")?,
+                outbox: outbox.to_owned(),
+                inbox: inbox.clone(),
+                activity: activity.to_owned(),
+            });
+        }
+        Ok(())
+    };
+    let mut n = 0;
+    loop {
+        ensure!(n < 5000, "the disk never filled");
+        let (outbox, activity, body) = fan_out(n);
+        let answer = http
+            .post(format!("{base}/api/v1/activitypub/deliveries"))
+            .bearer_auth(&producer)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .timeout(Duration::from_secs(20))
+            .send()
+            .await?;
+        let status = answer.status();
+        let text = answer.text().await?;
+        if !status.is_success() {
+            outcome.refusal = format!("{status}: {text}");
+            break;
+        }
+        let answer: Value = serde_json::from_str(&text)?;
+        record(&mut acked, &answer, &outbox, &activity)?;
+        outcome.acked_before += 1;
+        n += 1;
+    }
+    // A crash and a restart while the disk is still full.
+    host.kill9();
+    let mut restarted = laneway.start(port, None)?;
+    outcome.restart = match procs::ready(&http, &mut restarted, port).await {
+        Ok(()) => "restarted on the full disk and ready".to_owned(),
+        Err(e) => format!("did not start on the full disk ({e})"),
+    };
+    drop(restarted);
+    // Space returns.
+    std::fs::remove_file(&ballast)?;
+    let mut host = laneway.start(port, None)?;
+    procs::ready(&http, &mut host, port).await?;
+    // The refused fan-out, again: now it is taken.
+    let (outbox, activity, body) = fan_out(n);
+    let answer = http
+        .post(format!("{base}/api/v1/activitypub/deliveries"))
+        .bearer_auth(&producer)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await?
+        .text()
+        .await?;
+    let answer: Value = serde_json::from_str(&answer).with_context(|| answer.clone())?;
+    record(&mut acked, &answer, &outbox, &activity)?;
+    let resumed = http
+        .delete(format!("{base}/api/admin/pauses/kind/activitypub"))
+        .bearer_auth(&admin)
+        .send()
+        .await?;
+    ensure!(resumed.status().is_success(), "resume: {}", resumed.status());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let final_rows = loop {
+        let (rows, _, open) = rows(&db_url).await?;
+        if open == 0 || Instant::now() > deadline {
+            break rows;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    drop(host);
+    {
+        use sqlx::Connection as _;
+        let mut db = sqlx::SqliteConnection::connect(&db_url).await?;
+        let rows: Vec<String> = sqlx::query_scalar("PRAGMA integrity_check").fetch_all(&mut db).await?;
+        outcome.integrity = rows.join("; ");
+    }
+    let (arrivals, _) = arrivals(&[(inbox_port, log)], &inboxes)?;
+    outcome.history = History {
+        acked,
+        arrivals,
+        rows: final_rows,
+        // The kill while full: its ops were paused, none in flight.
+        kills: 1,
+        in_flight: PER_DESTINATION,
+        lost_answers: 0,
+        webhooks: None,
+    };
+    Ok(outcome)
+}
+
+/// Free bytes on the file system holding `dir`, from df(1): the crate
+/// forbids the unsafe a statvfs call would need.
+fn statvfs_free(dir: &Path) -> anyhow::Result<u64> {
+    let out = std::process::Command::new("df")
+        .args(["--output=avail", "-B1"])
+        .arg(dir)
+        .output()
+        .context("df(1)")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .nth(1)
+        .and_then(|l| l.trim().parse().ok())
+        .with_context(|| format!("df printed {text:?}"))
 }

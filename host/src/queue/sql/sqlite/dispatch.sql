@@ -93,17 +93,22 @@ WHERE id = $6 AND status = $7 AND attempts = $8 AND lease_token = $9
 -- name: defer
 UPDATE ops SET next_attempt_at = $1, updated_at = $2 WHERE id = $3 AND status = $4
 
--- A skip scan over the (outbox, priority, id) index of pending ops: one seek
--- per outbox rather than one row per waiting op, so the poll costs the same
--- with a million ops waiting as with ten.
+-- A skip scan over the (outbox, next_attempt_at) index of pending ops: one
+-- seek per outbox, and one more for whether it has a due op, rather than one
+-- row per waiting op, so the poll costs the same with a million ops waiting
+-- as with ten. INDEXED BY, because SQLite's planner (no statistics) took
+-- ops_status and sorted every pending op once per outbox: 0.98 s a poll at
+-- 86,000 waiting, 8 ms with the index (migration 20261203000001).
 -- name: due_outboxes
 WITH RECURSIVE o(outbox) AS (
-    SELECT (SELECT outbox FROM ops WHERE status = 'pending' ORDER BY outbox LIMIT 1)
+    SELECT (SELECT outbox FROM ops INDEXED BY ops_due WHERE status = 'pending' ORDER BY outbox LIMIT 1)
     UNION ALL
-    SELECT (SELECT outbox FROM ops WHERE status = 'pending' AND outbox > o.outbox ORDER BY outbox LIMIT 1)
+    SELECT (SELECT outbox FROM ops INDEXED BY ops_due WHERE status = 'pending' AND outbox > o.outbox
+            ORDER BY outbox LIMIT 1)
     FROM o WHERE o.outbox IS NOT NULL)
 SELECT outbox FROM o WHERE outbox IS NOT NULL AND EXISTS
-    (SELECT 1 FROM ops WHERE status = 'pending' AND ops.outbox = o.outbox AND next_attempt_at <= $1)
+    (SELECT 1 FROM ops INDEXED BY ops_due
+     WHERE status = 'pending' AND ops.outbox = o.outbox AND next_attempt_at <= $1)
 LIMIT $2
 
 -- name: acquire_slot
