@@ -111,7 +111,7 @@ async fn main() -> anyhow::Result<()> {
             activities,
             inboxes: 20,
             outboxes: 4,
-            drain_deadline: Duration::from_secs(if activities > 1000 { 600 } else { 120 }),
+            drain_deadline: Duration::from_secs(if activities > 1000 { 1800 } else { 120 }),
         };
         let env = Env {
             repo: repo.clone(),
