@@ -473,6 +473,7 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
 
     let mut outcome = Outcome::default();
     let mut kills = 0u32;
+    let mut stalls = 0u32;
     for fault in &plan.faults {
         let port = procs::free_port()?;
         let failpoint = match fault {
@@ -546,6 +547,7 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
                 // every write it tries must be refused by its token.
                 tokio::time::sleep(Duration::from_millis(1500)).await;
                 host.kill9();
+                stalls += 1;
                 // Then the second host dies too, so the next fault starts
                 // from one host again.
                 second.kill9();
@@ -703,6 +705,7 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
             arrivals,
             rows,
             kills,
+            stalls,
             in_flight,
             lost_answers: proxy.lost_answers(),
             webhooks: Some(webhooks),
@@ -1138,6 +1141,7 @@ pub async fn disk_full(env: &Env) -> anyhow::Result<DiskFull> {
         rows: final_rows,
         // The kill while full: its ops were paused, none in flight.
         kills: 1,
+        stalls: 0,
         in_flight: PER_DESTINATION,
         lost_answers: 0,
         webhooks: None,
