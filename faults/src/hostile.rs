@@ -5,12 +5,17 @@
 //! What must hold: no answer is a 5xx, no request hangs, a refused request
 //! (4xx) changes no row, and the host is still ready at the end.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
+use anyhow::{ensure, Context as _};
 use rand::seq::SliceRandom as _;
 use rand::Rng as _;
 use serde_json::{json, Value};
+use sqlx::Row as _;
+
+use crate::procs::{self, Laneway};
+use crate::run::{config_text, drop_pg_database, pg_database, Backend, Env};
 
 /// One API operation from the OpenAPI document.
 #[derive(Debug, Clone)]
@@ -293,6 +298,151 @@ where
                 }
             }
         }
+    }
+    Ok(findings)
+}
+
+/// Every row a refused request could have changed, as numbers; `due` is
+/// the dialect's `next_attempt_at` in milliseconds.
+fn fingerprint_sql(due: &str) -> String {
+    format!(
+        "SELECT
+    (SELECT count(*) FROM ops),
+    (SELECT CAST(coalesce(sum(attempts + attempt_floor + priority + length(status)), 0) AS BIGINT) FROM ops),
+    (SELECT CAST(coalesce(sum({due} % 1000003), 0) AS BIGINT) FROM ops),
+    (SELECT count(*) FROM attempts),
+    (SELECT count(*) FROM audit_log),
+    (SELECT count(*) FROM api_keys),
+    (SELECT count(*) FROM pauses),
+    (SELECT count(*) FROM halted_subjects),
+    (SELECT count(*) FROM lane_halts),
+    (SELECT count(*) FROM records)"
+    )
+}
+
+/// The hostile-input run: one host, a few waiting ops (their kind paused),
+/// and [`run`] against its API.
+pub async fn against(backend: &Backend, env: &Env, per_operation: usize) -> anyhow::Result<Findings> {
+    use rsa::pkcs8::EncodePrivateKey as _;
+    let temp = tempfile::tempdir()?;
+    let dir = env.keep.clone().unwrap_or_else(|| temp.path().to_owned());
+    std::fs::create_dir_all(&dir)?;
+    let key = rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 2048)?;
+    let pem = dir.join("actor.pem");
+    std::fs::write(&pem, key.to_pkcs8_pem(rsa::pkcs8::LineEnding::LF)?.as_bytes())?;
+    let hook_key = dir.join("hook.key");
+    std::fs::write(
+        &hook_key,
+        format!("whsec_{}", "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0NTY3ODk="),
+    )?;
+    let (db_url, pg_name) = match backend {
+        Backend::Sqlite => (format!("sqlite://{}", dir.join("queue.db").display()), None),
+        Backend::Postgres(server) => {
+            let (name, url) = pg_database(server).await?;
+            (url, Some(name))
+        }
+    };
+    let config = dir.join("laneway.toml");
+    std::fs::write(
+        &config,
+        config_text(
+            &db_url,
+            &env.repo.join("plugins/target/wasm32-wasip2/release"),
+            &pem,
+            &hook_key,
+            // No webhook: an op a request cancels must start nothing in
+            // the background, or the fingerprints would move on their own.
+            None,
+        ),
+    )?;
+    let laneway = Laneway {
+        bin: env.laneway.clone(),
+        config,
+        log: dir.join("hosts.log"),
+    };
+    laneway.cli(&["migrate"])?;
+    let new_key = |name: &str, scopes: &str| -> anyhow::Result<String> {
+        let out = laneway.cli(&["api-keys", "new", "--name", name, "--scopes", scopes, "--json"])?;
+        let v: Value = serde_json::from_str(&out).with_context(|| out.clone())?;
+        Ok(v["secret"].as_str().context("secret")?.to_owned())
+    };
+    let producer = new_key("producer", "ops:write")?;
+    let admin = new_key("admin", "ops:write,outbox:read,outbox:write,plugins:admin")?;
+    let port = procs::free_port()?;
+    let mut host = laneway.start(port, None)?;
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    procs::ready(&http, &mut host, port).await?;
+    let base = format!("http://127.0.0.1:{port}");
+    // Waiting ops for the id-taking routes to find: their kind is paused.
+    let paused = http
+        .post(format!("{base}/api/admin/pauses"))
+        .bearer_auth(&admin)
+        .header("content-type", "application/json")
+        .body(json!({"scope": "kind", "target": "activitypub"}).to_string())
+        .send()
+        .await?;
+    ensure!(paused.status().is_success(), "pause: {}", paused.status());
+    let answer = http
+        .post(format!("{base}/api/v1/activitypub/deliveries"))
+        .bearer_auth(&producer)
+        .header("content-type", "application/json")
+        .body(
+            json!({"outbox": "https://faults.laneway.example/actors/0",
+                   "activity": {"id": "https://faults.laneway.example/a/1", "type": "Create"},
+                   "recipients": ["http://127.0.0.1:9/users/a/inbox", "http://127.0.0.1:9/users/b/inbox"]})
+            .to_string(),
+        )
+        .send()
+        .await?
+        .text()
+        .await?;
+    let answer: Value = serde_json::from_str(&answer).with_context(|| answer.clone())?;
+    let ids: Vec<i64> = answer["deliveries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d["id"].as_i64())
+        .collect();
+    ensure!(ids.len() == 2, "seeding: {answer}");
+    macro_rules! fingerprint {
+        ($pool:expr, $due:expr) => {{
+            let pool = $pool;
+            let sql: Arc<str> = fingerprint_sql($due).into();
+            run(&base, (&producer, &admin), &ids, per_operation, || {
+                let (pool, sql) = (pool.clone(), sql.clone());
+                async move {
+                    let row = sqlx::query(&sql).fetch_one(&pool).await?;
+                    (0..10).map(|i| Ok(row.try_get::<i64, _>(i)?)).collect()
+                }
+            })
+            .await
+        }};
+    }
+    let findings = if db_url.starts_with("sqlite") {
+        fingerprint!(sqlx::SqlitePool::connect(&db_url).await?, "next_attempt_at")
+    } else {
+        fingerprint!(
+            sqlx::PgPool::connect(&db_url).await?,
+            "CAST(extract(epoch FROM next_attempt_at) * 1000 AS BIGINT)"
+        )
+    };
+    let mut findings = findings?;
+    if let Some(status) = host.exited() {
+        findings.failures.push(format!("the host exited: {status}"));
+    } else if procs::ready(&http, &mut host, port).await.is_err() {
+        findings.failures.push("the host is no longer ready".to_owned());
+    }
+    drop(host);
+    if let (Backend::Postgres(server), Some(name)) = (backend, &pg_name) {
+        if findings.failures.is_empty() && env.keep.is_none() {
+            drop_pg_database(server, name).await?;
+        }
+    }
+    if !findings.failures.is_empty() && env.keep.is_none() {
+        let kept = temp.keep();
+        findings
+            .failures
+            .push(format!("run directory kept: {}", kept.display()));
     }
     Ok(findings)
 }

@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod check;
+pub mod disk;
 pub mod hostile;
 pub mod procs;
 pub mod proxy;

@@ -152,7 +152,7 @@ async fn main() -> anyhow::Result<()> {
                 .as_ref()
                 .map(|k| k.join(format!("hostile-{}", backend.name()))),
         };
-        let findings = laneway_faults::run::hostile(&backend, &env, per_operation)
+        let findings = laneway_faults::hostile::against(&backend, &env, per_operation)
             .await
             .with_context(|| format!("the hostile-input run on {}", backend.name()))?;
         println!(
@@ -181,9 +181,7 @@ async fn main() -> anyhow::Result<()> {
             laneway: laneway.clone(),
             keep: args.keep.as_ref().map(|k| k.join("disk-full")),
         };
-        let outcome = laneway_faults::run::disk_full(&env)
-            .await
-            .context("the disk-full run")?;
+        let outcome = laneway_faults::disk::run(&env).await.context("the disk-full run")?;
         match &outcome.not_run {
             Some(why) => println!("disk full (SQLite): NOT RUN: {why}\n"),
             None => {

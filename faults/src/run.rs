@@ -123,16 +123,16 @@ pub struct Outcome {
 
 /// The lease and slot TTL the run's hosts use: short, so that a crash
 /// costs a second or two, not the production default's 30 s and 15 s.
-const LEASE_MS: u64 = 2000;
-const SLOT_TTL_MS: u64 = 1000;
+pub(crate) const LEASE_MS: u64 = 2000;
+pub(crate) const SLOT_TTL_MS: u64 = 1000;
 /// Per-destination in-flight cap; each inbox process is one destination.
-const PER_DESTINATION: u32 = 8;
-const INBOX_PROCESSES: usize = 2;
+pub(crate) const PER_DESTINATION: u32 = 8;
+pub(crate) const INBOX_PROCESSES: usize = 2;
 
-const KEY_ID: &str = "https://faults.laneway.example/actor#main-key";
+pub(crate) const KEY_ID: &str = "https://faults.laneway.example/actor#main-key";
 
 /// The run's config; `hooks`, where the kind's outcome webhooks go.
-fn config_text(db_url: &str, plugins: &Path, pem: &Path, hook_key: &Path, hooks: Option<&str>) -> String {
+pub(crate) fn config_text(db_url: &str, plugins: &Path, pem: &Path, hook_key: &Path, hooks: Option<&str>) -> String {
     format!(
         r#"# Written by laneway-faults.
 [database]
@@ -186,7 +186,7 @@ max_attempts = 1000
 }
 
 /// A fresh PostgreSQL database for one run, dropped when the run passed.
-async fn pg_database(server: &str) -> anyhow::Result<(String, String)> {
+pub(crate) async fn pg_database(server: &str) -> anyhow::Result<(String, String)> {
     use sqlx::Connection as _;
     let name = format!(
         "laneway_faults_{}_{}",
@@ -203,7 +203,7 @@ async fn pg_database(server: &str) -> anyhow::Result<(String, String)> {
     Ok((name.clone(), format!("{base}/{name}")))
 }
 
-async fn drop_pg_database(server: &str, name: &str) -> anyhow::Result<()> {
+pub(crate) async fn drop_pg_database(server: &str, name: &str) -> anyhow::Result<()> {
     use sqlx::Connection as _;
     let mut admin = sqlx::PgConnection::connect(server).await?;
     sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
@@ -304,7 +304,7 @@ async fn post_until_acked(
 
 /// Reads the inbox logs: every request each fake answered, in order, and
 /// the `webhook-id`s of the outcome webhooks they accepted.
-fn arrivals(logs: &[(u16, PathBuf)], inboxes: &[String]) -> anyhow::Result<(Vec<Arrival>, Vec<String>)> {
+pub(crate) fn arrivals(logs: &[(u16, PathBuf)], inboxes: &[String]) -> anyhow::Result<(Vec<Arrival>, Vec<String>)> {
     // An inbox's log knows the path, not which port (direct or through the
     // proxy) laneway used: each user's path is unique.
     let by_path: HashMap<&str, &str> = inboxes
@@ -345,7 +345,7 @@ fn arrivals(logs: &[(u16, PathBuf)], inboxes: &[String]) -> anyhow::Result<(Vec<
 /// The database side: every op row's status, the lease expiries, and how
 /// many ops are still open. (sqlx's `Any` driver is not built: the same
 /// three statements on each backend's pool.)
-async fn rows(db_url: &str) -> anyhow::Result<(HashMap<i64, Status>, i64, i64)> {
+pub(crate) async fn rows(db_url: &str) -> anyhow::Result<(HashMap<i64, Status>, i64, i64)> {
     macro_rules! read {
         ($pool:expr) => {{
             let pool = $pool;
@@ -368,7 +368,7 @@ async fn rows(db_url: &str) -> anyhow::Result<(HashMap<i64, Status>, i64, i64)> 
 }
 
 /// How many ops are still open (any kind).
-async fn open_count(db_url: &str) -> anyhow::Result<i64> {
+pub(crate) async fn open_count(db_url: &str) -> anyhow::Result<i64> {
     use sqlx::Connection as _;
     const OPEN: &str = "SELECT count(*) FROM ops WHERE status IN ('pending', 'submitted')";
     Ok(if db_url.starts_with("sqlite") {
@@ -783,383 +783,4 @@ async fn terminate(server: &str, name: &str) -> anyhow::Result<i64> {
     .fetch_one(&mut admin)
     .await?;
     Ok(n)
-}
-
-/// Every row a refused request could have changed, as numbers; `due` is
-/// the dialect's `next_attempt_at` in milliseconds.
-fn fingerprint_sql(due: &str) -> String {
-    format!(
-        "SELECT
-    (SELECT count(*) FROM ops),
-    (SELECT CAST(coalesce(sum(attempts + attempt_floor + priority + length(status)), 0) AS BIGINT) FROM ops),
-    (SELECT CAST(coalesce(sum({due} % 1000003), 0) AS BIGINT) FROM ops),
-    (SELECT count(*) FROM attempts),
-    (SELECT count(*) FROM audit_log),
-    (SELECT count(*) FROM api_keys),
-    (SELECT count(*) FROM pauses),
-    (SELECT count(*) FROM halted_subjects),
-    (SELECT count(*) FROM lane_halts),
-    (SELECT count(*) FROM records)"
-    )
-}
-
-/// The hostile-input run: one host, a few waiting ops (their kind paused),
-/// and [`crate::hostile::run`] against its API.
-pub async fn hostile(backend: &Backend, env: &Env, per_operation: usize) -> anyhow::Result<crate::hostile::Findings> {
-    use rsa::pkcs8::EncodePrivateKey as _;
-    let temp = tempfile::tempdir()?;
-    let dir = env.keep.clone().unwrap_or_else(|| temp.path().to_owned());
-    std::fs::create_dir_all(&dir)?;
-    let key = rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 2048)?;
-    let pem = dir.join("actor.pem");
-    std::fs::write(&pem, key.to_pkcs8_pem(rsa::pkcs8::LineEnding::LF)?.as_bytes())?;
-    let hook_key = dir.join("hook.key");
-    std::fs::write(
-        &hook_key,
-        format!("whsec_{}", "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0NTY3ODk="),
-    )?;
-    let (db_url, pg_name) = match backend {
-        Backend::Sqlite => (format!("sqlite://{}", dir.join("queue.db").display()), None),
-        Backend::Postgres(server) => {
-            let (name, url) = pg_database(server).await?;
-            (url, Some(name))
-        }
-    };
-    let config = dir.join("laneway.toml");
-    std::fs::write(
-        &config,
-        config_text(
-            &db_url,
-            &env.repo.join("plugins/target/wasm32-wasip2/release"),
-            &pem,
-            &hook_key,
-            // No webhook: an op a request cancels must start nothing in
-            // the background, or the fingerprints would move on their own.
-            None,
-        ),
-    )?;
-    let laneway = Laneway {
-        bin: env.laneway.clone(),
-        config,
-        log: dir.join("hosts.log"),
-    };
-    laneway.cli(&["migrate"])?;
-    let new_key = |name: &str, scopes: &str| -> anyhow::Result<String> {
-        let out = laneway.cli(&["api-keys", "new", "--name", name, "--scopes", scopes, "--json"])?;
-        let v: Value = serde_json::from_str(&out).with_context(|| out.clone())?;
-        Ok(v["secret"].as_str().context("secret")?.to_owned())
-    };
-    let producer = new_key("producer", "ops:write")?;
-    let admin = new_key("admin", "ops:write,outbox:read,outbox:write,plugins:admin")?;
-    let port = procs::free_port()?;
-    let mut host = laneway.start(port, None)?;
-    let http = reqwest::Client::builder().no_proxy().build()?;
-    procs::ready(&http, &mut host, port).await?;
-    let base = format!("http://127.0.0.1:{port}");
-    // Waiting ops for the id-taking routes to find: their kind is paused.
-    let paused = http
-        .post(format!("{base}/api/admin/pauses"))
-        .bearer_auth(&admin)
-        .header("content-type", "application/json")
-        .body(json!({"scope": "kind", "target": "activitypub"}).to_string())
-        .send()
-        .await?;
-    ensure!(paused.status().is_success(), "pause: {}", paused.status());
-    let answer = http
-        .post(format!("{base}/api/v1/activitypub/deliveries"))
-        .bearer_auth(&producer)
-        .header("content-type", "application/json")
-        .body(
-            json!({"outbox": "https://faults.laneway.example/actors/0",
-                   "activity": {"id": "https://faults.laneway.example/a/1", "type": "Create"},
-                   "recipients": ["http://127.0.0.1:9/users/a/inbox", "http://127.0.0.1:9/users/b/inbox"]})
-            .to_string(),
-        )
-        .send()
-        .await?
-        .text()
-        .await?;
-    let answer: Value = serde_json::from_str(&answer).with_context(|| answer.clone())?;
-    let ids: Vec<i64> = answer["deliveries"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|d| d["id"].as_i64())
-        .collect();
-    ensure!(ids.len() == 2, "seeding: {answer}");
-    macro_rules! fingerprint {
-        ($pool:expr, $due:expr) => {{
-            let pool = $pool;
-            let sql: Arc<str> = fingerprint_sql($due).into();
-            crate::hostile::run(&base, (&producer, &admin), &ids, per_operation, || {
-                let (pool, sql) = (pool.clone(), sql.clone());
-                async move {
-                    let row = sqlx::query(&sql).fetch_one(&pool).await?;
-                    (0..10).map(|i| Ok(row.try_get::<i64, _>(i)?)).collect()
-                }
-            })
-            .await
-        }};
-    }
-    let findings = if db_url.starts_with("sqlite") {
-        fingerprint!(sqlx::SqlitePool::connect(&db_url).await?, "next_attempt_at")
-    } else {
-        fingerprint!(
-            sqlx::PgPool::connect(&db_url).await?,
-            "CAST(extract(epoch FROM next_attempt_at) * 1000 AS BIGINT)"
-        )
-    };
-    let mut findings = findings?;
-    if let Some(status) = host.exited() {
-        findings.failures.push(format!("the host exited: {status}"));
-    } else if procs::ready(&http, &mut host, port).await.is_err() {
-        findings.failures.push("the host is no longer ready".to_owned());
-    }
-    drop(host);
-    if let (Backend::Postgres(server), Some(name)) = (backend, &pg_name) {
-        if findings.failures.is_empty() && env.keep.is_none() {
-            drop_pg_database(server, name).await?;
-        }
-    }
-    if !findings.failures.is_empty() && env.keep.is_none() {
-        let kept = temp.keep();
-        findings
-            .failures
-            .push(format!("run directory kept: {}", kept.display()));
-    }
-    Ok(findings)
-}
-
-/// What the disk-full run saw.
-#[derive(Debug, Default)]
-pub struct DiskFull {
-    /// Why it did not run, when it could not (mounting needs root).
-    pub not_run: Option<String>,
-    /// Fan-outs acknowledged before the disk filled.
-    pub acked_before: usize,
-    /// The API's answer once the disk was full.
-    pub refusal: String,
-    /// What a kill -9 and a restart on the full disk did.
-    pub restart: String,
-    /// `PRAGMA integrity_check` after space returned.
-    pub integrity: String,
-    pub history: History,
-}
-
-/// SQLite on a full disk: the database on a small tmpfs, a ballast file
-/// holding the last of its space, ops enqueued (their kind paused) until
-/// the API refuses; a kill -9 and restart while full; then the ballast
-/// removed, the kind resumed, and every acknowledged op must be delivered
-/// from an intact database.
-pub async fn disk_full(env: &Env) -> anyhow::Result<DiskFull> {
-    use rsa::pkcs8::{EncodePrivateKey as _, EncodePublicKey as _};
-    let mut outcome = DiskFull::default();
-    let temp = tempfile::tempdir()?;
-    let dir = env.keep.clone().unwrap_or_else(|| temp.path().to_owned());
-    std::fs::create_dir_all(&dir)?;
-    let disk = dir.join("disk");
-    std::fs::create_dir_all(&disk)?;
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=12m", "tmpfs"])
-        .arg(&disk)
-        .output()
-        .context("mount(8)")?;
-    if !mounted.status.success() {
-        outcome.not_run = Some(format!(
-            "mounting a 12 MiB tmpfs failed (it needs root): {}",
-            String::from_utf8_lossy(&mounted.stderr).trim()
-        ));
-        return Ok(outcome);
-    }
-    // Unmounted however the run ends.
-    struct Mount(PathBuf);
-    impl Drop for Mount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-    let _mount = Mount(disk.clone());
-
-    let key = rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 2048)?;
-    let pem = dir.join("actor.pem");
-    std::fs::write(&pem, key.to_pkcs8_pem(rsa::pkcs8::LineEnding::LF)?.as_bytes())?;
-    let public = key.to_public_key().to_public_key_pem(rsa::pkcs8::LineEnding::LF)?;
-    let keys = dir.join("keys.json");
-    std::fs::write(
-        &keys,
-        json!({ KEY_ID: {"pem": public, "alg": "rsa-sha256"} }).to_string(),
-    )?;
-    let hook_key = dir.join("hook.key");
-    std::fs::write(&hook_key, "whsec_QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0NTY3ODk=")?;
-    let log = dir.join("inbox.jsonl");
-    let (_inbox, inbox_port) = procs::node_inbox(&env.repo, &keys, &log)?;
-    let db_url = format!("sqlite://{}", disk.join("queue.db").display());
-    let config = dir.join("laneway.toml");
-    std::fs::write(
-        &config,
-        config_text(
-            &db_url,
-            &env.repo.join("plugins/target/wasm32-wasip2/release"),
-            &pem,
-            &hook_key,
-            None,
-        ),
-    )?;
-    let laneway = Laneway {
-        bin: env.laneway.clone(),
-        config,
-        log: dir.join("hosts.log"),
-    };
-    laneway.cli(&["migrate"])?;
-    let new_key = |name: &str, scopes: &str| -> anyhow::Result<String> {
-        let out = laneway.cli(&["api-keys", "new", "--name", name, "--scopes", scopes, "--json"])?;
-        let v: Value = serde_json::from_str(&out).with_context(|| out.clone())?;
-        Ok(v["secret"].as_str().context("secret")?.to_owned())
-    };
-    let producer = new_key("producer", "ops:write")?;
-    let admin = new_key("admin", "outbox:read,outbox:write")?;
-    // The ballast: everything the disk has left but 1 MiB, freed later.
-    let ballast = disk.join("ballast");
-    {
-        let free = statvfs_free(&disk)?;
-        let size = free.saturating_sub(1 << 20);
-        std::fs::write(&ballast, vec![0u8; usize::try_from(size).unwrap_or(0)])?;
-    }
-    let http = reqwest::Client::builder().no_proxy().build()?;
-    let port = procs::free_port()?;
-    let mut host = laneway.start(port, None)?;
-    procs::ready(&http, &mut host, port).await?;
-    let base = format!("http://127.0.0.1:{port}");
-    let pause = http
-        .post(format!("{base}/api/admin/pauses"))
-        .bearer_auth(&admin)
-        .header("content-type", "application/json")
-        .body(json!({"scope": "kind", "target": "activitypub"}).to_string())
-        .send()
-        .await?;
-    ensure!(pause.status().is_success(), "pause: {}", pause.status());
-    let inboxes: Vec<String> = (0..10)
-        .map(|n| format!("http://127.0.0.1:{inbox_port}/users/u{n}/inbox"))
-        .collect();
-    let mut acked = Vec::new();
-    let fan_out = |n: usize| {
-        let outbox = "https://faults.laneway.example/actors/0".to_owned();
-        let activity = format!("{outbox}/activities/{n}");
-        let body = json!({"outbox": outbox, "recipients": inboxes,
-            "activity": {"id": activity, "type": "Create", "actor": outbox,
-                         "object": {"id": format!("{activity}/note"), "type": "Note",
-                                    "content": "x".repeat(2000)}}});
-        (outbox, activity, body)
-    };
-    let record = |acked: &mut Vec<Acked>, answer: &Value, outbox: &str, activity: &str| -> anyhow::Result<()> {
-        for (inbox, d) in inboxes
-            .iter()
-            .zip(answer["deliveries"].as_array().context("deliveries")?)
-        {
-            acked.push(Acked {
-                op: d["id"].as_i64().context("id")?,
-                outbox: outbox.to_owned(),
-                inbox: inbox.clone(),
-                activity: activity.to_owned(),
-            });
-        }
-        Ok(())
-    };
-    let mut n = 0;
-    loop {
-        ensure!(n < 5000, "the disk never filled");
-        let (outbox, activity, body) = fan_out(n);
-        let answer = http
-            .post(format!("{base}/api/v1/activitypub/deliveries"))
-            .bearer_auth(&producer)
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .timeout(Duration::from_secs(20))
-            .send()
-            .await?;
-        let status = answer.status();
-        let text = answer.text().await?;
-        if !status.is_success() {
-            outcome.refusal = format!("{status}: {text}");
-            break;
-        }
-        let answer: Value = serde_json::from_str(&text)?;
-        record(&mut acked, &answer, &outbox, &activity)?;
-        outcome.acked_before += 1;
-        n += 1;
-    }
-    // A crash and a restart while the disk is still full.
-    host.kill9();
-    let mut restarted = laneway.start(port, None)?;
-    outcome.restart = match procs::ready(&http, &mut restarted, port).await {
-        Ok(()) => "restarted on the full disk and ready".to_owned(),
-        Err(e) => format!("did not start on the full disk ({e})"),
-    };
-    drop(restarted);
-    // Space returns.
-    std::fs::remove_file(&ballast)?;
-    let mut host = laneway.start(port, None)?;
-    procs::ready(&http, &mut host, port).await?;
-    // The refused fan-out, again: now it is taken.
-    let (outbox, activity, body) = fan_out(n);
-    let answer = http
-        .post(format!("{base}/api/v1/activitypub/deliveries"))
-        .bearer_auth(&producer)
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await?
-        .text()
-        .await?;
-    let answer: Value = serde_json::from_str(&answer).with_context(|| answer.clone())?;
-    record(&mut acked, &answer, &outbox, &activity)?;
-    let resumed = http
-        .delete(format!("{base}/api/admin/pauses/kind/activitypub"))
-        .bearer_auth(&admin)
-        .send()
-        .await?;
-    ensure!(resumed.status().is_success(), "resume: {}", resumed.status());
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let final_rows = loop {
-        let (rows, _, open) = rows(&db_url).await?;
-        if open == 0 || Instant::now() > deadline {
-            break rows;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
-    drop(host);
-    {
-        use sqlx::Connection as _;
-        let mut db = sqlx::SqliteConnection::connect(&db_url).await?;
-        let rows: Vec<String> = sqlx::query_scalar("PRAGMA integrity_check").fetch_all(&mut db).await?;
-        outcome.integrity = rows.join("; ");
-    }
-    let (arrivals, _) = arrivals(&[(inbox_port, log)], &inboxes)?;
-    outcome.history = History {
-        acked,
-        arrivals,
-        rows: final_rows,
-        // The kill while full: its ops were paused, none in flight.
-        kills: 1,
-        stalls: 0,
-        in_flight: PER_DESTINATION,
-        lost_answers: 0,
-        webhooks: None,
-    };
-    Ok(outcome)
-}
-
-/// Free bytes on the file system holding `dir`, from df(1): the crate
-/// forbids the unsafe a statvfs call would need.
-fn statvfs_free(dir: &Path) -> anyhow::Result<u64> {
-    let out = std::process::Command::new("df")
-        .args(["--output=avail", "-B1"])
-        .arg(dir)
-        .output()
-        .context("df(1)")?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .nth(1)
-        .and_then(|l| l.trim().parse().ok())
-        .with_context(|| format!("df printed {text:?}"))
 }
