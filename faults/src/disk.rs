@@ -10,8 +10,8 @@ use anyhow::{ensure, Context as _};
 use serde_json::{json, Value};
 
 use crate::check::{Acked, History};
-use crate::procs::{self, Laneway};
-use crate::run::{arrivals, config_text, rows, Env, KEY_ID, PER_DESTINATION};
+use crate::procs;
+use crate::run::{arrivals, config_text, prepare, rows, write_keys, Env, PER_DESTINATION};
 
 /// What the disk-full run saw.
 #[derive(Debug, Default)]
@@ -35,7 +35,6 @@ pub struct DiskFull {
 /// removed, the kind resumed, and every acknowledged op must be delivered
 /// from an intact database.
 pub async fn run(env: &Env) -> anyhow::Result<DiskFull> {
-    use rsa::pkcs8::{EncodePrivateKey as _, EncodePublicKey as _};
     let mut outcome = DiskFull::default();
     let temp = tempfile::tempdir()?;
     let dir = env.keep.clone().unwrap_or_else(|| temp.path().to_owned());
@@ -63,44 +62,18 @@ pub async fn run(env: &Env) -> anyhow::Result<DiskFull> {
     }
     let _mount = Mount(disk.clone());
 
-    let key = rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 2048)?;
-    let pem = dir.join("actor.pem");
-    std::fs::write(&pem, key.to_pkcs8_pem(rsa::pkcs8::LineEnding::LF)?.as_bytes())?;
-    let public = key.to_public_key().to_public_key_pem(rsa::pkcs8::LineEnding::LF)?;
-    let keys = dir.join("keys.json");
-    std::fs::write(
-        &keys,
-        json!({ KEY_ID: {"pem": public, "alg": "rsa-sha256"} }).to_string(),
-    )?;
-    let hook_key = dir.join("hook.key");
-    std::fs::write(&hook_key, "whsec_QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0NTY3ODk=")?;
+    let keys = write_keys(&dir)?;
     let log = dir.join("inbox.jsonl");
-    let (_inbox, inbox_port) = procs::node_inbox(&env.repo, &keys, &log)?;
+    let (_inbox, inbox_port) = procs::node_inbox(&env.repo, &keys.inbox_keys, &log)?;
     let db_url = format!("sqlite://{}", disk.join("queue.db").display());
-    let config = dir.join("laneway.toml");
-    std::fs::write(
-        &config,
-        config_text(
-            &db_url,
-            &env.repo.join("plugins/target/wasm32-wasip2/release"),
-            &pem,
-            &hook_key,
-            None,
-        ),
+    let plugins = env.repo.join("plugins/target/wasm32-wasip2/release");
+    let laneway = prepare(
+        env,
+        &dir,
+        &config_text(&db_url, &plugins, &keys.pem, &keys.hook_key, None),
     )?;
-    let laneway = Laneway {
-        bin: env.laneway.clone(),
-        config,
-        log: dir.join("hosts.log"),
-    };
-    laneway.cli(&["migrate"])?;
-    let new_key = |name: &str, scopes: &str| -> anyhow::Result<String> {
-        let out = laneway.cli(&["api-keys", "new", "--name", name, "--scopes", scopes, "--json"])?;
-        let v: Value = serde_json::from_str(&out).with_context(|| out.clone())?;
-        Ok(v["secret"].as_str().context("secret")?.to_owned())
-    };
-    let producer = new_key("producer", "ops:write")?;
-    let admin = new_key("admin", "outbox:read,outbox:write")?;
+    let producer = laneway.api_key("producer", "ops:write")?;
+    let admin = laneway.api_key("admin", "outbox:read,outbox:write")?;
     // The ballast: everything the disk has left but 1 MiB, freed later.
     let ballast = disk.join("ballast");
     {
@@ -148,20 +121,25 @@ pub async fn run(env: &Env) -> anyhow::Result<DiskFull> {
         }
         Ok(())
     };
-    let mut n = 0;
-    loop {
-        ensure!(n < 5000, "the disk never filled");
-        let (outbox, activity, body) = fan_out(n);
-        let answer = http
+    let post = |body: &Value| {
+        let request = http
             .post(format!("{base}/api/v1/activitypub/deliveries"))
             .bearer_auth(&producer)
             .header("content-type", "application/json")
             .body(body.to_string())
             .timeout(Duration::from_secs(20))
-            .send()
-            .await?;
-        let status = answer.status();
-        let text = answer.text().await?;
+            .send();
+        async move {
+            let answer = request.await?;
+            let status = answer.status();
+            anyhow::Ok((status, answer.text().await?))
+        }
+    };
+    let mut n = 0;
+    loop {
+        ensure!(n < 5000, "the disk never filled");
+        let (outbox, activity, body) = fan_out(n);
+        let (status, text) = post(&body).await?;
         if !status.is_success() {
             outcome.refusal = format!("{status}: {text}");
             break;
@@ -185,15 +163,8 @@ pub async fn run(env: &Env) -> anyhow::Result<DiskFull> {
     procs::ready(&http, &mut host, port).await?;
     // The refused fan-out, again: now it is taken.
     let (outbox, activity, body) = fan_out(n);
-    let answer = http
-        .post(format!("{base}/api/v1/activitypub/deliveries"))
-        .bearer_auth(&producer)
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await?
-        .text()
-        .await?;
+    let (status, answer) = post(&body).await?;
+    ensure!(status.is_success(), "after space returned: {status}: {answer}");
     let answer: Value = serde_json::from_str(&answer).with_context(|| answer.clone())?;
     record(&mut acked, &answer, &outbox, &activity)?;
     let resumed = http

@@ -14,8 +14,8 @@ use rand::Rng as _;
 use serde_json::{json, Value};
 use sqlx::Row as _;
 
-use crate::procs::{self, Laneway};
-use crate::run::{config_text, drop_pg_database, pg_database, Backend, Env};
+use crate::procs;
+use crate::run::{config_text, drop_pg_database, pg_database, prepare, write_keys, Backend, Env};
 
 /// One API operation from the OpenAPI document.
 #[derive(Debug, Clone)]
@@ -323,18 +323,10 @@ fn fingerprint_sql(due: &str) -> String {
 /// The hostile-input run: one host, a few waiting ops (their kind paused),
 /// and [`run`] against its API.
 pub async fn against(backend: &Backend, env: &Env, per_operation: usize) -> anyhow::Result<Findings> {
-    use rsa::pkcs8::EncodePrivateKey as _;
     let temp = tempfile::tempdir()?;
     let dir = env.keep.clone().unwrap_or_else(|| temp.path().to_owned());
     std::fs::create_dir_all(&dir)?;
-    let key = rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 2048)?;
-    let pem = dir.join("actor.pem");
-    std::fs::write(&pem, key.to_pkcs8_pem(rsa::pkcs8::LineEnding::LF)?.as_bytes())?;
-    let hook_key = dir.join("hook.key");
-    std::fs::write(
-        &hook_key,
-        format!("whsec_{}", "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0NTY3ODk="),
-    )?;
+    let keys = write_keys(&dir)?;
     let (db_url, pg_name) = match backend {
         Backend::Sqlite => (format!("sqlite://{}", dir.join("queue.db").display()), None),
         Backend::Postgres(server) => {
@@ -342,32 +334,16 @@ pub async fn against(backend: &Backend, env: &Env, per_operation: usize) -> anyh
             (url, Some(name))
         }
     };
-    let config = dir.join("laneway.toml");
-    std::fs::write(
-        &config,
-        config_text(
-            &db_url,
-            &env.repo.join("plugins/target/wasm32-wasip2/release"),
-            &pem,
-            &hook_key,
-            // No webhook: an op a request cancels must start nothing in
-            // the background, or the fingerprints would move on their own.
-            None,
-        ),
+    let plugins = env.repo.join("plugins/target/wasm32-wasip2/release");
+    // No webhook: an op a request cancels must start nothing in the
+    // background, or the fingerprints would move on their own.
+    let laneway = prepare(
+        env,
+        &dir,
+        &config_text(&db_url, &plugins, &keys.pem, &keys.hook_key, None),
     )?;
-    let laneway = Laneway {
-        bin: env.laneway.clone(),
-        config,
-        log: dir.join("hosts.log"),
-    };
-    laneway.cli(&["migrate"])?;
-    let new_key = |name: &str, scopes: &str| -> anyhow::Result<String> {
-        let out = laneway.cli(&["api-keys", "new", "--name", name, "--scopes", scopes, "--json"])?;
-        let v: Value = serde_json::from_str(&out).with_context(|| out.clone())?;
-        Ok(v["secret"].as_str().context("secret")?.to_owned())
-    };
-    let producer = new_key("producer", "ops:write")?;
-    let admin = new_key("admin", "ops:write,outbox:read,outbox:write,plugins:admin")?;
+    let producer = laneway.api_key("producer", "ops:write")?;
+    let admin = laneway.api_key("admin", "ops:write,outbox:read,outbox:write,plugins:admin")?;
     let port = procs::free_port()?;
     let mut host = laneway.start(port, None)?;
     let http = reqwest::Client::builder().no_proxy().build()?;

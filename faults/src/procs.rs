@@ -115,6 +115,13 @@ impl Laneway {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// A new API key with `scopes`; its secret.
+    pub fn api_key(&self, name: &str, scopes: &str) -> anyhow::Result<String> {
+        let out = self.cli(&["api-keys", "new", "--name", name, "--scopes", scopes, "--json"])?;
+        let v: serde_json::Value = serde_json::from_str(&out).with_context(|| out.clone())?;
+        Ok(v["secret"].as_str().context("the key's secret")?.to_owned())
+    }
+
     /// `laneway run` as its own process, listening on `port`, with a
     /// failpoint armed when given.
     pub fn start(&self, port: u16, failpoint: Option<&str>) -> anyhow::Result<Proc> {

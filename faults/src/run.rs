@@ -185,6 +185,59 @@ max_attempts = 1000
     )
 }
 
+/// The files every run writes before its first host.
+pub(crate) struct Keys {
+    /// The actor's RSA key (PKCS#8 PEM), `[keys.actor]`.
+    pub pem: PathBuf,
+    /// The outcome webhooks' `whsec_` secret, `[keys.hook]`.
+    pub hook_key: PathBuf,
+    /// What the Node inbox verifies with: the actor's public key and the
+    /// webhook secret.
+    pub inbox_keys: PathBuf,
+}
+
+/// Writes a fresh actor key and webhook secret into `dir`.
+pub(crate) fn write_keys(dir: &Path) -> anyhow::Result<Keys> {
+    use rsa::pkcs8::{EncodePrivateKey as _, EncodePublicKey as _};
+    let key = rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 2048)?;
+    let pem = dir.join("actor.pem");
+    std::fs::write(&pem, key.to_pkcs8_pem(rsa::pkcs8::LineEnding::LF)?.as_bytes())?;
+    let public = key.to_public_key().to_public_key_pem(rsa::pkcs8::LineEnding::LF)?;
+    let secret = format!(
+        "whsec_{}",
+        base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            rand::thread_rng().gen::<[u8; 32]>()
+        )
+    );
+    let hook_key = dir.join("hook.key");
+    std::fs::write(&hook_key, &secret)?;
+    let inbox_keys = dir.join("keys.json");
+    std::fs::write(
+        &inbox_keys,
+        json!({ KEY_ID: {"pem": public, "alg": "rsa-sha256"}, "webhook_secret": secret }).to_string(),
+    )?;
+    Ok(Keys {
+        pem,
+        hook_key,
+        inbox_keys,
+    })
+}
+
+/// Writes `text` as the run's config in `dir` and migrates its database.
+pub(crate) fn prepare(env: &Env, dir: &Path, text: &str) -> anyhow::Result<Laneway> {
+    let config = dir.join("laneway.toml");
+    std::fs::write(&config, text)?;
+    let laneway = Laneway {
+        bin: env.laneway.clone(),
+        config,
+        log: dir.join("hosts.log"),
+    };
+    laneway.cli(&["check-config"])?;
+    laneway.cli(&["migrate"])?;
+    Ok(laneway)
+}
+
 /// A fresh PostgreSQL database for one run, dropped when the run passed.
 pub(crate) async fn pg_database(server: &str) -> anyhow::Result<(String, String)> {
     use sqlx::Connection as _;
@@ -391,36 +444,18 @@ fn statuses(rows: impl Iterator<Item = (i64, String)>) -> anyhow::Result<HashMap
 
 /// Runs one plan to the end and returns its history.
 pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
-    use rsa::pkcs8::{EncodePrivateKey as _, EncodePublicKey as _};
     let started = Instant::now();
     let temp = tempfile::tempdir()?;
     let dir = env.keep.clone().unwrap_or_else(|| temp.path().to_owned());
     std::fs::create_dir_all(&dir)?;
-    let key = rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 2048)?;
-    let pem = dir.join("actor.pem");
-    std::fs::write(&pem, key.to_pkcs8_pem(rsa::pkcs8::LineEnding::LF)?.as_bytes())?;
-    let public = key.to_public_key().to_public_key_pem(rsa::pkcs8::LineEnding::LF)?;
-    let hook_secret = format!(
-        "whsec_{}",
-        base64::Engine::encode(
-            &base64::engine::general_purpose::STANDARD,
-            rand::thread_rng().gen::<[u8; 32]>()
-        )
-    );
-    let hook_key = dir.join("hook.key");
-    std::fs::write(&hook_key, &hook_secret)?;
-    let keys = dir.join("keys.json");
-    std::fs::write(
-        &keys,
-        json!({ KEY_ID: {"pem": public, "alg": "rsa-sha256"}, "webhook_secret": hook_secret }).to_string(),
-    )?;
+    let keys = write_keys(&dir)?;
 
     // The inboxes, as processes of their own.
     let mut fakes: Vec<Proc> = Vec::new();
     let mut logs = Vec::new();
     for n in 0..INBOX_PROCESSES {
         let out = dir.join(format!("inbox-{n}.jsonl"));
-        let (proc, port) = procs::node_inbox(&env.repo, &keys, &out)?;
+        let (proc, port) = procs::node_inbox(&env.repo, &keys.inbox_keys, &out)?;
         fakes.push(proc);
         logs.push((port, out));
     }
@@ -443,7 +478,6 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
             (url, Some(name))
         }
     };
-    let config = dir.join("laneway.toml");
     let hooks = format!("http://127.0.0.1:{}/hooks/outcomes", logs[0].0);
     // The run's own copy of the plugin, which ReplacePlugin rewrites.
     let plugins = dir.join("plugins");
@@ -451,18 +485,10 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
     let wasm = std::fs::read(env.repo.join("plugins/target/wasm32-wasip2/release/activitypub.wasm"))
         .context("the activitypub plugin (./dev test builds it)")?;
     std::fs::write(plugins.join("activitypub.wasm"), &wasm)?;
-    let text = config_text(&db_url, &plugins, &pem, &hook_key, Some(hooks.as_str()));
-    std::fs::write(&config, &text)?;
-    let laneway = Laneway {
-        bin: env.laneway.clone(),
-        config: config.clone(),
-        log: dir.join("hosts.log"),
-    };
-    laneway.cli(&["check-config"])?;
-    laneway.cli(&["migrate"])?;
-    let out = laneway.cli(&["api-keys", "new", "--name", "faults", "--scopes", "ops:write", "--json"])?;
-    let secret: Value = serde_json::from_str(&out).with_context(|| out.clone())?;
-    let secret = secret["secret"].as_str().context("the key's secret")?.to_owned();
+    let text = config_text(&db_url, &plugins, &keys.pem, &keys.hook_key, Some(hooks.as_str()));
+    let laneway = prepare(env, &dir, &text)?;
+    let config = laneway.config.clone();
+    let secret = laneway.api_key("faults", "ops:write")?;
 
     let http = reqwest::Client::builder().no_proxy().build()?;
     let ports = Arc::new(Mutex::new(Vec::new()));
