@@ -103,6 +103,49 @@ fn jitter() -> Duration {
     Duration::from_millis(rand::thread_rng().gen_range(20..100))
 }
 
+/// Which way a [`pump`] copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Request,
+    Answer,
+}
+
+/// Copies one direction of a connection under `mode` until either end
+/// closes.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mode: Mode,
+    direction: Direction,
+    lost: &AtomicU64,
+) -> std::io::Result<()> {
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        let n = from.read(&mut buf).await?;
+        if n == 0 {
+            return to.shutdown().await;
+        }
+        match (mode, direction) {
+            (Mode::LoseAnswer, Direction::Answer) => {
+                // The inbox answered, so it had the whole request.
+                lost.fetch_add(1, Ordering::SeqCst);
+                return Ok(());
+            }
+            (Mode::Slow, Direction::Answer) => {
+                for byte in &buf[..n] {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    to.write_all(std::slice::from_ref(byte)).await?;
+                }
+            }
+            (Mode::Latency, _) => {
+                tokio::time::sleep(jitter()).await;
+                to.write_all(&buf[..n]).await?;
+            }
+            _ => to.write_all(&buf[..n]).await?,
+        }
+    }
+}
+
 async fn serve(mut client: TcpStream, upstream: u16, mode: Mode, lost: &AtomicU64) -> std::io::Result<()> {
     match mode {
         Mode::Reset => return Ok(()),
@@ -114,51 +157,74 @@ async fn serve(mut client: TcpStream, upstream: u16, mode: Mode, lost: &AtomicU6
         _ => {}
     }
     let server = TcpStream::connect(("127.0.0.1", upstream)).await?;
-    let (mut client_read, mut client_write) = client.into_split();
-    let (mut server_read, mut server_write) = server.into_split();
-    let up = async {
-        let mut buf = [0u8; 16 * 1024];
-        loop {
-            let n = client_read.read(&mut buf).await?;
-            if n == 0 {
-                return server_write.shutdown().await;
-            }
-            if mode == Mode::Latency {
-                tokio::time::sleep(jitter()).await;
-            }
-            server_write.write_all(&buf[..n]).await?;
-        }
-    };
-    let down = async {
-        let mut buf = [0u8; 16 * 1024];
-        loop {
-            let n = server_read.read(&mut buf).await?;
-            if n == 0 {
-                return client_write.shutdown().await;
-            }
-            match mode {
-                Mode::LoseAnswer => {
-                    // The inbox answered, so it had the whole request.
-                    lost.fetch_add(1, Ordering::SeqCst);
-                    return Ok(());
-                }
-                Mode::Latency => {
-                    tokio::time::sleep(jitter()).await;
-                    client_write.write_all(&buf[..n]).await?;
-                }
-                Mode::Slow => {
-                    for byte in &buf[..n] {
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                        client_write.write_all(std::slice::from_ref(byte)).await?;
-                    }
-                }
-                _ => client_write.write_all(&buf[..n]).await?,
-            }
-        }
-    };
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = server.into_split();
+    let up = pump(client_read, server_write, mode, Direction::Request, lost);
+    let down = pump(server_read, client_write, mode, Direction::Answer, lost);
     // Either side ending ends the connection (dropping both halves).
     tokio::select! {
         r = up => r,
         r = down => r,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An upstream that answers every connection's first read with `ok`,
+    /// then closes it.
+    /// Counts the requests it received.
+    async fn upstream(received: Arc<AtomicU64>) -> anyhow::Result<u16> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let received = received.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 64];
+                    if conn.read(&mut buf).await.is_ok_and(|n| n > 0) {
+                        received.fetch_add(1, Ordering::SeqCst);
+                        let _ = conn.write_all(b"ok").await;
+                    }
+                });
+            }
+        });
+        Ok(port)
+    }
+
+    async fn exchange(port: u16) -> anyhow::Result<Vec<u8>> {
+        let mut conn = TcpStream::connect(("127.0.0.1", port)).await?;
+        conn.write_all(b"hello").await?;
+        let mut answer = Vec::new();
+        // A proxy that drops the connection with the request unread
+        // resets it: to the client, as empty an answer as a close.
+        match tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut answer)).await? {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(Vec::new()),
+            other => Ok(other.map(|_| answer)?),
+        }
+    }
+
+    #[tokio::test]
+    async fn pass_slow_and_latency_deliver_and_lose_answer_drops_and_counts() -> anyhow::Result<()> {
+        let received = Arc::new(AtomicU64::new(0));
+        let proxy = Proxy::start(upstream(received.clone()).await?).await?;
+        for mode in [Mode::Pass, Mode::Slow, Mode::Latency] {
+            proxy.set(mode);
+            assert_eq!(exchange(proxy.port).await?, b"ok", "{mode:?}");
+        }
+        assert_eq!(received.load(Ordering::SeqCst), 3);
+        // The request reaches the inbox; its answer does not come back.
+        proxy.set(Mode::LoseAnswer);
+        assert_eq!(exchange(proxy.port).await?, b"");
+        assert_eq!((received.load(Ordering::SeqCst), proxy.lost_answers()), (4, 1));
+        proxy.set(Mode::Reset);
+        assert_eq!(exchange(proxy.port).await?, b"");
+        assert_eq!(
+            (received.load(Ordering::SeqCst), proxy.lost_answers()),
+            (4, 1),
+            "a reset reaches no inbox"
+        );
+        Ok(())
     }
 }
