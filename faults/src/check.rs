@@ -37,7 +37,8 @@ pub struct Arrival {
     pub status: u16,
 }
 
-/// What the database holds for one op at the end.
+/// What the database holds for one op at the end. (Not `laneway::op::Status`:
+/// the harness links nothing of laneway, and reads the column as text.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
     Pending,

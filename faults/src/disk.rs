@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use crate::check::{Acked, History};
 use crate::procs;
-use crate::run::{arrivals, config_text, prepare, rows, write_keys, Env, PER_DESTINATION};
+use crate::run::{arrivals, config_text, prepare, rows, start_paused, write_keys, Env, PER_DESTINATION};
 
 /// What the disk-full run saw.
 #[derive(Debug, Default)]
@@ -82,18 +82,7 @@ pub async fn run(env: &Env) -> anyhow::Result<DiskFull> {
         std::fs::write(&ballast, vec![0u8; usize::try_from(size).unwrap_or(0)])?;
     }
     let http = reqwest::Client::builder().no_proxy().build()?;
-    let port = procs::free_port()?;
-    let mut host = laneway.start(port, None)?;
-    procs::ready(&http, &mut host, port).await?;
-    let base = format!("http://127.0.0.1:{port}");
-    let pause = http
-        .post(format!("{base}/api/admin/pauses"))
-        .bearer_auth(&admin)
-        .header("content-type", "application/json")
-        .body(json!({"scope": "kind", "target": "activitypub"}).to_string())
-        .send()
-        .await?;
-    ensure!(pause.status().is_success(), "pause: {}", pause.status());
+    let (mut host, port, base) = start_paused(&laneway, &http, &admin, "activitypub").await?;
     let inboxes: Vec<String> = (0..10)
         .map(|n| format!("http://127.0.0.1:{inbox_port}/users/u{n}/inbox"))
         .collect();
@@ -122,11 +111,7 @@ pub async fn run(env: &Env) -> anyhow::Result<DiskFull> {
         Ok(())
     };
     let post = |body: &Value| {
-        let request = http
-            .post(format!("{base}/api/v1/activitypub/deliveries"))
-            .bearer_auth(&producer)
-            .header("content-type", "application/json")
-            .body(body.to_string())
+        let request = procs::post_json(&http, format!("{base}/api/v1/activitypub/deliveries"), &producer, body)
             .timeout(Duration::from_secs(20))
             .send();
         async move {

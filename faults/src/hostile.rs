@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use sqlx::Row as _;
 
 use crate::procs;
-use crate::run::{config_text, drop_pg_database, pg_database, prepare, write_keys, Backend, Env};
+use crate::run::{config_text, drop_pg_database, pg_database, prepare, start_paused, write_keys, Backend, Env};
 
 /// One API operation from the OpenAPI document.
 #[derive(Debug, Clone)]
@@ -344,30 +344,13 @@ pub async fn against(backend: &Backend, env: &Env, per_operation: usize) -> anyh
     )?;
     let producer = laneway.api_key("producer", "ops:write")?;
     let admin = laneway.api_key("admin", "ops:write,outbox:read,outbox:write,plugins:admin")?;
-    let port = procs::free_port()?;
-    let mut host = laneway.start(port, None)?;
     let http = reqwest::Client::builder().no_proxy().build()?;
-    procs::ready(&http, &mut host, port).await?;
-    let base = format!("http://127.0.0.1:{port}");
     // Waiting ops for the id-taking routes to find: their kind is paused.
-    let paused = http
-        .post(format!("{base}/api/admin/pauses"))
-        .bearer_auth(&admin)
-        .header("content-type", "application/json")
-        .body(json!({"scope": "kind", "target": "activitypub"}).to_string())
-        .send()
-        .await?;
-    ensure!(paused.status().is_success(), "pause: {}", paused.status());
-    let answer = http
-        .post(format!("{base}/api/v1/activitypub/deliveries"))
-        .bearer_auth(&producer)
-        .header("content-type", "application/json")
-        .body(
-            json!({"outbox": "https://faults.laneway.example/actors/0",
-                   "activity": {"id": "https://faults.laneway.example/a/1", "type": "Create"},
-                   "recipients": ["http://127.0.0.1:9/users/a/inbox", "http://127.0.0.1:9/users/b/inbox"]})
-            .to_string(),
-        )
+    let (mut host, port, base) = start_paused(&laneway, &http, &admin, "activitypub").await?;
+    let seed = json!({"outbox": "https://faults.laneway.example/actors/0",
+                      "activity": {"id": "https://faults.laneway.example/a/1", "type": "Create"},
+                      "recipients": ["http://127.0.0.1:9/users/a/inbox", "http://127.0.0.1:9/users/b/inbox"]});
+    let answer = procs::post_json(&http, format!("{base}/api/v1/activitypub/deliveries"), &producer, &seed)
         .send()
         .await?
         .text()

@@ -169,6 +169,14 @@ pub async fn ready(http: &reqwest::Client, host: &mut Proc, port: u16) -> anyhow
     }
 }
 
+/// A POST of `body` as JSON to the API at `url`, with `key` as bearer.
+pub fn post_json(http: &reqwest::Client, url: String, key: &str, body: &serde_json::Value) -> reqwest::RequestBuilder {
+    http.post(url)
+        .bearer_auth(key)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+}
+
 /// A free port on 127.0.0.1 (bound, then released for the child).
 pub fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())

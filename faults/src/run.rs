@@ -238,6 +238,27 @@ pub(crate) fn prepare(env: &Env, dir: &Path, text: &str) -> anyhow::Result<Lanew
     Ok(laneway)
 }
 
+/// Starts a host on a free port and pauses `kind` through its API with the
+/// `admin` key, so that ops enqueued next wait: the host, its port and its
+/// base URL.
+pub(crate) async fn start_paused(
+    laneway: &Laneway,
+    http: &reqwest::Client,
+    admin: &str,
+    kind: &str,
+) -> anyhow::Result<(Proc, u16, String)> {
+    let port = procs::free_port()?;
+    let mut host = laneway.start(port, None)?;
+    procs::ready(http, &mut host, port).await?;
+    let base = format!("http://127.0.0.1:{port}");
+    let body = json!({"scope": "kind", "target": kind});
+    let paused = procs::post_json(http, format!("{base}/api/admin/pauses"), admin, &body)
+        .send()
+        .await?;
+    ensure!(paused.status().is_success(), "pause: {}", paused.status());
+    Ok((host, port, base))
+}
+
 /// A fresh PostgreSQL database for one run, dropped when the run passed.
 pub(crate) async fn pg_database(server: &str) -> anyhow::Result<(String, String)> {
     use sqlx::Connection as _;
@@ -327,11 +348,8 @@ async fn post_until_acked(
     loop {
         let candidates = ports.lock().unwrap_or_else(PoisonError::into_inner).clone();
         for port in candidates {
-            let sent = http
-                .post(format!("http://127.0.0.1:{port}/api/v1/activitypub/deliveries"))
-                .bearer_auth(key)
-                .header("content-type", "application/json")
-                .body(body.to_string())
+            let url = format!("http://127.0.0.1:{port}/api/v1/activitypub/deliveries");
+            let sent = procs::post_json(http, url, key, body)
                 .timeout(Duration::from_secs(5))
                 .send()
                 .await;
@@ -595,33 +613,19 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
                 };
                 let terminated = terminate(server, name).await?;
                 tokio::time::sleep(Duration::from_millis(1500)).await;
-                ensure!(
-                    host.exited().is_none(),
-                    "the host died when its connections were terminated"
-                );
-                host.kill9();
+                survived(&mut host, "when its connections were terminated")?;
                 // A settle refused by a dead connection re-runs its op.
                 kills += 2;
                 format!("{terminated} connections terminated; the host reconnected; then kill -9")
             }
             Fault::RewriteConfig => {
-                let before = reloads(&laneway.log);
                 // As editors and `cat >` do: truncate, a pause, then write.
-                for _ in 0..5 {
-                    tokio::time::sleep(Duration::from_millis(150)).await;
-                    std::fs::write(&config, "")?;
-                    tokio::time::sleep(Duration::from_millis(60)).await;
-                    std::fs::write(&config, &text)?;
-                }
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                ensure!(host.exited().is_none(), "the host died while its config was rewritten");
-                host.kill9();
+                let (refused, applied) =
+                    rewrite_in_place(&config, b"", text.as_bytes(), 5, (150, 60), &laneway.log).await?;
+                survived(&mut host, "while its config was rewritten")?;
                 kills += 1;
-                let after = reloads(&laneway.log);
                 format!(
-                    "config truncated and rewritten 5 times ({} reloads refused, {} applied); then kill -9",
-                    after.0 - before.0,
-                    after.1 - before.1
+                    "config truncated and rewritten 5 times ({refused} reloads refused, {applied} applied); then kill -9"
                 )
             }
             Fault::ThreeHosts => {
@@ -669,8 +673,7 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
                     .context("pg_ctlcluster")?;
                 ensure!(status.success(), "pg_ctlcluster restart: {status}");
                 tokio::time::sleep(Duration::from_millis(3000)).await;
-                ensure!(host.exited().is_none(), "the host died when PostgreSQL restarted");
-                host.kill9();
+                survived(&mut host, "when PostgreSQL restarted")?;
                 kills += 2;
                 "PostgreSQL restarted (fast) under the host, which rode it out; then kill -9".to_owned()
             }
@@ -683,8 +686,7 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
                 }
                 proxy.set(crate::proxy::Mode::Pass);
                 tokio::time::sleep(Duration::from_millis(500)).await;
-                ensure!(host.exited().is_none(), "the host died under network faults");
-                host.kill9();
+                survived(&mut host, "under network faults")?;
                 kills += 1;
                 format!(
                     "network faults to one destination ({}), 0.9 s each; {} answers lost so far; then kill -9",
@@ -693,23 +695,13 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
                 )
             }
             Fault::ReplacePlugin => {
-                let before = reloads(&laneway.log);
                 let path = plugins.join("activitypub.wasm");
-                for _ in 0..3 {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    std::fs::write(&path, &wasm[..wasm.len() / 2])?;
-                    tokio::time::sleep(Duration::from_millis(150)).await;
-                    std::fs::write(&path, &wasm)?;
-                }
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                ensure!(host.exited().is_none(), "the host died while its plugin was rewritten");
-                host.kill9();
+                let (refused, applied) =
+                    rewrite_in_place(&path, &wasm[..wasm.len() / 2], &wasm, 3, (200, 150), &laneway.log).await?;
+                survived(&mut host, "while its plugin was rewritten")?;
                 kills += 1;
-                let after = reloads(&laneway.log);
                 format!(
-                    ".wasm half-written then whole, 3 times ({} reloads refused, {} applied); then kill -9",
-                    after.0 - before.0,
-                    after.1 - before.1
+                    ".wasm half-written then whole, 3 times ({refused} reloads refused, {applied} applied); then kill -9"
                 )
             }
         };
@@ -787,6 +779,39 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
         outcome.faults.push(format!("run directory kept: {}", kept.display()));
     }
     Ok(outcome)
+}
+
+/// The host must still be running after `what`; then it is killed -9, so
+/// the next fault starts from a fresh process.
+fn survived(host: &mut Proc, what: &str) -> anyhow::Result<()> {
+    ensure!(host.exited().is_none(), "the host died {what}");
+    host.kill9();
+    Ok(())
+}
+
+/// Writes `partial` over `path` in place, then `whole`, `times` times
+/// (`gaps`: ms before each round and between the two writes), as editors,
+/// `cat >` and copies do while a host watches the file; what the hosts' log
+/// then says of the reloads: (refused, applied).
+async fn rewrite_in_place(
+    path: &Path,
+    partial: &[u8],
+    whole: &[u8],
+    times: usize,
+    gaps: (u64, u64),
+    log: &Path,
+) -> anyhow::Result<(usize, usize)> {
+    let before = reloads(log);
+    for _ in 0..times {
+        tokio::time::sleep(Duration::from_millis(gaps.0)).await;
+        std::fs::write(path, partial)?;
+        tokio::time::sleep(Duration::from_millis(gaps.1)).await;
+        std::fs::write(path, whole)?;
+    }
+    // The debounce and a reload's load, before anyone looks.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = reloads(log);
+    Ok((after.0 - before.0, after.1 - before.1))
 }
 
 /// How many reloads the hosts' log shows refused and applied so far.

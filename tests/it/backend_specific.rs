@@ -494,18 +494,13 @@ async fn sqlite_due_outboxes_seeks_its_index_with_a_deep_backlog() -> anyhow::Re
     )
     .execute(queue.pool())
     .await?;
-    let file = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../host/src/queue/sql/sqlite/dispatch.sql"),
-    )?;
-    let block: String = file
-        .split("-- name: due_outboxes")
-        .nth(1)
-        .and_then(|rest| rest.split("-- name:").next())
-        .context("the due_outboxes block")?
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("--"))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let block = crate::tidy::sql_blocks("sqlite")?
+        .remove("dispatch")
+        .into_iter()
+        .flatten()
+        .find(|(name, _)| name == "due_outboxes")
+        .and_then(|(_, text)| text)
+        .context("the due_outboxes block")?;
     let plan = {
         use sqlx::Row as _;
         sqlx::query(&format!("EXPLAIN QUERY PLAN {block}"))

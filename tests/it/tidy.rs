@@ -250,12 +250,12 @@ fn modules_depend_only_downward() -> anyhow::Result<()> {
 }
 
 /// A dialect's SQL blocks by area.
-type SqlBlocks = std::collections::BTreeMap<String, Vec<(String, Option<String>)>>;
+pub(crate) type SqlBlocks = std::collections::BTreeMap<String, Vec<(String, Option<String>)>>;
 
 /// The blocks of one dialect's SQL: per area file, `(name, text)` in order,
 /// with `-- none: name: why` lines as `(name, None)` (a statement this
 /// dialect does not need, and why).
-fn sql_blocks(dialect: &str) -> anyhow::Result<SqlBlocks> {
+pub(crate) fn sql_blocks(dialect: &str) -> anyhow::Result<SqlBlocks> {
     let dir = repo().join("host/src/queue/sql").join(dialect);
     let mut areas = std::collections::BTreeMap::new();
     for entry in std::fs::read_dir(&dir)? {
