@@ -62,6 +62,18 @@ impl Status {
     }
 }
 
+/// An op the pruner archived before deleting it: its archive line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pruned {
+    pub op: i64,
+    /// Its status when it was archived.
+    pub status: Status,
+    /// When it finished and when it was archived (ms since the epoch;
+    /// `finished_ms` is `None` for an op that never finished).
+    pub finished_ms: Option<i64>,
+    pub archived_ms: i64,
+}
+
 /// Everything one run left behind.
 #[derive(Debug, Clone, Default)]
 pub struct History {
@@ -84,6 +96,10 @@ pub struct History {
     /// Outcome webhooks received (their `webhook-id`s), when the run's
     /// kind has one: each confirmed op must have had its outcome relayed.
     pub webhooks: Option<Vec<String>>,
+    /// Ops the pruner archived (and deleted, unless a crash came between),
+    /// and the retention their kind had.
+    pub pruned: Vec<Pruned>,
+    pub retention_ms: i64,
 }
 
 /// The op a relayed outcome's `webhook-id` (`msg_OP_CURSOR`) is about.
@@ -122,6 +138,11 @@ pub struct Report {
     pub not_delivered: usize,
     /// Requests the fakes refused (bad signature, bad body).
     pub refused: usize,
+    /// Ops pruned (archived, then deleted).
+    pub pruned: usize,
+    /// Ops archived for pruning that were not terminal, or not yet past
+    /// their retention.
+    pub pruned_wrongly: usize,
     /// The first few findings, for the operator to look up.
     pub examples: Vec<String>,
 }
@@ -139,6 +160,7 @@ impl Report {
             && self.webhooks_missing == 0
             && self.not_delivered == 0
             && self.refused == 0
+            && self.pruned_wrongly == 0
             && self.duplicates <= self.duplicate_bound
     }
 
@@ -179,6 +201,12 @@ impl Report {
             ("outcome webhooks missing", self.webhooks_missing, "0".to_owned()),
             ("dead-lettered or cancelled", self.not_delivered, "0".to_owned()),
             ("refused by the inbox", self.refused, "0".to_owned()),
+            ("pruned (archived, then deleted)", self.pruned, "-".to_owned()),
+            (
+                "pruned while open or before retention",
+                self.pruned_wrongly,
+                "0".to_owned(),
+            ),
         ]
     }
 }
@@ -198,6 +226,30 @@ pub fn check(history: &History) -> Report {
         ops.entry(a.op).or_insert(a);
     }
     report.acked = ops.len();
+    // A pruned op is judged by its archive line once its row is gone; the
+    // last line of an id wins, as `laneway archive show` reads it.
+    let mut archived: HashMap<i64, &Pruned> = HashMap::new();
+    for p in &history.pruned {
+        let early = p
+            .finished_ms
+            .is_none_or(|finished| p.archived_ms - finished < history.retention_ms);
+        if matches!(p.status, Status::Pending | Status::Submitted) || early {
+            report.pruned_wrongly += 1;
+            report.note(format!(
+                "op {} was archived for pruning as {:?}, finished {:?}, archived {}",
+                p.op, p.status, p.finished_ms, p.archived_ms
+            ));
+        }
+        archived.insert(p.op, p);
+    }
+    report.pruned = archived.keys().filter(|op| !history.rows.contains_key(op)).count();
+    let status_of = |op: i64| {
+        history
+            .rows
+            .get(&op)
+            .copied()
+            .or_else(|| archived.get(&op).map(|p| p.status))
+    };
     let by_key: HashMap<(&str, &str), &Acked> = ops
         .values()
         .map(|a| ((a.inbox.as_str(), a.activity.as_str()), *a))
@@ -266,7 +318,7 @@ pub fn check(history: &History) -> Report {
         .map(|ids| ids.iter().filter_map(|id| webhook_op(id)).collect());
     report.webhooks = history.webhooks.as_ref().map(Vec::len);
     for op in ops.values() {
-        match history.rows.get(&op.op) {
+        match status_of(op.op) {
             None => {
                 report.rows_gone += 1;
                 report.lost += 1;
@@ -291,6 +343,192 @@ pub fn check(history: &History) -> Report {
                     report.webhooks_missing += 1;
                     report.note(format!("op {} is confirmed but its outcome webhook never came", op.op));
                 }
+            }
+        }
+    }
+    report
+}
+
+/// One Stellar op the producer was told is enqueued: its amount is unique
+/// in the run, so a landed transaction names its op by its arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StellarAcked {
+    pub op: i64,
+    pub amount: String,
+}
+
+/// A transaction the fake RPC applied successfully.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Landed {
+    pub hash: String,
+    /// Its source account: the signer.
+    pub source: String,
+    /// Its contract call's arguments (i128 as decimal text).
+    pub args: Vec<String>,
+}
+
+/// What a Stellar run left behind.
+#[derive(Debug, Clone, Default)]
+pub struct StellarHistory {
+    pub acked: Vec<StellarAcked>,
+    pub landed: Vec<Landed>,
+    /// Every op row at the end: its status and receipt (the hash).
+    pub rows: HashMap<i64, (Status, Option<String>)>,
+    /// Sends the fake saw while the signer already had a transaction
+    /// queued, and sends refused for a bad sequence (neither injected).
+    pub concurrent_sends: usize,
+    pub bad_seqs: usize,
+}
+
+/// The Stellar promises as counts: at most once on the chain, exactly once
+/// for a confirmed op, whose receipt is the transaction that landed; one
+/// transaction in flight per signer; nothing lost or stuck.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StellarReport {
+    pub acked: usize,
+    pub confirmed: usize,
+    pub landed: usize,
+    /// Ops with more than one transaction on the chain.
+    pub landed_twice: usize,
+    /// Confirmed, yet nothing of theirs landed, or the receipt names
+    /// another transaction.
+    pub confirmed_not_landed: usize,
+    pub receipt_mismatch: usize,
+    /// Landed for an op that ended failed or cancelled (an operator would
+    /// retry a payment that was made).
+    pub landed_but_not_confirmed: usize,
+    /// Landed for no acknowledged op.
+    pub unexpected: usize,
+    pub lost: usize,
+    pub stuck: usize,
+    pub not_delivered: usize,
+    pub concurrent_sends: usize,
+    pub bad_seqs: usize,
+    pub examples: Vec<String>,
+}
+
+impl StellarReport {
+    pub fn passed(&self) -> bool {
+        self.landed_twice == 0
+            && self.confirmed_not_landed == 0
+            && self.receipt_mismatch == 0
+            && self.landed_but_not_confirmed == 0
+            && self.unexpected == 0
+            && self.lost == 0
+            && self.stuck == 0
+            && self.not_delivered == 0
+            && self.concurrent_sends == 0
+            && self.bad_seqs == 0
+    }
+
+    fn note(&mut self, finding: String) {
+        if self.examples.len() < EXAMPLES {
+            self.examples.push(finding);
+        }
+    }
+
+    /// The rows of the printed table.
+    pub fn table(&self, title: &str) -> String {
+        let rows: Vec<(&str, usize, String)> = vec![
+            ("acknowledged ops", self.acked, "-".to_owned()),
+            ("confirmed", self.confirmed, format!("{}", self.acked)),
+            ("transactions landed", self.landed, format!("{}", self.acked)),
+            ("ops landed twice", self.landed_twice, "0".to_owned()),
+            ("confirmed, nothing landed", self.confirmed_not_landed, "0".to_owned()),
+            ("receipt is not the landed hash", self.receipt_mismatch, "0".to_owned()),
+            (
+                "landed, op not confirmed",
+                self.landed_but_not_confirmed,
+                "0".to_owned(),
+            ),
+            ("landed for no op", self.unexpected, "0".to_owned()),
+            ("lost (row gone)", self.lost, "0".to_owned()),
+            ("stuck non-terminal", self.stuck, "0".to_owned()),
+            ("dead-lettered or cancelled", self.not_delivered, "0".to_owned()),
+            ("concurrent sends per signer", self.concurrent_sends, "0".to_owned()),
+            ("bad sequences", self.bad_seqs, "0".to_owned()),
+        ];
+        let mut table = comfy_table::Table::new();
+        table.load_preset(comfy_table::presets::ASCII_MARKDOWN);
+        table.set_header(vec![title, "count", "must be"]);
+        for (what, count, bound) in rows {
+            table.add_row(vec![what.to_owned(), count.to_string(), bound]);
+        }
+        let mut out = table.to_string();
+        out.push('\n');
+        out.push_str(if self.passed() { "PASSED" } else { "FAILED" });
+        for example in &self.examples {
+            out.push_str("\n  ");
+            out.push_str(example);
+        }
+        out
+    }
+}
+
+/// Checks a Stellar run.
+pub fn check_stellar(history: &StellarHistory) -> StellarReport {
+    let mut report = StellarReport {
+        concurrent_sends: history.concurrent_sends,
+        bad_seqs: history.bad_seqs,
+        landed: history.landed.len(),
+        ..StellarReport::default()
+    };
+    let mut by_amount: HashMap<&str, i64> = HashMap::new();
+    for a in &history.acked {
+        by_amount.insert(a.amount.as_str(), a.op);
+    }
+    report.acked = history
+        .acked
+        .iter()
+        .map(|a| a.op)
+        .collect::<std::collections::HashSet<_>>()
+        .len();
+    let mut landed: HashMap<i64, Vec<&str>> = HashMap::new();
+    for tx in &history.landed {
+        match tx.args.iter().find_map(|arg| by_amount.get(arg.as_str())) {
+            Some(op) => landed.entry(*op).or_default().push(&tx.hash),
+            None => {
+                report.unexpected += 1;
+                report.note(format!("{} landed for no op ({:?})", tx.hash, tx.args));
+            }
+        }
+    }
+    report.stuck = history
+        .rows
+        .values()
+        .filter(|(s, _)| matches!(s, Status::Pending | Status::Submitted))
+        .count();
+    let ops: BTreeMap<i64, ()> = history.acked.iter().map(|a| (a.op, ())).collect();
+    for op in ops.keys() {
+        let hashes = landed.get(op).map_or(&[][..], Vec::as_slice);
+        if hashes.len() > 1 {
+            report.landed_twice += 1;
+            report.note(format!("op {op} landed {} times: {hashes:?}", hashes.len()));
+        }
+        match history.rows.get(op) {
+            None => {
+                report.lost += 1;
+                report.note(format!("op {op} is gone from the database"));
+            }
+            Some((Status::Confirmed, receipt)) => {
+                report.confirmed += 1;
+                if hashes.is_empty() {
+                    report.confirmed_not_landed += 1;
+                    report.note(format!("op {op} is confirmed but nothing of it landed"));
+                } else if !receipt.as_deref().is_some_and(|r| hashes.contains(&r)) {
+                    report.receipt_mismatch += 1;
+                    report.note(format!("op {op}'s receipt {receipt:?} is not what landed ({hashes:?})"));
+                }
+            }
+            Some((Status::Failed | Status::Cancelled, _)) => {
+                report.not_delivered += 1;
+                if !hashes.is_empty() {
+                    report.landed_but_not_confirmed += 1;
+                    report.note(format!("op {op} ended failed or cancelled, yet {hashes:?} landed"));
+                }
+            }
+            Some((Status::Pending | Status::Submitted, _)) => {
+                report.note(format!("op {op} is still not terminal"));
             }
         }
     }
@@ -353,6 +591,17 @@ mod tests {
             in_flight: 8,
             lost_answers: 0,
             webhooks: None,
+            pruned: Vec::new(),
+            retention_ms: 3000,
+        }
+    }
+
+    fn pruned(op: i64, status: Status, finished_ms: Option<i64>, archived_ms: i64) -> Pruned {
+        Pruned {
+            op,
+            status,
+            finished_ms,
+            archived_ms,
         }
     }
 
@@ -485,6 +734,34 @@ mod tests {
     }
 
     #[test]
+    fn an_op_pruned_past_its_retention_is_judged_by_its_archive_line() {
+        let mut history = clean();
+        history.rows.remove(&4);
+        history.pruned.push(pruned(4, Status::Confirmed, Some(1_000), 4_000));
+        let report = check(&history);
+        assert!(report.passed(), "{report:?}");
+        assert_eq!((report.pruned, report.confirmed, report.rows_gone), (1, 4, 0));
+    }
+
+    #[test]
+    fn a_pruner_archiving_an_open_op_or_one_inside_its_retention_fails() {
+        // A pruner that ignores status: the pending op's archive line says so.
+        let mut history = clean();
+        history.rows.remove(&4);
+        history.pruned.push(pruned(4, Status::Pending, None, 4_000));
+        let report = check(&history);
+        assert!(!report.passed());
+        assert_eq!(report.pruned_wrongly, 1);
+        // A pruner that ignores the retention: archived 1 s after it finished.
+        let mut history = clean();
+        history.rows.remove(&4);
+        history.pruned.push(pruned(4, Status::Confirmed, Some(3_000), 4_000));
+        let report = check(&history);
+        assert!(!report.passed());
+        assert_eq!((report.pruned_wrongly, report.rows_gone), (1, 0));
+    }
+
+    #[test]
     fn a_completer_that_drops_a_batch_leaves_ops_stuck() {
         let mut history = clean();
         history.rows.insert(2, Status::Submitted);
@@ -553,5 +830,84 @@ mod tests {
         assert!(text.contains("FAILED"), "{text}");
         assert!(text.contains("op 4"), "{text}");
         assert!(table("sqlite", &check(&clean())).contains("PASSED"));
+    }
+
+    fn stellar_clean() -> StellarHistory {
+        let acked: Vec<StellarAcked> = (1..=3)
+            .map(|op| StellarAcked {
+                op,
+                amount: format!("{}", 1_000_000 + op),
+            })
+            .collect();
+        StellarHistory {
+            landed: acked
+                .iter()
+                .map(|a| Landed {
+                    hash: format!("h{}", a.op),
+                    source: "GSIGNER".to_owned(),
+                    args: vec!["ScVal::Address(..)".to_owned(), a.amount.clone()],
+                })
+                .collect(),
+            rows: acked
+                .iter()
+                .map(|a| (a.op, (Status::Confirmed, Some(format!("h{}", a.op)))))
+                .collect(),
+            acked,
+            concurrent_sends: 0,
+            bad_seqs: 0,
+        }
+    }
+
+    #[test]
+    fn a_clean_stellar_history_passes() {
+        let report = check_stellar(&stellar_clean());
+        assert!(report.passed(), "{report:?}");
+        assert_eq!((report.acked, report.confirmed, report.landed), (3, 3, 3));
+    }
+
+    #[test]
+    fn a_payment_signed_again_after_a_crash_lands_twice_and_fails() {
+        // A host that re-signs with a new sequence instead of reconciling
+        // the checkpointed hash.
+        let mut history = stellar_clean();
+        let mut again = history.landed[1].clone();
+        again.hash = "h2-again".to_owned();
+        history.landed.push(again);
+        let report = check_stellar(&history);
+        assert!(!report.passed());
+        assert_eq!(report.landed_twice, 1);
+    }
+
+    #[test]
+    fn a_payment_dead_lettered_after_it_landed_fails() {
+        // A reconcile that gave up on NOT_FOUND while the transaction was
+        // still within its bounds.
+        let mut history = stellar_clean();
+        history.rows.insert(3, (Status::Failed, None));
+        let report = check_stellar(&history);
+        assert!(!report.passed());
+        assert_eq!((report.landed_but_not_confirmed, report.not_delivered), (1, 1));
+    }
+
+    #[test]
+    fn a_confirmed_payment_that_never_landed_or_names_another_hash_fails() {
+        let mut history = stellar_clean();
+        history.landed.remove(0);
+        history.rows.insert(2, (Status::Confirmed, Some("h9".to_owned())));
+        let report = check_stellar(&history);
+        assert!(!report.passed());
+        assert_eq!((report.confirmed_not_landed, report.receipt_mismatch), (1, 1));
+    }
+
+    #[test]
+    fn two_transactions_of_one_signer_in_flight_fail_even_when_each_landed_once() {
+        let mut history = stellar_clean();
+        history.concurrent_sends = 1;
+        assert!(!check_stellar(&history).passed());
+        let mut history = stellar_clean();
+        history.rows.insert(2, (Status::Submitted, Some("h2".to_owned())));
+        let report = check_stellar(&history);
+        assert_eq!(report.stuck, 1);
+        assert!(!report.passed());
     }
 }

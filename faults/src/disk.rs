@@ -184,6 +184,7 @@ pub async fn run(env: &Env) -> anyhow::Result<DiskFull> {
         in_flight: PER_DESTINATION,
         lost_answers: 0,
         webhooks: None,
+        ..History::default()
     };
     Ok(outcome)
 }

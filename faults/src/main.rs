@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use laneway_faults::check::{check, table};
 use laneway_faults::run::{run, Backend, Env, Fault, Plan};
+use laneway_faults::stellar::{StellarFault, StellarPlan};
 use rand::Rng as _;
 
 #[derive(Parser)]
@@ -27,10 +28,14 @@ struct Args {
     /// The laneway binary under test.
     #[arg(long, env = "LW_LANEWAY_BIN")]
     laneway: Option<PathBuf>,
-    /// faults, hostile (the API fed generated garbage), disk (SQLite on a
-    /// full disk) or all.
+    /// faults, stellar (the Stellar kinds against the fake RPC), hostile
+    /// (the API fed generated garbage), disk (SQLite on a full disk) or all.
     #[arg(long, default_value = "all")]
     only: String,
+    /// The fake Stellar RPC (`cargo test` builds it as the laneway-tests
+    /// example `fake_stellar_rpc`).
+    #[arg(long, env = "LW_FAKE_RPC_BIN")]
+    fake_rpc: Option<PathBuf>,
     /// Keep each run's directory (database, config, logs) under this one.
     #[arg(long)]
     keep: Option<PathBuf>,
@@ -43,7 +48,16 @@ fn faults(backend: &Backend, kills: usize, rounds: usize, full: bool) -> Vec<Fau
     let mut plan = Vec::new();
     for _ in 0..rounds {
         // The relay passes a page every 100 ms at most: a low N is hit.
-        for (point, most) in [("claimed", 40), ("settling", 40), ("relay", 8)] {
+        // The pruner passes every 500 ms once ops are past retention;
+        // inbound activities arrive a few a second per sender.
+        for (point, most) in [
+            ("claimed", 40),
+            ("settling", 40),
+            ("relay", 8),
+            ("pruning", 3),
+            ("inbound", 10),
+            ("accepted", 10),
+        ] {
             plan.push(Fault::Failpoint(format!("{point}@{}", rng.gen_range(1..=most))));
         }
         plan.push(Fault::Stall);
@@ -64,6 +78,24 @@ fn faults(backend: &Backend, kills: usize, rounds: usize, full: bool) -> Vec<Fau
     for _ in 0..extra {
         plan.push(Fault::Kill { after_ms: (200, 1500) });
     }
+    plan
+}
+
+/// The Stellar plan: every failpoint and RPC fault `rounds` times, then
+/// random kills up to `kills`.
+fn stellar_faults(kills: usize, rounds: usize) -> Vec<StellarFault> {
+    let mut rng = rand::thread_rng();
+    let mut plan = Vec::new();
+    for _ in 0..rounds {
+        plan.push(StellarFault::Failpoint(format!("claimed@{}", rng.gen_range(1..=5))));
+        plan.push(StellarFault::Failpoint(format!("settling@{}", rng.gen_range(1..=5))));
+        for rpc in ["504 2", "hang 2", "lose", "busy"] {
+            plan.push(StellarFault::Rpc(rpc));
+        }
+        plan.push(StellarFault::Stall);
+    }
+    let extra = kills.saturating_sub(plan.len());
+    plan.extend(std::iter::repeat_n(StellarFault::Kill, extra));
     plan
 }
 
@@ -89,20 +121,21 @@ async fn main() -> anyhow::Result<()> {
         "both" => vec![Backend::Sqlite, Backend::Postgres(args.pg.clone())],
         other => anyhow::bail!("--backend: expected sqlite, postgres or both, got {other:?}"),
     };
-    let (activities, kills, rounds, per_operation) = match args.size.as_str() {
-        "reduced" => (250, 5, 1, 30),
-        "full" => (5000, 50, 3, 300),
+    let (activities, inbound_each, kills, rounds, per_operation, payments) = match args.size.as_str() {
+        "reduced" => (250, 50, 5, 1, 30, 150),
+        "full" => (5000, 1000, 50, 3, 300, 3000),
         other => anyhow::bail!("--size: expected reduced or full, got {other:?}"),
     };
     let mut failed = 0;
     anyhow::ensure!(
-        ["all", "faults", "hostile", "disk"].contains(&args.only.as_str()),
-        "--only: expected faults, hostile, disk or all, got {:?}",
+        ["all", "faults", "stellar", "hostile", "disk"].contains(&args.only.as_str()),
+        "--only: expected faults, stellar, hostile, disk or all, got {:?}",
         args.only
     );
     let only = |what: &str| args.only == "all" || args.only == what;
     let disk = only("disk") && backends.contains(&Backend::Sqlite);
     let backends_again = if only("hostile") { backends.clone() } else { Vec::new() };
+    let stellar_backends = if only("stellar") { backends.clone() } else { Vec::new() };
     let backends = if only("faults") { backends } else { Vec::new() };
     for backend in backends {
         let plan = Plan {
@@ -111,6 +144,8 @@ async fn main() -> anyhow::Result<()> {
             activities,
             inboxes: 20,
             outboxes: 4,
+            senders: 4,
+            inbound_each,
             drain_deadline: Duration::from_secs(if activities > 1000 { 1800 } else { 120 }),
         };
         let env = Env {
@@ -140,6 +175,56 @@ async fn main() -> anyhow::Result<()> {
         println!("{}\n", table(plan.backend.name(), &report));
         if !report.passed() {
             failed += 1;
+        }
+    }
+    // The Stellar kinds against the fake RPC as a process.
+    if !stellar_backends.is_empty() {
+        let fake_rpc = match &args.fake_rpc {
+            Some(path) => path.clone(),
+            None => laneway
+                .parent()
+                .map(|dir| dir.join("examples/fake_stellar_rpc"))
+                .context("the laneway binary's directory")?,
+        };
+        anyhow::ensure!(
+            fake_rpc.exists(),
+            "{} is missing: build it (cargo build -p laneway-tests --example fake_stellar_rpc) or pass --fake-rpc",
+            fake_rpc.display()
+        );
+        for backend in stellar_backends {
+            let plan = StellarPlan {
+                faults: stellar_faults(kills * 2, rounds),
+                backend,
+                ops: payments,
+                close_ms: 250,
+                drain_deadline: Duration::from_secs(if payments > 1000 { 1800 } else { 180 }),
+            };
+            let env = Env {
+                repo: repo.clone(),
+                laneway: laneway.clone(),
+                keep: args
+                    .keep
+                    .as_ref()
+                    .map(|k| k.join(format!("stellar-{}", plan.backend.name()))),
+            };
+            println!(
+                "laneway-faults: {} Stellar payments on {}, two signers, {} faults",
+                plan.ops,
+                plan.backend.name(),
+                plan.faults.len()
+            );
+            let outcome = laneway_faults::stellar::run(&plan, &env, &fake_rpc)
+                .await
+                .with_context(|| format!("the Stellar run on {}", plan.backend.name()))?;
+            for line in &outcome.faults {
+                println!("  {line}");
+            }
+            println!("  {:.1} s", outcome.elapsed.as_secs_f64());
+            let report = laneway_faults::check::check_stellar(&outcome.history);
+            println!("{}\n", report.table(&format!("stellar {}", plan.backend.name())));
+            if !report.passed() {
+                failed += 1;
+            }
         }
     }
     // Hostile input: every API operation, generated garbage, both backends.

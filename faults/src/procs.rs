@@ -40,6 +40,19 @@ impl Proc {
         Ok(())
     }
 
+    /// Starts `command` with a pipe to its stdin, which the caller keeps.
+    pub fn spawn_with_stdin(mut command: Command, name: &str) -> anyhow::Result<(Self, std::process::ChildStdin)> {
+        let mut child = command.stdin(Stdio::piped()).spawn()?;
+        let stdin = child.stdin.take().context("the child's stdin")?;
+        Ok((
+            Self {
+                child,
+                name: name.to_owned(),
+            },
+            stdin,
+        ))
+    }
+
     /// Whether it has exited (and how).
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.try_wait().ok().flatten()
@@ -137,7 +150,11 @@ impl Laneway {
             .arg("run")
             // The API's port: each host of a run has its own.
             .env("LANEWAY_API__LISTEN", format!("127.0.0.1:{port}"))
-            .env("RUST_LOG", "warn")
+            // LW_HOST_LOG (e.g. "info") when a failed run needs more.
+            .env(
+                "RUST_LOG",
+                std::env::var("LW_HOST_LOG").unwrap_or_else(|_| "warn".to_owned()),
+            )
             .stdout(Stdio::null())
             .stderr(log);
         if let Some(point) = failpoint {

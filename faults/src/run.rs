@@ -14,7 +14,7 @@ use rand::Rng as _;
 use serde_json::{json, Value};
 use sqlx::Row as _;
 
-use crate::check::{Acked, Arrival, History, Status};
+use crate::check::{Acked, Arrival, History, Pruned, Status};
 use crate::procs::{self, Laneway, Proc};
 
 /// Which queue the hosts share.
@@ -91,14 +91,18 @@ pub struct Plan {
     pub inboxes: usize,
     /// Sending actors (outboxes), each with its own drain.
     pub outboxes: usize,
+    /// Senders of signed inbound activities, and how many each sends.
+    pub senders: usize,
+    pub inbound_each: usize,
     pub faults: Vec<Fault>,
     /// The longest the clean host may take to finish after the faults.
     pub drain_deadline: Duration,
 }
 
 impl Plan {
+    /// Outbound deliveries and inbound activities.
     pub fn ops(&self) -> usize {
-        self.activities * self.inboxes
+        self.activities * self.inboxes + self.senders * self.inbound_each
     }
 }
 
@@ -131,8 +135,35 @@ pub(crate) const INBOX_PROCESSES: usize = 2;
 
 pub(crate) const KEY_ID: &str = "https://faults.laneway.example/actor#main-key";
 
-/// The run's config; `hooks`, where the kind's outcome webhooks go.
-pub(crate) fn config_text(db_url: &str, plugins: &Path, pem: &Path, hook_key: &Path, hooks: Option<&str>) -> String {
+/// What the faulted run adds to the config the hostile and disk runs
+/// share: outcome webhooks, a short retention with an archive (so the
+/// pruner works, and can be crashed, mid-run), and signed inbound traffic
+/// handed to an application by the webhook plugin.
+pub(crate) struct Faulted {
+    /// Where outcome webhooks go.
+    pub hooks: String,
+    /// Where the inbound kind hands activities on.
+    pub app: String,
+    /// The kinds' archive directory.
+    pub archive: PathBuf,
+}
+
+/// How long a finished op is kept in the faulted run: the lease, the least
+/// `check-config` allows.
+pub(crate) const RETENTION_MS: u64 = LEASE_MS;
+
+/// Where an inbound activity is handed on, as the checker names its lane's
+/// inbox (the path on the first Node process).
+pub(crate) const APP_PATH: &str = "/hooks/inbound";
+
+/// The run's config; `faulted`, what the faulted run adds.
+pub(crate) fn config_text(
+    db_url: &str,
+    plugins: &Path,
+    pem: &Path,
+    hook_key: &Path,
+    faulted: Option<&Faulted>,
+) -> String {
     format!(
         r#"# Written by laneway-faults.
 [database]
@@ -175,12 +206,49 @@ backoff_base_ms = 50
 backoff_max_ms = 500
 timeout_ms = 1500
 max_attempts = 1000
-"#,
+{inbound}"#,
         pem = pem.display(),
         hook_key = hook_key.display(),
         plugins = plugins.display(),
-        webhook = hooks.map_or(String::new(), |url| format!(
-            "outcome_webhook = \"{url}\"\noutcome_webhook_key = \"hook\""
+        webhook = faulted.map_or(String::new(), |f| format!(
+            "outcome_webhook = \"{}\"\noutcome_webhook_key = \"hook\"\narchive = \"{}\"",
+            f.hooks,
+            f.archive.display()
+        )),
+        inbound = faulted.map_or(String::new(), |f| format!(
+            r#"[kinds.activitypub_inbound]
+plugin = "webhook"
+lanes = "required"
+lane_mode = "strict"
+backoff_base_ms = 50
+backoff_max_ms = 500
+timeout_ms = 1500
+max_attempts = 1000
+config = {{ url = "{app}", key = "hook" }}
+outcome_webhook = "{hooks}"
+outcome_webhook_key = "hook"
+archive = "{archive}"
+[plugins.webhook]
+path = "{plugins}/webhook.wasm"
+allowed_hosts = ["http://127.0.0.1:*"]
+allowed_internal = ["127.0.0.1"]
+keys = ["hook"]
+[inbound]
+enabled = true
+kind = "activitypub_inbound"
+allowed_hosts = ["http://127.0.0.1:*"]
+allowed_internal = ["127.0.0.1"]
+[retention]
+confirmed_ms = {RETENTION_MS}
+cancelled_ms = {RETENTION_MS}
+failed_ms = {RETENTION_MS}
+every_ms = 500
+batch = 100
+"#,
+            app = f.app,
+            hooks = f.hooks,
+            archive = f.archive.display(),
+            plugins = plugins.display(),
         )),
     )
 }
@@ -192,8 +260,11 @@ pub(crate) struct Keys {
     /// The outcome webhooks' `whsec_` secret, `[keys.hook]`.
     pub hook_key: PathBuf,
     /// What the Node inbox verifies with: the actor's public key and the
-    /// webhook secret.
+    /// webhook secret; the same public key is what its actor documents
+    /// serve for the senders of inbound traffic.
     pub inbox_keys: PathBuf,
+    /// The key itself: the harness signs inbound activities with it.
+    pub rsa: rsa::RsaPrivateKey,
 }
 
 /// Writes a fresh actor key and webhook secret into `dir`.
@@ -215,12 +286,14 @@ pub(crate) fn write_keys(dir: &Path) -> anyhow::Result<Keys> {
     let inbox_keys = dir.join("keys.json");
     std::fs::write(
         &inbox_keys,
-        json!({ KEY_ID: {"pem": public, "alg": "rsa-sha256"}, "webhook_secret": secret }).to_string(),
+        json!({ KEY_ID: {"pem": public, "alg": "rsa-sha256"}, "webhook_secret": secret, "actor_pem": public })
+            .to_string(),
     )?;
     Ok(Keys {
         pem,
         hook_key,
         inbox_keys,
+        rsa: key,
     })
 }
 
@@ -373,6 +446,150 @@ async fn post_until_acked(
     }
 }
 
+/// The senders of inbound traffic: each posts its activities one after
+/// another to `/inbox` of whichever host is up, signed (draft-cavage, as
+/// Mastodon signs) with the key its actor document on the first Node
+/// process serves; an activity is retried until a host answers 202, and
+/// the same activity id is what laneway de-duplicates by.
+fn spawn_senders(
+    http: reqwest::Client,
+    ports: Arc<Mutex<Vec<u16>>>,
+    key: rsa::RsaPrivateKey,
+    origin: String,
+    senders: usize,
+    each: usize,
+    gate: Arc<tokio::sync::Semaphore>,
+    acked: Arc<Mutex<Vec<Acked>>>,
+) -> Vec<tokio::task::JoinHandle<anyhow::Result<()>>> {
+    let signer = rsa::pkcs1v15::SigningKey::<sha2::Sha256>::new(key);
+    (0..senders)
+        .map(|s| {
+            let (http, ports, signer, gate, acked) =
+                (http.clone(), ports.clone(), signer.clone(), gate.clone(), acked.clone());
+            let actor = format!("{origin}/actors/s{s}");
+            tokio::spawn(async move {
+                for n in 0..each {
+                    gate.acquire().await?.forget();
+                    let activity = format!("{actor}/activities/{n}");
+                    let body = json!({
+                        "@context": "https://www.w3.org/ns/activitystreams",
+                        "id": activity, "type": "Create", "actor": actor,
+                        "object": {"id": format!("{activity}/note"), "type": "Note", "content": n},
+                    })
+                    .to_string();
+                    let op = post_signed_until_accepted(&http, &ports, &signer, &actor, &body).await?;
+                    acked.lock().unwrap_or_else(PoisonError::into_inner).push(Acked {
+                        op,
+                        outbox: actor.clone(),
+                        inbox: APP_PATH.to_owned(),
+                        activity: activity.clone(),
+                    });
+                }
+                Ok(())
+            })
+        })
+        .collect()
+}
+
+/// A draft-cavage signature over `(request-target) host date digest`.
+fn sign_cavage(
+    signer: &rsa::pkcs1v15::SigningKey<sha2::Sha256>,
+    key_id: &str,
+    host: &str,
+    date: &str,
+    digest: &str,
+) -> String {
+    use base64::Engine as _;
+    use rsa::signature::{SignatureEncoding as _, Signer as _};
+    let signed = format!("(request-target): post /inbox\nhost: {host}\ndate: {date}\ndigest: {digest}");
+    let signature = base64::engine::general_purpose::STANDARD.encode(signer.sign(signed.as_bytes()).to_bytes());
+    format!(
+        r#"keyId="{key_id}",algorithm="rsa-sha256",headers="(request-target) host date digest",signature="{signature}""#
+    )
+}
+
+async fn post_signed_until_accepted(
+    http: &reqwest::Client,
+    ports: &Mutex<Vec<u16>>,
+    signer: &rsa::pkcs1v15::SigningKey<sha2::Sha256>,
+    actor: &str,
+    body: &str,
+) -> anyhow::Result<i64> {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let digest = format!(
+        "SHA-256={}",
+        base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(body.as_bytes()))
+    );
+    let key_id = format!("{actor}#main-key");
+    let started = Instant::now();
+    loop {
+        let candidates = ports.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        for port in candidates {
+            let host = format!("127.0.0.1:{port}");
+            let date = httpdate::fmt_http_date(std::time::SystemTime::now());
+            let sent = http
+                .post(format!("http://{host}/inbox"))
+                .header("host", &host)
+                .header("date", &date)
+                .header("digest", &digest)
+                .header("content-type", "application/activity+json")
+                .header("signature", sign_cavage(signer, &key_id, &host, &date, &digest))
+                .body(body.to_owned())
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await;
+            let Ok(answer) = sent else { continue };
+            let status = answer.status();
+            let text = answer.text().await.unwrap_or_default();
+            if status == reqwest::StatusCode::ACCEPTED {
+                let answer: Value = serde_json::from_str(&text).with_context(|| text.clone())?;
+                return answer["id"].as_i64().with_context(|| format!("no op id in {text}"));
+            }
+            // A key fetch refused for the moment (429) or a host going
+            // down (5xx) is tried again; a refused signature is a bug.
+            ensure!(
+                status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS,
+                "the inbound activity was refused with {status}: {text}"
+            );
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(120),
+            "no host accepted an inbound activity for 2 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Every archive line the pruner wrote under `dir`.
+pub(crate) fn pruned(dir: &Path) -> anyhow::Result<Vec<Pruned>> {
+    let ms = |v: &Value| -> Option<i64> {
+        chrono::DateTime::parse_from_rfc3339(v.as_str()?)
+            .ok()
+            .map(|t| t.timestamp_millis())
+    };
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(out);
+    };
+    for entry in entries {
+        let path = entry?.path();
+        let text = std::fs::read_to_string(&path)?;
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let record: Value = serde_json::from_str(line).with_context(|| format!("{}: {line}", path.display()))?;
+            let op = &record["op"];
+            let status = op["status"].as_str().unwrap_or_default();
+            out.push(Pruned {
+                op: op["id"].as_i64().with_context(|| format!("no op id: {line}"))?,
+                status: Status::parse(status).with_context(|| format!("status {status:?}: {line}"))?,
+                finished_ms: ms(&op["finished_at"]),
+                archived_ms: ms(&record["archived_at"]).with_context(|| format!("archived_at: {line}"))?,
+            });
+        }
+    }
+    Ok(out)
+}
+
 /// Reads the inbox logs: every request each fake answered, in order, and
 /// the `webhook-id`s of the outcome webhooks they accepted.
 pub(crate) fn arrivals(logs: &[(u16, PathBuf)], inboxes: &[String]) -> anyhow::Result<(Vec<Arrival>, Vec<String>)> {
@@ -399,6 +616,16 @@ pub(crate) fn arrivals(logs: &[(u16, PathBuf)], inboxes: &[String]) -> anyhow::R
                     .and_then(|s| u16::try_from(s).ok())
                     .unwrap_or(0),
             };
+            if request == APP_PATH {
+                // An inbound activity handed on: the checker's lane is the
+                // app, its activity the one inside the webhook's body.
+                all.push(Arrival {
+                    inbox: APP_PATH.to_owned(),
+                    activity: entry["inner"].as_str().map(str::to_owned),
+                    ..arrival
+                });
+                continue;
+            }
             match (request.starts_with("/hooks/"), arrival.status, &arrival.activity) {
                 (true, 200..=299, Some(id)) => hooks.push(id.clone()),
                 // A refused webhook is a refused request like any other.
@@ -496,14 +723,22 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
             (url, Some(name))
         }
     };
-    let hooks = format!("http://127.0.0.1:{}/hooks/outcomes", logs[0].0);
-    // The run's own copy of the plugin, which ReplacePlugin rewrites.
+    let faulted = Faulted {
+        hooks: format!("http://127.0.0.1:{}/hooks/outcomes", logs[0].0),
+        app: format!("http://127.0.0.1:{}{APP_PATH}", logs[0].0),
+        archive: dir.join("archive"),
+    };
+    // The run's own copy of the plugins, of which ReplacePlugin rewrites
+    // activitypub's.
     let plugins = dir.join("plugins");
     std::fs::create_dir_all(&plugins)?;
-    let wasm = std::fs::read(env.repo.join("plugins/target/wasm32-wasip2/release/activitypub.wasm"))
-        .context("the activitypub plugin (./dev test builds it)")?;
+    let built = env.repo.join("plugins/target/wasm32-wasip2/release");
+    let wasm =
+        std::fs::read(built.join("activitypub.wasm")).context("the activitypub plugin (./dev test builds it)")?;
     std::fs::write(plugins.join("activitypub.wasm"), &wasm)?;
-    let text = config_text(&db_url, &plugins, &keys.pem, &keys.hook_key, Some(hooks.as_str()));
+    std::fs::copy(built.join("webhook.wasm"), plugins.join("webhook.wasm"))
+        .context("the webhook plugin (./dev test builds it)")?;
+    let text = config_text(&db_url, &plugins, &keys.pem, &keys.hook_key, Some(&faulted));
     let laneway = prepare(env, &dir, &text)?;
     let config = laneway.config.clone();
     let secret = laneway.api_key("faults", "ops:write")?;
@@ -513,6 +748,18 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let producer = spawn_producer(http.clone(), ports.clone(), secret, plan, inboxes.clone(), gate.clone());
     let chunk = plan.activities.div_ceil(plan.faults.len() + 1);
+    let inbound_gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let senders = spawn_senders(
+        http.clone(),
+        ports.clone(),
+        keys.rsa.clone(),
+        format!("http://127.0.0.1:{}", logs[0].0),
+        plan.senders,
+        plan.inbound_each,
+        inbound_gate.clone(),
+        producer.acked.clone(),
+    );
+    let inbound_chunk = plan.inbound_each.div_ceil(plan.faults.len() + 1) * plan.senders;
     let set_ports = |list: &[u16]| *ports.lock().unwrap_or_else(PoisonError::into_inner) = list.to_vec();
 
     let mut outcome = Outcome::default();
@@ -538,6 +785,7 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         gate.add_permits(chunk);
+        inbound_gate.add_permits(inbound_chunk);
         let line = match fault {
             Fault::Failpoint(point) => {
                 // It aborts by itself at the point; a point never reached
@@ -714,7 +962,9 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
     procs::ready(&http, &mut host, port).await?;
     set_ports(&[port]);
     gate.add_permits(plan.activities);
-    let in_flight = PER_DESTINATION * destinations.len() as u32;
+    inbound_gate.add_permits(plan.senders * plan.inbound_each);
+    // The inboxes' destinations and the app's.
+    let in_flight = PER_DESTINATION * (destinations.len() as u32 + 1);
     let acked = || producer.acked.lock().unwrap_or_else(PoisonError::into_inner).clone();
     let history = |rows: HashMap<i64, Status>| -> anyhow::Result<History> {
         let (arrivals, webhooks) = arrivals(&logs, &inboxes)?;
@@ -727,13 +977,16 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
             in_flight,
             lost_answers: proxy.lost_answers(),
             webhooks: Some(webhooks),
+            pruned: pruned(&faulted.archive)?,
+            retention_ms: RETENTION_MS as i64,
         })
     };
     let deadline = Instant::now() + plan.drain_deadline;
     loop {
         // Done, or failed: either way nothing more will come. The whole
         // history is read only once nothing is open.
-        if producer.task.is_finished() && open_count(&db_url).await? == 0 {
+        let sent = producer.task.is_finished() && senders.iter().all(tokio::task::JoinHandle::is_finished);
+        if sent && open_count(&db_url).await? == 0 {
             let (rows, _, open) = rows(&db_url).await?;
             let report = crate::check::check(&history(rows)?);
             if open == 0 && report.webhooks_missing == 0 {
@@ -755,10 +1008,12 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
     host.signal("TERM")?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     drop(host);
-    if producer.task.is_finished() {
-        producer.task.await??;
-    } else {
-        producer.task.abort();
+    for task in senders.into_iter().chain([producer.task]) {
+        if task.is_finished() {
+            task.await??;
+        } else {
+            task.abort();
+        }
     }
     drop(fakes);
 

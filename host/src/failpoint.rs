@@ -12,8 +12,11 @@
 //!   release; leases just stay).
 //!
 //! The points: [`CLAIMED`] and [`SETTLING`], the two crash windows of the
-//! drain's pipeline (ARCHITECTURE.md says what each costs), and [`RELAY`],
-//! the outcome relay's window between its enqueue and its cursor.
+//! drain's pipeline (ARCHITECTURE.md says what each costs); [`RELAY`], the
+//! outcome relay's window between its enqueue and its cursor; [`PRUNING`],
+//! the pruner's between an archived batch and its delete; [`INBOUND`] and
+//! [`ACCEPTED`], an inbound activity verified but not enqueued, and
+//! enqueued but not answered.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -26,6 +29,13 @@ pub const SETTLING: &str = "settling";
 /// The outcome relay enqueued a page's webhook ops; its cursor is not
 /// stored yet.
 pub const RELAY: &str = "relay";
+/// The pruner archived a batch and committed its tombstones; the ops are
+/// not deleted yet.
+pub const PRUNING: &str = "pruning";
+/// An inbound activity's signature verified; it is not enqueued yet.
+pub const INBOUND: &str = "inbound";
+/// An inbound activity enqueued; the sender has not had its answer.
+pub const ACCEPTED: &str = "accepted";
 
 /// One armed point.
 struct Armed {

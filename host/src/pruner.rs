@@ -92,6 +92,7 @@ impl Pruner {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 }
+                crate::failpoint::hit(crate::failpoint::PRUNING, SINGLETON).await;
                 let ids: Vec<_> = ops.iter().map(|o| o.id).collect();
                 let deleted = self.queue.delete_terminal(&ids, pass.query.status).await?;
                 report.deleted += deleted.len() as u64;

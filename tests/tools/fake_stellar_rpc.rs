@@ -12,7 +12,10 @@
 //! (accepted, never answered, applied N ledgers later), `busy`, `bad-seq`,
 //! `lose`, `trap`. Every second it prints what it saw when that changed:
 //! transactions sent and landed, sends while the signer already had one
-//! queued (must stay 0), and bad sequences.
+//! queued (must stay 0), and bad sequences. With `--state FILE` it also
+//! rewrites FILE (write, then rename) whenever that changes: those counts
+//! and every landed transaction (hash, source `G…`, sequence, function,
+//! i128 arguments as decimal text), for a harness to check from outside.
 
 use std::str::FromStr as _;
 use std::time::Duration;
@@ -52,6 +55,7 @@ fn fault(line: &str) -> anyhow::Result<SendFault> {
 async fn main() -> anyhow::Result<()> {
     let mut port = 0u16;
     let mut close_ms = 1000u64;
+    let mut state: Option<std::path::PathBuf> = None;
     let fake = FakeRpc::default();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -59,12 +63,13 @@ async fn main() -> anyhow::Result<()> {
         match arg.as_str() {
             "--port" => port = value()?.parse()?,
             "--close-ms" => close_ms = value()?.parse()?,
+            "--state" => state = Some(value()?.into()),
             "--fund" => {
                 let account = stellar_xdr::AccountId::from_str(&value()?).context("--fund takes a G… account")?;
                 let stellar_xdr::PublicKey::PublicKeyTypeEd25519(stellar_xdr::Uint256(key)) = account.0;
                 fake.fund(key, 4_294_967_296);
             }
-            other => anyhow::bail!("unknown argument {other} (--port, --close-ms, --fund G…)"),
+            other => anyhow::bail!("unknown argument {other} (--port, --close-ms, --fund G…, --state FILE)"),
         }
     }
     let url = fake.serve_on(port).await?;
@@ -95,7 +100,53 @@ async fn main() -> anyhow::Result<()> {
         );
         if now != last {
             println!("ledger {}: {now}", fake.latest_ledger());
+            if let Some(path) = &state {
+                write_state(&fake, path)?;
+            }
             last = now;
         }
     }
+}
+
+/// The counts, every landed transaction and every accepted one, as JSON, replacing `path`
+/// whole (a reader never sees half of it).
+fn write_state(fake: &FakeRpc, path: &std::path::Path) -> anyhow::Result<()> {
+    let describe = |txs: Vec<fake_rpc::Submitted>| -> Vec<serde_json::Value> {
+        txs.iter()
+            .map(|tx| {
+                let args: Vec<String> = tx
+                    .args
+                    .iter()
+                    .map(|arg| match arg {
+                        stellar_xdr::ScVal::I128(parts) => {
+                            (i128::from(parts.hi) << 64 | i128::from(parts.lo)).to_string()
+                        }
+                        other => format!("{other:?}"),
+                    })
+                    .collect();
+                serde_json::json!({
+                    "hash": tx.hash,
+                    "source": fake_rpc::address(tx.source),
+                    "sequence": tx.sequence,
+                    "function": tx.function,
+                    "args": args,
+                    "accepted_at_ledger": tx.accepted_at_ledger,
+                    "max_ledger": tx.max_ledger,
+                    "state": format!("{:?}", tx.state),
+                })
+            })
+            .collect()
+    };
+    let text = serde_json::json!({
+        "sent": fake.submitted().len(),
+        "concurrent_sends": fake.concurrent_sends(),
+        "bad_seqs": fake.bad_seqs(),
+        "landed": describe(fake.landed()),
+        "submitted": describe(fake.submitted()),
+    })
+    .to_string();
+    let partial = path.with_extension("partial");
+    std::fs::write(&partial, text)?;
+    std::fs::rename(&partial, path)?;
+    Ok(())
 }

@@ -140,6 +140,7 @@ async fn receive(
     .map_err(|e| refused(&InboundError::NotAnActivity(e.to_string())))?;
     // One outbox for every inbox: a lane orders an outbox's ops, so one
     // sender's activities to several inboxes stay in order.
+    crate::failpoint::hit(crate::failpoint::INBOUND, INBOUND_OUTBOX).await;
     let mut op = NewOp::new(INBOUND_OUTBOX, inbound_config.kind.clone(), payload);
     op.priority = kind.priority;
     op.lanes = vec![format!("sender:{}", activity.actor)];
@@ -152,6 +153,7 @@ async fn receive(
         .first()
         .copied()
         .ok_or_else(|| ApiError::from(crate::queue::QueueError::InvalidOp("no enqueue result".into())))?;
+    crate::failpoint::hit(crate::failpoint::ACCEPTED, INBOUND_OUTBOX).await;
     // The sender's server is evidently up: a held destination goes again.
     if let Some(host) = crate::breaker::destination(&activity.actor) {
         if let Err(e) = state.dispatcher().destination_heard_from(host).await {

@@ -604,10 +604,14 @@ impl Inner {
         let MuxedAccount::Ed25519(Uint256(source)) = tx.source_account else {
             return (self.send_answer(id, "ERROR", &hash_hex, Some(TX_MALFORMED)), false);
         };
-        if let Some(index) = self.txs.iter().position(|t| t.hash == hash_hex) {
-            if self.txs[index].state == TxState::Queued {
-                return (self.send_answer(id, "DUPLICATE", &hash_hex, None), false);
-            }
+        // Any queued copy: an earlier copy of the same bytes may have been
+        // dropped, and the network knows the hash by its live one.
+        if self
+            .txs
+            .iter()
+            .any(|t| t.hash == hash_hex && t.state == TxState::Queued)
+        {
+            return (self.send_answer(id, "DUPLICATE", &hash_hex, None), false);
         }
         // Signatures: a wrong passphrase or key gives a different hash or
         // a signature that does not verify: txBAD_AUTH.
@@ -728,7 +732,10 @@ impl Inner {
         }) {
             return ok(id, result);
         }
-        let Some(tx) = self.txs.iter_mut().find(|t| t.hash == hash) else {
+        // The newest copy: the same bytes sent again after a copy was
+        // dropped are what landed (found by the fault harness: the first,
+        // dropped copy answered NOT_FOUND for a transaction that had landed).
+        let Some(tx) = self.txs.iter_mut().rev().find(|t| t.hash == hash) else {
             return ok(id, result);
         };
         let (status, ledger, result_xdr) = match tx.state {

@@ -348,16 +348,16 @@ fn restore(
     })
 }
 
-/// A transaction past its bounds that the server does not know. If the
-/// server still remembers every ledger it could have landed in, that proves
-/// it never did. If not (the receipt is older than the RPC's retention), the
-/// account's sequence decides: still below the transaction's, it was never
-/// applied; otherwise it may have landed long ago, and rather than risk
-/// paying twice the op is dead-lettered for an operator to check the hash.
+/// A transaction past its bounds that the server does not know. The
+/// signer's sequence decides: still below the transaction's, it was never
+/// applied and the op is built afresh. Used, and one signer has one
+/// transaction in flight, so the one that used it may be this one: if the
+/// server remembers every ledger it could have landed in, it contradicts
+/// itself (a lagging or faulty RPC; the fault harness's fake once did); if
+/// not (older than the RPC's retention), it may have landed long ago.
+/// Either way, rather than risk paying twice, the op is dead-lettered for
+/// an operator to check the hash.
 fn dead_or_unknown(rpc: &mut Rpc, receipt: &Receipt, settings: &Settings, oldest: Option<u32>) -> Reconciled {
-    if receipt.within_retention(oldest) {
-        return Reconciled::Redeliver;
-    }
     let key = match public_key(settings) {
         Ok(k) => k,
         Err(o) => return Reconciled::Settled(o),
@@ -372,6 +372,14 @@ fn dead_or_unknown(rpc: &mut Rpc, receipt: &Receipt, settings: &Settings, oldest
     };
     match current {
         Some(Ok(sequence)) if sequence < receipt.sequence => Reconciled::Redeliver,
+        Some(Ok(_)) if receipt.within_retention(oldest) => Reconciled::Settled(permanent(
+            format!(
+                "outcome unknown: the RPC does not know transaction {}, yet remembers every ledger it could have \
+                 landed in and the signer's sequence {} was used; check the account's history before retrying",
+                receipt.hash, receipt.sequence
+            ),
+            Some("outcome_unknown"),
+        )),
         Some(Ok(_)) => Reconciled::Settled(permanent(
             format!(
                 "outcome unknown: transaction {} is older than the RPC's retention and its sequence was used; \
@@ -499,7 +507,7 @@ impl Executor for Vault {
         match send_and_wait(&mut rpc, &receipt, &settings) {
             Fate::Landed { ledger } => Reconciled::Settled(landed(&receipt, ledger)),
             Fate::Failed { code } => Reconciled::Settled(failed_on_chain(&code)),
-            Fate::Expired => Reconciled::Redeliver,
+            Fate::Expired => dead_or_unknown(&mut rpc, &receipt, &settings, None),
             // A bad sequence on a resubmission may mean it already landed:
             // look the hash up before building afresh.
             Fate::Rejected { code } if code == "tx_bad_seq" => match rpc.transaction(&receipt.hash) {

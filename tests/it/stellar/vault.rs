@@ -1011,6 +1011,36 @@ async fn past_the_rpc_retention_window_the_sequence_decides_and_nothing_is_paid_
     host.running.stop().await
 }
 
+/// An RPC that contradicts itself: the transaction landed (the signer's
+/// sequence moved) but `getTransaction` answers NOT_FOUND past its bounds,
+/// while the server claims to remember every ledger. (The fault harness's
+/// fake once did exactly this for a resent copy, and the op was paid twice.)
+/// The op is dead-lettered as outcome unknown; nothing is built afresh.
+#[tokio::test]
+async fn a_used_sequence_outweighs_a_not_found_inside_the_retention_window() -> anyhow::Result<()> {
+    let db = crate::support::sqlite_live().await?;
+    let chain = Chain::start(20).await?;
+    let host = Host::start(db.queue.clone(), chain.config("", "")?).await?;
+    chain.fake.inject(&[SendFault::HideFor(u32::MAX)]);
+    let id = host.enqueue(&[vault_op("deposit", 4, 40, None)]).await?[0];
+    settle(db.queue.as_ref(), Duration::from_secs(30)).await?;
+    let op = db.queue.get(id).await?.context("op")?;
+    ensure!(
+        op.status == Status::Failed
+            && op
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("outcome unknown") && e.contains("sequence")),
+        "{op:?}"
+    );
+    ensure!(
+        chain.fake.submitted().len() == 1 && chain.fake.landed().len() == 1,
+        "sent once, landed once: {:?}",
+        chain.fake.submitted()
+    );
+    host.running.stop().await
+}
+
 /// The Standard Webhooks reference receiver (`tests/tools/webhook_receiver.py`)
 /// as a process: its port and the file it records requests in.
 pub(crate) struct Receiver {

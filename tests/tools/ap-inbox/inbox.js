@@ -8,7 +8,11 @@
 // KEYS.json maps each keyId to {"pem": "...", "alg": "rsa-sha256"|"ed25519"}.
 // POSTs to /hooks/... are outcome webhooks instead: with a "whsec_..." secret
 // under KEYS.json's "webhook_secret", their Standard Webhooks signature is
-// checked, and they are recorded with their webhook-id.
+// checked, and they are recorded with their webhook-id (and, when the body
+// carries one, the id of the activity it hands on, as `inner`).
+// With a PEM under KEYS.json's "actor_pem", GET /actors/NAME serves an
+// actor document whose key (`#main-key`) is that PEM: the senders of
+// signed inbound traffic.
 // Every request is appended to OUT.jsonl as {path, scheme, status, id, why}.
 // Paths whose user name starts with "gone" answer 410; "flaky" ones answer
 // 503 to their first two POSTs. With --accept, the other scheme gets 401
@@ -31,6 +35,32 @@ const acceptAt = flags.indexOf('--accept');
 const accept = acceptAt >= 0 ? flags[acceptAt + 1] : 'both';
 const challenge = flags.includes('--challenge');
 const seen = new Map();
+
+function actor(req, res) {
+  const name = (req.url.match(/^\/actors\/([A-Za-z0-9_-]+)$/) || [])[1];
+  if (!name || !keys.actor_pem) {
+    res.writeHead(404);
+    return res.end();
+  }
+  const id = `http://${req.headers.host}/actors/${name}`;
+  res.writeHead(200, { 'content-type': 'application/activity+json' });
+  res.end(JSON.stringify({
+    '@context': ['https://www.w3.org/ns/activitystreams', 'https://w3id.org/security/v1'],
+    id,
+    type: 'Person',
+    inbox: `${id}/inbox`,
+    publicKey: { id: `${id}#main-key`, owner: id, publicKeyPem: keys.actor_pem },
+  }));
+}
+
+function inner(body) {
+  try {
+    const parsed = JSON.parse(body.toString('utf8'));
+    return (parsed && parsed.activity && parsed.activity.id) || null;
+  } catch (e) {
+    return null;
+  }
+}
 
 function record(entry) {
   fs.appendFileSync(outFile, JSON.stringify(entry) + '\n');
@@ -95,8 +125,8 @@ const server = http.createServer((req, res) => {
   req.on('end', async () => {
     const body = Buffer.concat(chunks);
     const scheme = req.headers['signature-input'] ? 'rfc9421' : req.headers['signature'] ? 'cavage' : 'none';
-    const answer = (status, why, id) => {
-      record({ path: req.url, scheme, status, id: id || null, why: why || null });
+    const answer = (status, why, id, handedOn) => {
+      record({ path: req.url, scheme, status, id: id || null, why: why || null, inner: handedOn || null });
       const headers = {};
       if (status === 401 && challenge) {
         headers['accept-signature'] = 'sig1=("@method" "@target-uri" "content-type" "content-digest");alg="rsa-v1_5-sha256"';
@@ -104,8 +134,9 @@ const server = http.createServer((req, res) => {
       res.writeHead(status, headers);
       res.end(why ? JSON.stringify({ error: why }) : '');
     };
+    if (req.method === 'GET') return actor(req, res);
     if (req.method !== 'POST') return answer(405, 'POST only');
-    if (req.url.startsWith('/hooks/')) return answer(...verifyWebhook(req, body));
+    if (req.url.startsWith('/hooks/')) return answer(...verifyWebhook(req, body), inner(body));
     if (accept !== 'both' && scheme !== accept) return answer(401, `this inbox accepts ${accept} signatures only`);
     try {
       if (scheme === 'cavage') verifyCavage(req, body);

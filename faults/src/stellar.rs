@@ -1,0 +1,446 @@
+//! The Stellar kinds under faults: the real `stellar-vault` plugin and the
+//! repository's fake Stellar RPC as a process of its own
+//! (`tests/tools/fake_stellar_rpc.rs`, which checks every envelope's
+//! signature, sequence, fee and bounds, and applies what it accepts when a
+//! ledger closes), two signers each carrying a kind, a producer posting
+//! payments through the API, and the host killed -9, aborted at the
+//! dispatcher's failpoints, frozen past its lease, and left without answers
+//! by the RPC (accepted then 504, accepted then hung, accepted then lost,
+//! busy). Then a clean host drains, and [`crate::check::check_stellar`]
+//! reads what landed on the fake chain against the database.
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context as _};
+use rand::Rng as _;
+use serde_json::{json, Value};
+use sqlx::Row as _;
+
+use crate::check::{Landed, Status, StellarAcked, StellarHistory};
+use crate::procs::{self, Proc};
+use crate::run::{drop_pg_database, open_count, pg_database, prepare, Backend, Env, LEASE_MS, SLOT_TTL_MS};
+
+/// How one host's life ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StellarFault {
+    /// kill -9 0.2-1.5 s after it is ready.
+    Kill,
+    /// `LANEWAY_FAILPOINT=name@N`.
+    Failpoint(String),
+    /// The next sends get this fault from the RPC (a line of the fake's
+    /// stdin: `504 N`, `hang N`, `lose`, `busy`); then kill -9 while the
+    /// transaction's fate is unknown to the host.
+    Rpc(&'static str),
+    /// SIGSTOP past the lease while a second host takes over; SIGCONT;
+    /// both killed.
+    Stall,
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct StellarPlan {
+    pub backend: Backend,
+    /// Payments, alternating between the two signers' kinds.
+    pub ops: usize,
+    pub faults: Vec<StellarFault>,
+    /// How often the fake closes a ledger.
+    pub close_ms: u64,
+    pub drain_deadline: Duration,
+}
+
+/// What happened.
+#[derive(Debug, Default)]
+pub struct StellarOutcome {
+    pub history: StellarHistory,
+    pub faults: Vec<String>,
+    pub elapsed: Duration,
+}
+
+/// The two kinds and their signers: one lane each.
+const KINDS: [(&str, &str, &str); 2] = [
+    ("deposit", "deposit", "vault"),
+    ("referral_payout", "pay_referral", "rewards"),
+];
+
+const CONTRACT: &str = "CAAQCAIBAEAQCAIBAEAQCAIBAEAQCAIBAEAQCAIBAEAQCAIBAEAQC526";
+const PASSPHRASE: &str = "Test SDF Network ; September 2015";
+
+fn config_text(db_url: &str, rpc: &str, plugins: &Path, dir: &Path) -> String {
+    let mut text = format!(
+        r#"# Written by laneway-faults (Stellar).
+[database]
+url = "{db_url}"
+[queue]
+lease_ms = {LEASE_MS}
+[dispatch]
+poll_ms = 100
+slot_ttl_ms = {SLOT_TTL_MS}
+shutdown_grace_ms = 2000
+[runtime]
+reload_debounce_ms = 50
+[keys.vault]
+algorithm = "ed25519"
+file = "{vault}"
+[keys.rewards]
+algorithm = "ed25519"
+file = "{rewards}"
+[plugins.vault]
+path = "{plugins}/stellar_vault.wasm"
+allowed_hosts = ["http://127.0.0.1:*"]
+allowed_internal = ["127.0.0.1"]
+keys = ["vault", "rewards"]
+[plugins.fees]
+path = "{plugins}/fee_policy.wasm"
+[oracles.stellar]
+policy = "fees"
+rpc_url = "{rpc}"
+poll_ms = 200
+first_sample_wait_ms = 0
+"#,
+        vault = dir.join("vault.pem").display(),
+        rewards = dir.join("rewards.pem").display(),
+        plugins = plugins.display(),
+    );
+    for (kind, function, signer) in KINDS {
+        text.push_str(&format!(
+            r#"[kinds.{kind}]
+plugin = "vault"
+fee_oracle = "stellar"
+max_fee_bumps = 3
+backoff_base_ms = 50
+backoff_max_ms = 500
+max_attempts = 1000
+timeout_ms = 20000
+[kinds.{kind}.config]
+rpc_url = "{rpc}"
+network_passphrase = "{PASSPHRASE}"
+contract_id = "{CONTRACT}"
+function = "{function}"
+signer_key = "{signer}"
+poll_ms = 50
+try_again_ms = 100
+args = [{{ field = "user", type = "address" }}, {{ field = "amount", type = "i128" }}]
+"#
+        ));
+    }
+    text
+}
+
+/// A fresh Ed25519 key as PKCS#8 PEM.
+fn write_ed25519(path: &Path) -> anyhow::Result<()> {
+    use ed25519_dalek::pkcs8::EncodePrivateKey as _;
+    let key = ed25519_dalek::SigningKey::from_bytes(&rand::thread_rng().gen::<[u8; 32]>());
+    let pem = key
+        .to_pkcs8_pem(ed25519_dalek::pkcs8::spki::der::pem::LineEnding::LF)
+        .context("encoding an Ed25519 key")?;
+    std::fs::write(path, pem.as_bytes())?;
+    Ok(())
+}
+
+/// The fake RPC, its stdin kept to inject faults.
+struct FakeRpc {
+    proc: Proc,
+    stdin: std::process::ChildStdin,
+    state: PathBuf,
+}
+
+impl FakeRpc {
+    fn start(bin: &Path, port: u16, close_ms: u64, fund: &[String], dir: &Path) -> anyhow::Result<Self> {
+        let state = dir.join("chain.json");
+        let log = std::fs::File::create(dir.join("rpc.log"))?;
+        let mut command = Command::new(bin);
+        command
+            .args([
+                "--port",
+                &port.to_string(),
+                "--close-ms",
+                &close_ms.to_string(),
+                "--state",
+            ])
+            .arg(&state)
+            .stdin(Stdio::piped())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        for account in fund {
+            command.args(["--fund", account]);
+        }
+        let (proc, stdin) = Proc::spawn_with_stdin(command, "fake-rpc")
+            .with_context(|| format!("{} (cargo test builds it: the laneway-tests example)", bin.display()))?;
+        Ok(Self { proc, stdin, state })
+    }
+
+    fn inject(&mut self, line: &str) -> anyhow::Result<()> {
+        writeln!(self.stdin, "{line}").context("the fake RPC's stdin")?;
+        Ok(())
+    }
+
+    /// What landed, and the two counts that must stay 0.
+    fn read(&self) -> anyhow::Result<(Vec<Landed>, usize, usize)> {
+        let Ok(text) = std::fs::read_to_string(&self.state) else {
+            return Ok((Vec::new(), 0, 0));
+        };
+        let state: Value = serde_json::from_str(&text).context("the fake's state file")?;
+        let landed = state["landed"]
+            .as_array()
+            .context("landed")?
+            .iter()
+            .map(|tx| Landed {
+                hash: tx["hash"].as_str().unwrap_or_default().to_owned(),
+                source: tx["source"].as_str().unwrap_or_default().to_owned(),
+                args: tx["args"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+                    .unwrap_or_default(),
+            })
+            .collect();
+        let count = |name: &str| state[name].as_u64().and_then(|n| usize::try_from(n).ok()).unwrap_or(0);
+        Ok((landed, count("concurrent_sends"), count("bad_seqs")))
+    }
+}
+
+/// Runs one Stellar plan to the end.
+pub async fn run(plan: &StellarPlan, env: &Env, fake_rpc: &Path) -> anyhow::Result<StellarOutcome> {
+    let started = Instant::now();
+    let temp = tempfile::tempdir()?;
+    let dir = env.keep.clone().unwrap_or_else(|| temp.path().to_owned());
+    std::fs::create_dir_all(&dir)?;
+    write_ed25519(&dir.join("vault.pem"))?;
+    write_ed25519(&dir.join("rewards.pem"))?;
+    let (db_url, pg_name) = match &plan.backend {
+        Backend::Sqlite => (format!("sqlite://{}", dir.join("queue.db").display()), None),
+        Backend::Postgres(server) => {
+            let (name, url) = pg_database(server).await?;
+            (url, Some(name))
+        }
+    };
+    let rpc_port = procs::free_port()?;
+    let rpc = format!("http://127.0.0.1:{rpc_port}");
+    let plugins = env.repo.join("plugins/target/wasm32-wasip2/release");
+    let laneway = prepare(env, &dir, &config_text(&db_url, &rpc, &plugins, &dir))?;
+    let mut accounts = Vec::new();
+    for (_, _, signer) in KINDS {
+        let shown: Value = serde_json::from_str(&laneway.cli(&["keys", "show", signer, "--json"])?)?;
+        accounts.push(
+            shown["stellar_account"]
+                .as_str()
+                .or_else(|| shown["account"].as_str())
+                .with_context(|| format!("no account in {shown}"))?
+                .to_owned(),
+        );
+    }
+    let mut fake = FakeRpc::start(fake_rpc, rpc_port, plan.close_ms, &accounts, &dir)?;
+    let secret = laneway.api_key("faults", "ops:write")?;
+    let http = reqwest::Client::builder().no_proxy().build()?;
+
+    // The producer: payments with amounts unique in the run, posted with an
+    // idempotency key until a host acknowledges them.
+    let ports: Arc<Mutex<Vec<u16>>> = Arc::new(Mutex::new(Vec::new()));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let acked: Arc<Mutex<Vec<StellarAcked>>> = Arc::new(Mutex::new(Vec::new()));
+    let producer = {
+        let (http, ports, gate, acked, accounts) = (
+            http.clone(),
+            ports.clone(),
+            gate.clone(),
+            acked.clone(),
+            accounts.clone(),
+        );
+        let ops = plan.ops;
+        tokio::spawn(async move {
+            for n in 0..ops {
+                gate.acquire().await?.forget();
+                let (kind, _, _) = KINDS[n % KINDS.len()];
+                let amount = (1_000_000 + n).to_string();
+                let body = json!({
+                    "kind": kind,
+                    "outbox": "treasury",
+                    "payload": {"user": accounts[(n + 1) % accounts.len()], "amount": amount},
+                    "idempotency_key": format!("payment-{n}"),
+                });
+                let op = post_op_until_acked(&http, &ports, &secret, &body).await?;
+                acked
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(StellarAcked { op, amount });
+            }
+            anyhow::Ok(())
+        })
+    };
+    let set_ports = |list: &[u16]| *ports.lock().unwrap_or_else(PoisonError::into_inner) = list.to_vec();
+    let chunk = plan.ops.div_ceil(plan.faults.len() + 1);
+
+    let mut outcome = StellarOutcome::default();
+    for fault in &plan.faults {
+        let port = procs::free_port()?;
+        let failpoint = match fault {
+            StellarFault::Failpoint(point) => Some(point.as_str()),
+            _ => None,
+        };
+        let mut host = laneway.start(port, failpoint)?;
+        procs::ready(&http, &mut host, port).await?;
+        set_ports(&[port]);
+        gate.add_permits(chunk);
+        let line = match fault {
+            StellarFault::Failpoint(point) => {
+                let deadline = Instant::now() + Duration::from_secs(20);
+                loop {
+                    if let Some(status) = host.exited() {
+                        break format!("failpoint {point}: aborted ({status})");
+                    }
+                    if Instant::now() > deadline {
+                        host.kill9();
+                        break format!("failpoint {point}: not reached in 20 s; killed -9");
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            StellarFault::Kill => {
+                let wait = rand::thread_rng().gen_range(200..=1500);
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+                host.kill9();
+                format!("kill -9 {wait} ms after ready")
+            }
+            StellarFault::Rpc(what) => {
+                fake.inject(what)?;
+                let wait = rand::thread_rng().gen_range(300..=1200);
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+                host.kill9();
+                format!("the RPC's next send: {what}; kill -9 {wait} ms later")
+            }
+            StellarFault::Stall => {
+                tokio::time::sleep(Duration::from_millis(rand::thread_rng().gen_range(200..=800))).await;
+                host.signal("STOP")?;
+                let second_port = procs::free_port()?;
+                let mut second = laneway.start(second_port, None)?;
+                tokio::time::sleep(Duration::from_millis(LEASE_MS + SLOT_TTL_MS + 1500)).await;
+                host.signal("CONT")?;
+                let mut restarts = 0;
+                while let Err(e) = procs::ready(&http, &mut second, second_port).await {
+                    restarts += 1;
+                    ensure!(restarts <= 3, "the second host never started: {e}");
+                    second = laneway.start(second_port, None)?;
+                }
+                set_ports(&[second_port]);
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                host.kill9();
+                second.kill9();
+                "SIGSTOP past the lease, a second host took over, SIGCONT; both killed".to_owned()
+            }
+        };
+        outcome.faults.push(line);
+    }
+
+    let port = procs::free_port()?;
+    let mut host = laneway.start(port, None)?;
+    procs::ready(&http, &mut host, port).await?;
+    set_ports(&[port]);
+    gate.add_permits(plan.ops);
+    let deadline = Instant::now() + plan.drain_deadline;
+    loop {
+        if producer.is_finished() && open_count(&db_url).await? == 0 {
+            break;
+        }
+        if Instant::now() > deadline {
+            outcome.faults.push(format!(
+                "the clean host did not finish within {:?}",
+                plan.drain_deadline
+            ));
+            break;
+        }
+        if let Some(status) = host.exited() {
+            bail!("the clean host exited: {status} (see {})", laneway.log.display());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    host.signal("TERM")?;
+    // The fake writes its state within a second of a change.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    drop(host);
+    if producer.is_finished() {
+        producer.await??;
+    } else {
+        producer.abort();
+    }
+    let (landed, concurrent_sends, bad_seqs) = fake.read()?;
+    drop(fake.proc);
+    outcome.history = StellarHistory {
+        acked: acked.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+        landed,
+        rows: rows(&db_url).await?,
+        concurrent_sends,
+        bad_seqs,
+    };
+    outcome.elapsed = started.elapsed();
+    let passed = crate::check::check_stellar(&outcome.history).passed();
+    if let (Backend::Postgres(server), Some(name)) = (&plan.backend, &pg_name) {
+        if passed && env.keep.is_none() {
+            drop_pg_database(server, name).await?;
+        } else {
+            outcome.faults.push(format!("database {name} kept"));
+        }
+    }
+    if !passed && env.keep.is_none() {
+        let kept = temp.keep();
+        outcome.faults.push(format!("run directory kept: {}", kept.display()));
+    }
+    Ok(outcome)
+}
+
+async fn post_op_until_acked(
+    http: &reqwest::Client,
+    ports: &Mutex<Vec<u16>>,
+    key: &str,
+    body: &Value,
+) -> anyhow::Result<i64> {
+    let started = Instant::now();
+    loop {
+        let candidates = ports.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        for port in candidates {
+            let url = format!("http://127.0.0.1:{port}/api/v1/ops");
+            let sent = procs::post_json(http, url, key, body)
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await;
+            let Ok(answer) = sent else { continue };
+            let status = answer.status();
+            let text = answer.text().await.unwrap_or_default();
+            if status.is_success() {
+                let answer: Value = serde_json::from_str(&text).with_context(|| text.clone())?;
+                return answer["id"].as_i64().with_context(|| format!("no id in {text}"));
+            }
+            ensure!(status.is_server_error(), "the op was refused with {status}: {text}");
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(120),
+            "no host acknowledged an op for 2 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Every op's status and receipt.
+async fn rows(db_url: &str) -> anyhow::Result<HashMap<i64, (Status, Option<String>)>> {
+    const SQL: &str = "SELECT id, status, receipt FROM ops";
+    let rows: Vec<(i64, String, Option<String>)> = if db_url.starts_with("sqlite") {
+        let pool = sqlx::SqlitePool::connect(db_url).await?;
+        let rows = sqlx::query(SQL).fetch_all(&pool).await?;
+        pool.close().await;
+        rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect()
+    } else {
+        let pool = sqlx::PgPool::connect(db_url).await?;
+        let rows = sqlx::query(SQL).fetch_all(&pool).await?;
+        pool.close().await;
+        rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect()
+    };
+    rows.into_iter()
+        .map(|(id, status, receipt)| {
+            let status = Status::parse(&status).with_context(|| format!("op {id} has status {status:?}"))?;
+            Ok((id, (status, receipt)))
+        })
+        .collect()
+}
