@@ -526,3 +526,64 @@ async fn sqlite_due_outboxes_seeks_its_index_with_a_deep_backlog() -> anyhow::Re
     ensure!(due == ["outbox-0", "outbox-1", "outbox-2"], "{due:?}");
     Ok(())
 }
+
+/// PostgreSQL: an outbox's ops become visible in id order, whoever writes
+/// them. With many writers an id taken first could commit last; the
+/// drain's book reads new ops as `id > high-water mark`, skipped it, and let
+/// the next op of its strict lane start first (found by the fault harness:
+/// two inbound activities of one sender, acknowledged in order, handed on
+/// out of order). A second writer to the same outbox now waits for the
+/// first to commit; a writer to another outbox does not.
+#[tokio::test]
+async fn postgres_an_outboxs_ops_become_visible_in_id_order() -> anyhow::Result<()> {
+    use std::time::Duration;
+    let db = support::postgres().await?;
+    let TestBackend::Postgres(queue) = &db.kind else {
+        anyhow::bail!("not postgres")
+    };
+    let mut first = queue.begin().await?;
+    let a = queue.enqueue_in(&mut first, &[announce(1)]).await?[0].id();
+    let through_laneway = {
+        let queue = db.queue.clone();
+        tokio::spawn(async move { queue.enqueue(&[announce(2)]).await })
+    };
+    let plain_sql = {
+        let pool = queue.pool().clone();
+        tokio::spawn(async move {
+            sqlx::query_scalar::<_, i64>(
+                "INSERT INTO ops (outbox, kind, lanes, payload) VALUES ('case-manager', 'activitypub', ARRAY['https://coord.example/inbox'], '{}') RETURNING id",
+            )
+            .fetch_one(&pool)
+            .await
+        })
+    };
+    let mut elsewhere = announce(3);
+    elsewhere.outbox = "another-actor".into();
+    tokio::time::timeout(Duration::from_secs(5), db.queue.enqueue(&[elsewhere]))
+        .await
+        .context("an enqueue to another outbox waited")??;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ensure!(
+        !through_laneway.is_finished() && !plain_sql.is_finished(),
+        "a later id of the outbox committed while an earlier one was open"
+    );
+    first.commit().await?;
+    let b = tokio::time::timeout(Duration::from_secs(5), through_laneway).await???[0].id();
+    let c = tokio::time::timeout(Duration::from_secs(5), plain_sql).await???;
+    ensure!(a < b && a < c, "ids {a}, {b}, {c}");
+    // Two batches over the same outboxes in opposite orders queue, never deadlock.
+    let batch = |outboxes: [&str; 2]| -> Vec<NewOp> {
+        outboxes
+            .iter()
+            .map(|o| {
+                let mut op = announce(4);
+                op.outbox = (*o).into();
+                op
+            })
+            .collect()
+    };
+    let (forward, backward) = (batch(["o-1", "o-2"]), batch(["o-2", "o-1"]));
+    let (x, y) = tokio::join!(db.queue.enqueue(&forward), db.queue.enqueue(&backward));
+    ensure!(x.is_ok() && y.is_ok(), "{x:?} {y:?}");
+    Ok(())
+}

@@ -78,6 +78,15 @@ pub trait Dialect: Clone + std::fmt::Debug + Send + Sync + 'static {
         lanes: &[String],
     ) -> Result<HashSet<String>, QueueError>;
 
+    /// Takes the enqueue locks of `outboxes` in one order before a batch's
+    /// inserts (PostgreSQL: each insert takes its outbox's lock, so ids
+    /// become visible in order per outbox; sorted first, two batches never
+    /// deadlock. SQLite's one writer needs none).
+    async fn lock_outboxes(
+        conn: &mut <Self::Db as Database>::Connection,
+        outboxes: &[String],
+    ) -> Result<(), QueueError>;
+
     /// Settles completions in as few statements as the database allows,
     /// each a compare-and-set on its lease, and records the attempt rows of
     /// those that applied; one result per completion, in order.

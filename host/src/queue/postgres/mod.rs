@@ -151,6 +151,16 @@ impl Dialect for Conns {
         Err(round)
     }
 
+    async fn lock_outboxes(conn: &mut Conn, outboxes: &[String]) -> Result<(), QueueError> {
+        if outboxes.len() > 1 {
+            sqlx::query(sql::ops::LOCK_OUTBOXES)
+                .bind(outboxes)
+                .execute(&mut *conn)
+                .await?;
+        }
+        Ok(())
+    }
+
     async fn contended(conn: &mut Conn, lanes: &[String]) -> Result<HashSet<String>, QueueError> {
         let keys: Vec<i64> = lanes.iter().map(|l| lane_lock_key(l)).collect();
         let refused: HashSet<i64> = sqlx::query_scalar(sql::dispatch::CONTENDED_LANES)

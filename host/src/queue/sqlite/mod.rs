@@ -191,6 +191,11 @@ impl Dialect for Conns {
         }
     }
 
+    async fn lock_outboxes(_conn: &mut Conn, _outboxes: &[String]) -> Result<(), QueueError> {
+        // `BEGIN IMMEDIATE`: ids are taken and committed in one order.
+        Ok(())
+    }
+
     async fn contended(_conn: &mut Conn, _lanes: &[String]) -> Result<HashSet<String>, QueueError> {
         // `BEGIN IMMEDIATE` serialises every claim on the file.
         Ok(HashSet::new())

@@ -24,6 +24,10 @@ impl Store {
             .iter()
             .map(|op| validate_new_op(op, self.limits))
             .collect::<Result<Vec<_>, _>>()?;
+        let mut outboxes: Vec<String> = checked.iter().map(|op| op.outbox.clone()).collect();
+        outboxes.sort_unstable();
+        outboxes.dedup();
+        Conns::lock_outboxes(&mut *conn, &outboxes).await?;
         let now = self.now();
         let mut results = Vec::with_capacity(checked.len());
         for op in &checked {

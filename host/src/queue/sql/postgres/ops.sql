@@ -11,6 +11,13 @@ ops.finished_at, ops.payload_ref
 -- name: insert_payload
 INSERT INTO payloads (hash, body) VALUES ($1, $2::json) ON CONFLICT DO NOTHING
 
+-- A batch's outboxes locked in one order before its inserts, which take
+-- the same locks row by row (migration 20261203000002: ids visible in
+-- order per outbox): two batches sharing outboxes queue, never deadlock.
+-- name: lock_outboxes
+SELECT count(pg_advisory_xact_lock(1819768953, h))
+FROM (SELECT DISTINCT hashtext(o) AS h FROM unnest($1::text[]) AS o ORDER BY h) AS sorted
+
 -- name: insert_op
 INSERT INTO ops (outbox, kind, priority, lanes, payload, idempotency_key, coalesce_key, subject, correlation_id,
     next_attempt_at, created_at, updated_at, payload_ref)

@@ -11,6 +11,8 @@ ops.finished_at, ops.payload_ref
 -- name: insert_payload
 INSERT INTO payloads (hash, body) VALUES ($1, $2) ON CONFLICT DO NOTHING
 
+-- none: lock_outboxes: the one writer commits in id order already
+
 -- name: insert_op
 INSERT INTO ops (outbox, kind, priority, lanes, payload, idempotency_key, coalesce_key, subject, correlation_id,
     next_attempt_at, created_at, updated_at, payload_ref)
