@@ -103,13 +103,10 @@ fn stellar_faults(kills: usize, rounds: usize) -> Vec<StellarFault> {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let laneway = match args.laneway {
-        Some(path) => path,
-        None => {
-            let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo.join("target"), PathBuf::from);
-            target.join("debug/laneway")
-        }
-    };
+    let debug = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| repo.join("target"), PathBuf::from)
+        .join("debug");
+    let laneway = args.laneway.unwrap_or_else(|| debug.join("laneway"));
     anyhow::ensure!(
         laneway.exists(),
         "{} is missing: build it (cargo build -p laneway) or pass --laneway",
@@ -123,7 +120,7 @@ async fn main() -> anyhow::Result<()> {
     };
     let (activities, inbound_each, kills, rounds, per_operation, payments) = match args.size.as_str() {
         "reduced" => (250, 50, 5, 1, 30, 150),
-        "full" => (5000, 1000, 50, 3, 300, 3000),
+        "full" => (5000, 1000, 50, 3, 300, 2000),
         other => anyhow::bail!("--size: expected reduced or full, got {other:?}"),
     };
     let mut failed = 0;
@@ -179,12 +176,14 @@ async fn main() -> anyhow::Result<()> {
     }
     // The Stellar kinds against the fake RPC as a process.
     if !stellar_backends.is_empty() {
+        // Beside the binary under test, else the one `cargo test` built.
         let fake_rpc = match &args.fake_rpc {
             Some(path) => path.clone(),
             None => laneway
                 .parent()
                 .map(|dir| dir.join("examples/fake_stellar_rpc"))
-                .context("the laneway binary's directory")?,
+                .filter(|path| path.exists())
+                .unwrap_or_else(|| debug.join("examples/fake_stellar_rpc")),
         };
         anyhow::ensure!(
             fake_rpc.exists(),

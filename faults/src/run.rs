@@ -451,18 +451,31 @@ async fn post_until_acked(
 /// Mastodon signs) with the key its actor document on the first Node
 /// process serves; an activity is retried until a host answers 202, and
 /// the same activity id is what laneway de-duplicates by.
+/// Who sends inbound traffic, and how much.
+struct Senders {
+    /// The key every sender signs with (each actor document lists it).
+    key: rsa::RsaPrivateKey,
+    /// Where the actor documents are served.
+    origin: String,
+    count: usize,
+    each: usize,
+}
+
 fn spawn_senders(
     http: reqwest::Client,
     ports: Arc<Mutex<Vec<u16>>>,
-    key: rsa::RsaPrivateKey,
-    origin: String,
-    senders: usize,
-    each: usize,
+    senders: Senders,
     gate: Arc<tokio::sync::Semaphore>,
     acked: Arc<Mutex<Vec<Acked>>>,
 ) -> Vec<tokio::task::JoinHandle<anyhow::Result<()>>> {
+    let Senders {
+        key,
+        origin,
+        count,
+        each,
+    } = senders;
     let signer = rsa::pkcs1v15::SigningKey::<sha2::Sha256>::new(key);
-    (0..senders)
+    (0..count)
         .map(|s| {
             let (http, ports, signer, gate, acked) =
                 (http.clone(), ports.clone(), signer.clone(), gate.clone(), acked.clone());
@@ -752,10 +765,12 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
     let senders = spawn_senders(
         http.clone(),
         ports.clone(),
-        keys.rsa.clone(),
-        format!("http://127.0.0.1:{}", logs[0].0),
-        plan.senders,
-        plan.inbound_each,
+        Senders {
+            key: keys.rsa.clone(),
+            origin: format!("http://127.0.0.1:{}", logs[0].0),
+            count: plan.senders,
+            each: plan.inbound_each,
+        },
         inbound_gate.clone(),
         producer.acked.clone(),
     );

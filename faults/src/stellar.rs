@@ -368,8 +368,9 @@ pub async fn run(plan: &StellarPlan, env: &Env, fake_rpc: &Path) -> anyhow::Resu
     }
     let (landed, concurrent_sends, bad_seqs) = fake.read()?;
     drop(fake.proc);
+    let acked = acked.lock().unwrap_or_else(PoisonError::into_inner).clone();
     outcome.history = StellarHistory {
-        acked: acked.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+        acked,
         landed,
         rows: rows(&db_url).await?,
         concurrent_sends,
