@@ -165,7 +165,7 @@ async fn main() -> anyhow::Result<()> {
         }
         let report = check(&outcome.history);
         println!(
-            "  {} lease expiries recorded; {:.1} s",
+            "  {} lease expiries recorded (on ops not pruned yet); {:.1} s",
             outcome.lease_expired,
             outcome.elapsed.as_secs_f64()
         );
