@@ -176,14 +176,21 @@ async fn main() -> anyhow::Result<()> {
     }
     // The Stellar kinds against the fake RPC as a process.
     if !stellar_backends.is_empty() {
-        // Beside the binary under test, else the one `cargo test` built.
+        // Beside the binary under test, else beside this one (where
+        // `cargo test` built it), else in the target directory.
         let fake_rpc = match &args.fake_rpc {
             Some(path) => path.clone(),
-            None => laneway
-                .parent()
-                .map(|dir| dir.join("examples/fake_stellar_rpc"))
-                .filter(|path| path.exists())
-                .unwrap_or_else(|| debug.join("examples/fake_stellar_rpc")),
+            None => [
+                laneway.parent().map(PathBuf::from),
+                std::env::current_exe()
+                    .ok()
+                    .and_then(|exe| exe.parent().map(PathBuf::from)),
+            ]
+            .into_iter()
+            .flatten()
+            .map(|dir| dir.join("examples/fake_stellar_rpc"))
+            .find(|path| path.exists())
+            .unwrap_or_else(|| debug.join("examples/fake_stellar_rpc")),
         };
         anyhow::ensure!(
             fake_rpc.exists(),
