@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use sqlx::Row as _;
 
 use crate::procs;
-use crate::run::{config_text, drop_pg_database, pg_database, prepare, start_paused, write_keys, Backend, Env};
+use crate::run::{config_text, prepare, start_paused, write_keys, Backend, Env, Workspace};
 
 /// One API operation from the OpenAPI document.
 #[derive(Debug, Clone)]
@@ -323,24 +323,16 @@ fn fingerprint_sql(due: &str) -> String {
 /// The hostile-input run: one host, a few waiting ops (their kind paused),
 /// and [`run`] against its API.
 pub async fn against(backend: &Backend, env: &Env, per_operation: usize) -> anyhow::Result<Findings> {
-    let temp = tempfile::tempdir()?;
-    let dir = env.keep.clone().unwrap_or_else(|| temp.path().to_owned());
-    std::fs::create_dir_all(&dir)?;
-    let keys = write_keys(&dir)?;
-    let (db_url, pg_name) = match backend {
-        Backend::Sqlite => (format!("sqlite://{}", dir.join("queue.db").display()), None),
-        Backend::Postgres(server) => {
-            let (name, url) = pg_database(server).await?;
-            (url, Some(name))
-        }
-    };
+    let workspace = Workspace::new(env, backend).await?;
+    let (dir, db_url) = (&workspace.dir, workspace.db_url.as_str());
+    let keys = write_keys(dir)?;
     let plugins = env.repo.join("plugins/target/wasm32-wasip2/release");
     // No webhook: an op a request cancels must start nothing in the
     // background, or the fingerprints would move on their own.
     let laneway = prepare(
         env,
-        &dir,
-        &config_text(&db_url, &plugins, &keys.pem, &keys.hook_key, None),
+        dir,
+        &config_text(db_url, &plugins, &keys.pem, &keys.hook_key, None),
     )?;
     let producer = laneway.api_key("producer", "ops:write")?;
     let admin = laneway.api_key("admin", "ops:write,outbox:read,outbox:write,plugins:admin")?;
@@ -378,10 +370,10 @@ pub async fn against(backend: &Backend, env: &Env, per_operation: usize) -> anyh
         }};
     }
     let findings = if db_url.starts_with("sqlite") {
-        fingerprint!(sqlx::SqlitePool::connect(&db_url).await?, "next_attempt_at")
+        fingerprint!(sqlx::SqlitePool::connect(db_url).await?, "next_attempt_at")
     } else {
         fingerprint!(
-            sqlx::PgPool::connect(&db_url).await?,
+            sqlx::PgPool::connect(db_url).await?,
             "CAST(extract(epoch FROM next_attempt_at) * 1000 AS BIGINT)"
         )
     };
@@ -392,16 +384,12 @@ pub async fn against(backend: &Backend, env: &Env, per_operation: usize) -> anyh
         findings.failures.push("the host is no longer ready".to_owned());
     }
     drop(host);
-    if let (Backend::Postgres(server), Some(name)) = (backend, &pg_name) {
-        if findings.failures.is_empty() && env.keep.is_none() {
-            drop_pg_database(server, name).await?;
-        }
-    }
-    if !findings.failures.is_empty() && env.keep.is_none() {
-        let kept = temp.keep();
-        findings
-            .failures
-            .push(format!("run directory kept: {}", kept.display()));
+    // What was kept is told only with the failures: a passing run has none
+    // to add to.
+    let passed = findings.failures.is_empty();
+    let kept = workspace.finish(passed).await?;
+    if !passed {
+        findings.failures.extend(kept);
     }
     Ok(findings)
 }

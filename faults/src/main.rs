@@ -124,6 +124,12 @@ async fn main() -> anyhow::Result<()> {
         other => anyhow::bail!("--size: expected reduced or full, got {other:?}"),
     };
     let mut failed = 0;
+    // Each run's directory under --keep, by the run's name.
+    let env_for = |name: String| Env {
+        repo: repo.clone(),
+        laneway: laneway.clone(),
+        keep: args.keep.as_ref().map(|k| k.join(name)),
+    };
     anyhow::ensure!(
         ["all", "faults", "stellar", "hostile", "disk"].contains(&args.only.as_str()),
         "--only: expected faults, stellar, hostile, disk or all, got {:?}",
@@ -145,11 +151,7 @@ async fn main() -> anyhow::Result<()> {
             inbound_each,
             drain_deadline: Duration::from_secs(if activities > 1000 { 1800 } else { 120 }),
         };
-        let env = Env {
-            repo: repo.clone(),
-            laneway: laneway.clone(),
-            keep: args.keep.as_ref().map(|k| k.join(plan.backend.name())),
-        };
+        let env = env_for(plan.backend.name().to_owned());
         println!(
             "laneway-faults: {} ops on {}, {} faults, {}",
             plan.ops(),
@@ -205,14 +207,7 @@ async fn main() -> anyhow::Result<()> {
                 close_ms: 250,
                 drain_deadline: Duration::from_secs(if payments > 1000 { 1800 } else { 180 }),
             };
-            let env = Env {
-                repo: repo.clone(),
-                laneway: laneway.clone(),
-                keep: args
-                    .keep
-                    .as_ref()
-                    .map(|k| k.join(format!("stellar-{}", plan.backend.name()))),
-            };
+            let env = env_for(format!("stellar-{}", plan.backend.name()));
             println!(
                 "laneway-faults: {} Stellar payments on {}, two signers, {} faults",
                 plan.ops,
@@ -235,14 +230,7 @@ async fn main() -> anyhow::Result<()> {
     }
     // Hostile input: every API operation, generated garbage, both backends.
     for backend in backends_again {
-        let env = Env {
-            repo: repo.clone(),
-            laneway: laneway.clone(),
-            keep: args
-                .keep
-                .as_ref()
-                .map(|k| k.join(format!("hostile-{}", backend.name()))),
-        };
+        let env = env_for(format!("hostile-{}", backend.name()));
         let findings = laneway_faults::hostile::against(&backend, &env, per_operation)
             .await
             .with_context(|| format!("the hostile-input run on {}", backend.name()))?;
@@ -267,11 +255,7 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     if disk {
-        let env = Env {
-            repo: repo.clone(),
-            laneway: laneway.clone(),
-            keep: args.keep.as_ref().map(|k| k.join("disk-full")),
-        };
+        let env = env_for("disk-full".to_owned());
         let outcome = laneway_faults::disk::run(&env).await.context("the disk-full run")?;
         match &outcome.not_run {
             Some(why) => println!("disk full (SQLite): NOT RUN: {why}\n"),

@@ -156,6 +156,10 @@ pub(crate) const RETENTION_MS: u64 = LEASE_MS;
 /// inbox (the path on the first Node process).
 pub(crate) const APP_PATH: &str = "/hooks/inbound";
 
+/// Every kind's retries in the run: quick, and never dead-lettered by the
+/// budget (an op that exhausted it would read as lost).
+const RETRIES: &str = "backoff_base_ms = 50\nbackoff_max_ms = 500\ntimeout_ms = 1500\nmax_attempts = 1000";
+
 /// The run's config; `faulted`, what the faulted run adds.
 pub(crate) fn config_text(
     db_url: &str,
@@ -195,17 +199,11 @@ allowed_internal = ["127.0.0.1"]
 keys = ["actor"]
 [kinds.activitypub]
 plugin = "activitypub"
-backoff_base_ms = 50
-backoff_max_ms = 500
-timeout_ms = 1500
-max_attempts = 1000
+{RETRIES}
 config = {{ key = "actor", key_id = "{KEY_ID}", signature = "cavage" }}
 {webhook}
 [kinds.outcome_webhook]
-backoff_base_ms = 50
-backoff_max_ms = 500
-timeout_ms = 1500
-max_attempts = 1000
+{RETRIES}
 {inbound}"#,
         pem = pem.display(),
         hook_key = hook_key.display(),
@@ -220,10 +218,7 @@ max_attempts = 1000
 plugin = "webhook"
 lanes = "required"
 lane_mode = "strict"
-backoff_base_ms = 50
-backoff_max_ms = 500
-timeout_ms = 1500
-max_attempts = 1000
+{RETRIES}
 config = {{ url = "{app}", key = "hook" }}
 outcome_webhook = "{hooks}"
 outcome_webhook_key = "hook"
@@ -332,6 +327,161 @@ pub(crate) async fn start_paused(
     Ok((host, port, base))
 }
 
+/// Where one run keeps its files and its database: a temporary directory
+/// (or `env.keep`'s), and a fresh SQLite file or PostgreSQL database.
+pub(crate) struct Workspace {
+    temp: tempfile::TempDir,
+    pub dir: PathBuf,
+    pub db_url: String,
+    /// The run's own PostgreSQL database, when the backend is PostgreSQL.
+    pub pg_name: Option<String>,
+    backend: Backend,
+    kept: bool,
+}
+
+impl Workspace {
+    pub async fn new(env: &Env, backend: &Backend) -> anyhow::Result<Self> {
+        let temp = tempfile::tempdir()?;
+        let dir = env.keep.clone().unwrap_or_else(|| temp.path().to_owned());
+        std::fs::create_dir_all(&dir)?;
+        let (db_url, pg_name) = match backend {
+            Backend::Sqlite => (format!("sqlite://{}", dir.join("queue.db").display()), None),
+            Backend::Postgres(server) => {
+                let (name, url) = pg_database(server).await?;
+                (url, Some(name))
+            }
+        };
+        Ok(Self {
+            temp,
+            dir,
+            db_url,
+            pg_name,
+            backend: backend.clone(),
+            kept: env.keep.is_some(),
+        })
+    }
+
+    /// Drops the PostgreSQL database of a run that passed; keeps the
+    /// database and directory of one that failed (or of every run, with
+    /// `--keep`): what was kept, for the operator.
+    pub async fn finish(self, passed: bool) -> anyhow::Result<Vec<String>> {
+        let mut notes = Vec::new();
+        if let (Backend::Postgres(server), Some(name)) = (&self.backend, &self.pg_name) {
+            if passed && !self.kept {
+                drop_pg_database(server, name).await?;
+            } else {
+                notes.push(format!("database {name} kept"));
+            }
+        }
+        if !passed && !self.kept {
+            notes.push(format!("run directory kept: {}", self.temp.keep().display()));
+        }
+        Ok(notes)
+    }
+}
+
+/// Waits for a host armed with `point` to abort there (20 s at most, then
+/// it is killed): the fault's line.
+pub(crate) async fn failpoint_reached(host: &mut Proc, point: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = host.exited() {
+            return format!("failpoint {point}: aborted ({status})");
+        }
+        if Instant::now() > deadline {
+            host.kill9();
+            return format!("failpoint {point}: not reached in 20 s; killed -9");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// SIGSTOP past the lease while a second host takes over, SIGCONT, 1.5 s
+/// of both, then both killed -9: the fault's line. `set_ports` points the
+/// producers at the second host.
+pub(crate) async fn stall(
+    laneway: &Laneway,
+    http: &reqwest::Client,
+    host: &mut Proc,
+    set_ports: impl Fn(&[u16]),
+) -> anyhow::Result<String> {
+    let wait = rand::thread_rng().gen_range(200..=800);
+    tokio::time::sleep(Duration::from_millis(wait)).await;
+    host.signal("STOP")?;
+    // A second host takes the stalled one's outboxes once their slots
+    // lapse, and its ops once their leases do.
+    let second_port = procs::free_port()?;
+    let mut second = laneway.start(second_port, None)?;
+    // SQLite: the stalled host may hold the write lock, and the second
+    // waits on it; the stall ends regardless.
+    tokio::time::sleep(Duration::from_millis(LEASE_MS + SLOT_TTL_MS + 1500)).await;
+    host.signal("CONT")?;
+    // SQLite: a process frozen inside a write transaction holds the file's
+    // one write lock, and a process started meanwhile may give up at its
+    // first write after busy_timeout_ms ("database is locked"). A
+    // supervisor starts it again; so does the harness.
+    let mut restarts = 0;
+    while let Err(e) = procs::ready(http, &mut second, second_port).await {
+        restarts += 1;
+        ensure!(restarts <= 3, "the second host never started: {e}");
+        second = laneway.start(second_port, None)?;
+    }
+    set_ports(&[second_port]);
+    // The stale host wakes holding expired leases and slots: every write
+    // it tries must be refused by its token.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    host.kill9();
+    // Then the second host dies too, so the next fault starts from one
+    // host again.
+    second.kill9();
+    Ok(format!(
+        "SIGSTOP {wait} ms after ready; a second host took over{}; SIGCONT after {} ms",
+        if restarts > 0 {
+            format!(" (started {} times: the frozen one held the write lock)", restarts + 1)
+        } else {
+            String::new()
+        },
+        LEASE_MS + SLOT_TTL_MS + 1500
+    ))
+}
+
+/// Posts to whichever host is up (`request` builds the request for a
+/// port) until one accepts (2xx): its status and JSON answer. A refused
+/// connection or a 5xx (and, with `retry_429`, a 429) is tried again; any
+/// other answer is the harness's bug or laneway's, never retried. `what`
+/// names it in errors.
+pub(crate) async fn post_until_accepted(
+    ports: &Mutex<Vec<u16>>,
+    what: &str,
+    retry_429: bool,
+    request: impl Fn(u16) -> reqwest::RequestBuilder,
+) -> anyhow::Result<(reqwest::StatusCode, Value)> {
+    let started = Instant::now();
+    loop {
+        let candidates = ports.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        for port in candidates {
+            let Ok(answer) = request(port).timeout(Duration::from_secs(5)).send().await else {
+                continue;
+            };
+            let status = answer.status();
+            let text = answer.text().await.unwrap_or_default();
+            if status.is_success() {
+                let value = serde_json::from_str(&text).with_context(|| text.clone())?;
+                return Ok((status, value));
+            }
+            ensure!(
+                status.is_server_error() || (retry_429 && status == reqwest::StatusCode::TOO_MANY_REQUESTS),
+                "{what} was refused with {status}: {text}"
+            );
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(120),
+            "no host accepted {what} for 2 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A fresh PostgreSQL database for one run, dropped when the run passed.
 pub(crate) async fn pg_database(server: &str) -> anyhow::Result<(String, String)> {
     use sqlx::Connection as _;
@@ -392,7 +542,11 @@ fn spawn_producer(
                                  "object": {"id": format!("{activity}/note"), "type": "Note"}},
                     "recipients": inboxes,
                 });
-                let answer = post_until_acked(&http, &ports, &key, &body).await?;
+                let url = |port| format!("http://127.0.0.1:{port}/api/v1/activitypub/deliveries");
+                let (_, answer) = post_until_accepted(&ports, "the fan-out", false, |port| {
+                    procs::post_json(&http, url(port), &key, &body)
+                })
+                .await?;
                 let deliveries = answer["deliveries"].as_array().context("deliveries")?;
                 ensure!(deliveries.len() == inboxes.len(), "one delivery per inbox: {answer}");
                 let mut acked = acked.lock().unwrap_or_else(PoisonError::into_inner);
@@ -409,41 +563,6 @@ fn spawn_producer(
         })
     };
     Producer { acked, task }
-}
-
-async fn post_until_acked(
-    http: &reqwest::Client,
-    ports: &Mutex<Vec<u16>>,
-    key: &str,
-    body: &Value,
-) -> anyhow::Result<Value> {
-    let started = Instant::now();
-    loop {
-        let candidates = ports.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        for port in candidates {
-            let url = format!("http://127.0.0.1:{port}/api/v1/activitypub/deliveries");
-            let sent = procs::post_json(http, url, key, body)
-                .timeout(Duration::from_secs(5))
-                .send()
-                .await;
-            let Ok(answer) = sent else { continue };
-            let status = answer.status();
-            let text = answer.text().await.unwrap_or_default();
-            if status.is_success() {
-                return serde_json::from_str(&text).with_context(|| text.clone());
-            }
-            // A 4xx is the harness's bug or laneway's; never retried.
-            ensure!(
-                status.is_server_error(),
-                "the fan-out was refused with {status}: {text}"
-            );
-        }
-        ensure!(
-            started.elapsed() < Duration::from_secs(120),
-            "no host acknowledged a fan-out for 2 minutes"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// The senders of inbound traffic: each posts its activities one after
@@ -535,43 +654,25 @@ async fn post_signed_until_accepted(
         base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(body.as_bytes()))
     );
     let key_id = format!("{actor}#main-key");
-    let started = Instant::now();
-    loop {
-        let candidates = ports.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        for port in candidates {
-            let host = format!("127.0.0.1:{port}");
-            let date = httpdate::fmt_http_date(std::time::SystemTime::now());
-            let sent = http
-                .post(format!("http://{host}/inbox"))
-                .header("host", &host)
-                .header("date", &date)
-                .header("digest", &digest)
-                .header("content-type", "application/activity+json")
-                .header("signature", sign_cavage(signer, &key_id, &host, &date, &digest))
-                .body(body.to_owned())
-                .timeout(Duration::from_secs(5))
-                .send()
-                .await;
-            let Ok(answer) = sent else { continue };
-            let status = answer.status();
-            let text = answer.text().await.unwrap_or_default();
-            if status == reqwest::StatusCode::ACCEPTED {
-                let answer: Value = serde_json::from_str(&text).with_context(|| text.clone())?;
-                return answer["id"].as_i64().with_context(|| format!("no op id in {text}"));
-            }
-            // A key fetch refused for the moment (429) or a host going
-            // down (5xx) is tried again; a refused signature is a bug.
-            ensure!(
-                status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS,
-                "the inbound activity was refused with {status}: {text}"
-            );
-        }
-        ensure!(
-            started.elapsed() < Duration::from_secs(120),
-            "no host accepted an inbound activity for 2 minutes"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // A key fetch refused for the moment (429) or a host going down (5xx)
+    // is tried again; a refused signature is a bug.
+    let (status, answer) = post_until_accepted(ports, "the inbound activity", true, |port| {
+        let host = format!("127.0.0.1:{port}");
+        let date = httpdate::fmt_http_date(std::time::SystemTime::now());
+        http.post(format!("http://{host}/inbox"))
+            .header("signature", sign_cavage(signer, &key_id, &host, &date, &digest))
+            .header("host", host)
+            .header("date", date)
+            .header("digest", &digest)
+            .header("content-type", "application/activity+json")
+            .body(body.to_owned())
+    })
+    .await?;
+    ensure!(
+        status == reqwest::StatusCode::ACCEPTED,
+        "the inbox answered {status}: {answer}"
+    );
+    answer["id"].as_i64().with_context(|| format!("no op id in {answer}"))
 }
 
 /// Every archive line the pruner wrote under `dir`.
@@ -703,10 +804,9 @@ fn statuses(rows: impl Iterator<Item = (i64, String)>) -> anyhow::Result<HashMap
 /// Runs one plan to the end and returns its history.
 pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
     let started = Instant::now();
-    let temp = tempfile::tempdir()?;
-    let dir = env.keep.clone().unwrap_or_else(|| temp.path().to_owned());
-    std::fs::create_dir_all(&dir)?;
-    let keys = write_keys(&dir)?;
+    let workspace = Workspace::new(env, &plan.backend).await?;
+    let (dir, db_url, pg_name) = (&workspace.dir, workspace.db_url.clone(), workspace.pg_name.clone());
+    let keys = write_keys(dir)?;
 
     // The inboxes, as processes of their own.
     let mut fakes: Vec<Proc> = Vec::new();
@@ -729,13 +829,6 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
         })
         .collect();
 
-    let (db_url, pg_name) = match &plan.backend {
-        Backend::Sqlite => (format!("sqlite://{}", dir.join("queue.db").display()), None),
-        Backend::Postgres(server) => {
-            let (name, url) = pg_database(server).await?;
-            (url, Some(name))
-        }
-    };
     let faulted = Faulted {
         hooks: format!("http://127.0.0.1:{}/hooks/outcomes", logs[0].0),
         app: format!("http://127.0.0.1:{}{APP_PATH}", logs[0].0),
@@ -752,7 +845,7 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
     std::fs::copy(built.join("webhook.wasm"), plugins.join("webhook.wasm"))
         .context("the webhook plugin (./dev test builds it)")?;
     let text = config_text(&db_url, &plugins, &keys.pem, &keys.hook_key, Some(&faulted));
-    let laneway = prepare(env, &dir, &text)?;
+    let laneway = prepare(env, dir, &text)?;
     let config = laneway.config.clone();
     let secret = laneway.api_key("faults", "ops:write")?;
 
@@ -805,19 +898,8 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
             Fault::Failpoint(point) => {
                 // It aborts by itself at the point; a point never reached
                 // (no more work) is reported, and the host is killed.
-                let deadline = Instant::now() + Duration::from_secs(20);
-                loop {
-                    if let Some(status) = host.exited() {
-                        kills += 1;
-                        break format!("failpoint {point}: aborted ({status})");
-                    }
-                    if Instant::now() > deadline {
-                        host.kill9();
-                        kills += 1;
-                        break format!("failpoint {point}: not reached in 20 s; killed -9");
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
+                kills += 1;
+                failpoint_reached(&mut host, point).await
             }
             Fault::Kill { after_ms } => {
                 let wait = rand::thread_rng().gen_range(after_ms.0..=after_ms.1);
@@ -827,47 +909,10 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
                 format!("kill -9 {wait} ms after ready")
             }
             Fault::Stall => {
-                let wait = rand::thread_rng().gen_range(200..=800);
-                tokio::time::sleep(Duration::from_millis(wait)).await;
-                host.signal("STOP")?;
-                // A second host takes the stalled one's outboxes once their
-                // slots lapse, and its ops once their leases do.
-                let second_port = procs::free_port()?;
-                let mut second = laneway.start(second_port, None)?;
-                // SQLite: the stalled host may hold the write lock, and the
-                // second waits on it; the stall ends regardless.
-                tokio::time::sleep(Duration::from_millis(LEASE_MS + SLOT_TTL_MS + 1500)).await;
-                host.signal("CONT")?;
-                // SQLite: a process frozen inside a write transaction
-                // holds the file's one write lock, and a process started
-                // meanwhile may give up at its first write after
-                // busy_timeout_ms ("database is locked"). A supervisor
-                // starts it again; so does the harness.
-                let mut restarts = 0;
-                while let Err(e) = procs::ready(&http, &mut second, second_port).await {
-                    restarts += 1;
-                    ensure!(restarts <= 3, "the second host never started: {e}");
-                    second = laneway.start(second_port, None)?;
-                }
-                set_ports(&[second_port]);
-                // The stale host wakes holding expired leases and slots:
-                // every write it tries must be refused by its token.
-                tokio::time::sleep(Duration::from_millis(1500)).await;
-                host.kill9();
+                let line = stall(&laneway, &http, &mut host, set_ports).await?;
                 stalls += 1;
-                // Then the second host dies too, so the next fault starts
-                // from one host again.
-                second.kill9();
                 kills += 2;
-                format!(
-                    "SIGSTOP {wait} ms after ready; a second host took over{}; SIGCONT after {} ms",
-                    if restarts > 0 {
-                        format!(" (started {} times: the frozen one held the write lock)", restarts + 1)
-                    } else {
-                        String::new()
-                    },
-                    LEASE_MS + SLOT_TTL_MS + 1500
-                )
+                line
             }
             Fault::TerminateConnections => {
                 tokio::time::sleep(Duration::from_millis(400)).await;
@@ -1037,17 +1082,7 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
     outcome.lease_expired = expired;
     outcome.elapsed = started.elapsed();
     let passed = crate::check::check(&outcome.history).passed();
-    if let (Backend::Postgres(server), Some(name)) = (&plan.backend, &pg_name) {
-        if passed && env.keep.is_none() {
-            drop_pg_database(server, name).await?;
-        } else {
-            outcome.faults.push(format!("database {name} kept"));
-        }
-    }
-    if !passed && env.keep.is_none() {
-        let kept = temp.keep();
-        outcome.faults.push(format!("run directory kept: {}", kept.display()));
-    }
+    outcome.faults.extend(workspace.finish(passed).await?);
     Ok(outcome)
 }
 

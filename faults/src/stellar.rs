@@ -16,14 +16,16 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context as _};
+use anyhow::{bail, Context as _};
 use rand::Rng as _;
 use serde_json::{json, Value};
 use sqlx::Row as _;
 
 use crate::check::{Landed, Status, StellarAcked, StellarHistory};
 use crate::procs::{self, Proc};
-use crate::run::{drop_pg_database, open_count, pg_database, prepare, Backend, Env, LEASE_MS, SLOT_TTL_MS};
+use crate::run::{
+    failpoint_reached, open_count, post_until_accepted, prepare, stall, Backend, Env, Workspace, LEASE_MS, SLOT_TTL_MS,
+};
 
 /// How one host's life ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -206,22 +208,14 @@ impl FakeRpc {
 /// Runs one Stellar plan to the end.
 pub async fn run(plan: &StellarPlan, env: &Env, fake_rpc: &Path) -> anyhow::Result<StellarOutcome> {
     let started = Instant::now();
-    let temp = tempfile::tempdir()?;
-    let dir = env.keep.clone().unwrap_or_else(|| temp.path().to_owned());
-    std::fs::create_dir_all(&dir)?;
+    let workspace = Workspace::new(env, &plan.backend).await?;
+    let (dir, db_url) = (&workspace.dir, workspace.db_url.as_str());
     write_ed25519(&dir.join("vault.pem"))?;
     write_ed25519(&dir.join("rewards.pem"))?;
-    let (db_url, pg_name) = match &plan.backend {
-        Backend::Sqlite => (format!("sqlite://{}", dir.join("queue.db").display()), None),
-        Backend::Postgres(server) => {
-            let (name, url) = pg_database(server).await?;
-            (url, Some(name))
-        }
-    };
     let rpc_port = procs::free_port()?;
     let rpc = format!("http://127.0.0.1:{rpc_port}");
     let plugins = env.repo.join("plugins/target/wasm32-wasip2/release");
-    let laneway = prepare(env, &dir, &config_text(&db_url, &rpc, &plugins, &dir))?;
+    let laneway = prepare(env, dir, &config_text(db_url, &rpc, &plugins, dir))?;
     let mut accounts = Vec::new();
     for (_, _, signer) in KINDS {
         let shown: Value = serde_json::from_str(&laneway.cli(&["keys", "show", signer, "--json"])?)?;
@@ -233,7 +227,7 @@ pub async fn run(plan: &StellarPlan, env: &Env, fake_rpc: &Path) -> anyhow::Resu
                 .to_owned(),
         );
     }
-    let mut fake = FakeRpc::start(fake_rpc, rpc_port, plan.close_ms, &accounts, &dir)?;
+    let mut fake = FakeRpc::start(fake_rpc, rpc_port, plan.close_ms, &accounts, dir)?;
     let secret = laneway.api_key("faults", "ops:write")?;
     let http = reqwest::Client::builder().no_proxy().build()?;
 
@@ -262,7 +256,12 @@ pub async fn run(plan: &StellarPlan, env: &Env, fake_rpc: &Path) -> anyhow::Resu
                     "payload": {"user": accounts[(n + 1) % accounts.len()], "amount": amount},
                     "idempotency_key": format!("payment-{n}"),
                 });
-                let op = post_op_until_acked(&http, &ports, &secret, &body).await?;
+                let url = |port| format!("http://127.0.0.1:{port}/api/v1/ops");
+                let (_, answer) = post_until_accepted(&ports, "the op", false, |port| {
+                    procs::post_json(&http, url(port), &secret, &body)
+                })
+                .await?;
+                let op = answer["id"].as_i64().with_context(|| format!("no id in {answer}"))?;
                 acked
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
@@ -286,19 +285,7 @@ pub async fn run(plan: &StellarPlan, env: &Env, fake_rpc: &Path) -> anyhow::Resu
         set_ports(&[port]);
         gate.add_permits(chunk);
         let line = match fault {
-            StellarFault::Failpoint(point) => {
-                let deadline = Instant::now() + Duration::from_secs(20);
-                loop {
-                    if let Some(status) = host.exited() {
-                        break format!("failpoint {point}: aborted ({status})");
-                    }
-                    if Instant::now() > deadline {
-                        host.kill9();
-                        break format!("failpoint {point}: not reached in 20 s; killed -9");
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            }
+            StellarFault::Failpoint(point) => failpoint_reached(&mut host, point).await,
             StellarFault::Kill => {
                 let wait = rand::thread_rng().gen_range(200..=1500);
                 tokio::time::sleep(Duration::from_millis(wait)).await;
@@ -312,25 +299,7 @@ pub async fn run(plan: &StellarPlan, env: &Env, fake_rpc: &Path) -> anyhow::Resu
                 host.kill9();
                 format!("the RPC's next send: {what}; kill -9 {wait} ms later")
             }
-            StellarFault::Stall => {
-                tokio::time::sleep(Duration::from_millis(rand::thread_rng().gen_range(200..=800))).await;
-                host.signal("STOP")?;
-                let second_port = procs::free_port()?;
-                let mut second = laneway.start(second_port, None)?;
-                tokio::time::sleep(Duration::from_millis(LEASE_MS + SLOT_TTL_MS + 1500)).await;
-                host.signal("CONT")?;
-                let mut restarts = 0;
-                while let Err(e) = procs::ready(&http, &mut second, second_port).await {
-                    restarts += 1;
-                    ensure!(restarts <= 3, "the second host never started: {e}");
-                    second = laneway.start(second_port, None)?;
-                }
-                set_ports(&[second_port]);
-                tokio::time::sleep(Duration::from_millis(1500)).await;
-                host.kill9();
-                second.kill9();
-                "SIGSTOP past the lease, a second host took over, SIGCONT; both killed".to_owned()
-            }
+            StellarFault::Stall => stall(&laneway, &http, &mut host, set_ports).await?,
         };
         outcome.faults.push(line);
     }
@@ -342,7 +311,7 @@ pub async fn run(plan: &StellarPlan, env: &Env, fake_rpc: &Path) -> anyhow::Resu
     gate.add_permits(plan.ops);
     let deadline = Instant::now() + plan.drain_deadline;
     loop {
-        if producer.is_finished() && open_count(&db_url).await? == 0 {
+        if producer.is_finished() && open_count(db_url).await? == 0 {
             break;
         }
         if Instant::now() > deadline {
@@ -372,56 +341,14 @@ pub async fn run(plan: &StellarPlan, env: &Env, fake_rpc: &Path) -> anyhow::Resu
     outcome.history = StellarHistory {
         acked,
         landed,
-        rows: rows(&db_url).await?,
+        rows: rows(db_url).await?,
         concurrent_sends,
         bad_seqs,
     };
     outcome.elapsed = started.elapsed();
     let passed = crate::check::check_stellar(&outcome.history).passed();
-    if let (Backend::Postgres(server), Some(name)) = (&plan.backend, &pg_name) {
-        if passed && env.keep.is_none() {
-            drop_pg_database(server, name).await?;
-        } else {
-            outcome.faults.push(format!("database {name} kept"));
-        }
-    }
-    if !passed && env.keep.is_none() {
-        let kept = temp.keep();
-        outcome.faults.push(format!("run directory kept: {}", kept.display()));
-    }
+    outcome.faults.extend(workspace.finish(passed).await?);
     Ok(outcome)
-}
-
-async fn post_op_until_acked(
-    http: &reqwest::Client,
-    ports: &Mutex<Vec<u16>>,
-    key: &str,
-    body: &Value,
-) -> anyhow::Result<i64> {
-    let started = Instant::now();
-    loop {
-        let candidates = ports.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        for port in candidates {
-            let url = format!("http://127.0.0.1:{port}/api/v1/ops");
-            let sent = procs::post_json(http, url, key, body)
-                .timeout(Duration::from_secs(5))
-                .send()
-                .await;
-            let Ok(answer) = sent else { continue };
-            let status = answer.status();
-            let text = answer.text().await.unwrap_or_default();
-            if status.is_success() {
-                let answer: Value = serde_json::from_str(&text).with_context(|| text.clone())?;
-                return answer["id"].as_i64().with_context(|| format!("no id in {text}"));
-            }
-            ensure!(status.is_server_error(), "the op was refused with {status}: {text}");
-        }
-        ensure!(
-            started.elapsed() < Duration::from_secs(120),
-            "no host acknowledged an op for 2 minutes"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Every op's status and receipt.
