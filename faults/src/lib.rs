@@ -10,6 +10,7 @@
 pub mod check;
 pub mod disk;
 pub mod hostile;
+pub mod neighbours;
 pub mod procs;
 pub mod proxy;
 pub mod run;

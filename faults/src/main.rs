@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use laneway_faults::check::{check, table};
+use laneway_faults::neighbours::{self, NeighboursPlan};
 use laneway_faults::run::{run, Backend, Env, Fault, Plan};
 use laneway_faults::stellar::{StellarFault, StellarPlan};
 use rand::Rng as _;
@@ -29,7 +30,9 @@ struct Args {
     #[arg(long, env = "LW_LANEWAY_BIN")]
     laneway: Option<PathBuf>,
     /// faults, stellar (the Stellar kinds against the fake RPC), hostile
-    /// (the API fed generated garbage), disk (SQLite on a full disk) or all.
+    /// (the API fed generated garbage), neighbours (hostile plugins beside
+    /// real traffic, against a clean run), disk (SQLite on a full disk) or
+    /// all.
     #[arg(long, default_value = "all")]
     only: String,
     /// The fake Stellar RPC (`cargo test` builds it as the laneway-tests
@@ -118,9 +121,10 @@ async fn main() -> anyhow::Result<()> {
         "both" => vec![Backend::Sqlite, Backend::Postgres(args.pg.clone())],
         other => anyhow::bail!("--backend: expected sqlite, postgres or both, got {other:?}"),
     };
-    let (activities, inbound_each, kills, rounds, per_operation, payments) = match args.size.as_str() {
-        "reduced" => (250, 50, 5, 1, 30, 150),
-        "full" => (5000, 1000, 50, 3, 300, 2000),
+    let (activities, inbound_each, kills, rounds, per_operation, payments, neighbour_seconds) = match args.size.as_str()
+    {
+        "reduced" => (250, 50, 5, 1, 30, 150, 20),
+        "full" => (5000, 1000, 50, 3, 300, 2000, 120),
         other => anyhow::bail!("--size: expected reduced or full, got {other:?}"),
     };
     let mut failed = 0;
@@ -131,14 +135,19 @@ async fn main() -> anyhow::Result<()> {
         keep: args.keep.as_ref().map(|k| k.join(name)),
     };
     anyhow::ensure!(
-        ["all", "faults", "stellar", "hostile", "disk"].contains(&args.only.as_str()),
-        "--only: expected faults, stellar, hostile, disk or all, got {:?}",
+        ["all", "faults", "stellar", "hostile", "neighbours", "disk"].contains(&args.only.as_str()),
+        "--only: expected faults, stellar, hostile, neighbours, disk or all, got {:?}",
         args.only
     );
     let only = |what: &str| args.only == "all" || args.only == what;
     let disk = only("disk") && backends.contains(&Backend::Sqlite);
     let backends_again = if only("hostile") { backends.clone() } else { Vec::new() };
     let stellar_backends = if only("stellar") { backends.clone() } else { Vec::new() };
+    let neighbour_backends = if only("neighbours") {
+        backends.clone()
+    } else {
+        Vec::new()
+    };
     let backends = if only("faults") { backends } else { Vec::new() };
     for backend in backends {
         let plan = Plan {
@@ -177,7 +186,7 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     // The Stellar kinds against the fake RPC as a process.
-    if !stellar_backends.is_empty() {
+    if !stellar_backends.is_empty() || !neighbour_backends.is_empty() {
         // Beside the binary under test, else beside this one (where
         // `cargo test` built it), else in the target directory.
         let fake_rpc = match &args.fake_rpc {
@@ -223,6 +232,46 @@ async fn main() -> anyhow::Result<()> {
             println!("  {:.1} s", outcome.elapsed.as_secs_f64());
             let report = laneway_faults::check::check_stellar(&outcome.history);
             println!("{}\n", report.table(&format!("stellar {}", plan.backend.name())));
+            if !report.passed() {
+                failed += 1;
+            }
+        }
+        // Hostile plugins beside the real kinds, against clean runs.
+        for backend in neighbour_backends {
+            let plan = NeighboursPlan {
+                backend,
+                seconds: neighbour_seconds,
+                activities_per_s: 10.0,
+                payments_per_s: 2.0,
+                hostile_per_s: 1.0,
+                rounds,
+            };
+            let env = env_for(format!("neighbours-{}", plan.backend.name()));
+            println!(
+                "laneway-faults: hostile plugins as neighbours on {}: {} s of {} fan-outs/s to {} inboxes and {} payments/s, beside {} hostile kinds fed {} op/s each, against a control with well-behaved plugins in their place; {} round(s)",
+                plan.backend.name(),
+                plan.seconds,
+                plan.activities_per_s,
+                neighbours::INBOXES,
+                plan.payments_per_s,
+                neighbours::FIXTURES.len() + 1,
+                plan.hostile_per_s,
+                plan.rounds
+            );
+            let runs = neighbours::run(&plan, &env, &fake_rpc)
+                .await
+                .with_context(|| format!("the neighbours run on {}", plan.backend.name()))?;
+            for run in &runs {
+                println!(
+                    "  {} run: {:.1} s, the host's CPU {}",
+                    if run.hostile { "hostile" } else { "control" },
+                    run.elapsed.as_secs_f64(),
+                    run.cpu
+                        .map_or("unknown".to_owned(), |c| format!("{:.1} s", c.as_secs_f64()))
+                );
+            }
+            let report = neighbours::compare(&runs);
+            println!("{}\n", report.table(&format!("neighbours {}", plan.backend.name())));
             if !report.passed() {
                 failed += 1;
             }

@@ -64,7 +64,7 @@ pub struct StellarOutcome {
 }
 
 /// The two kinds and their signers: one lane each.
-const KINDS: [(&str, &str, &str); 2] = [
+pub(crate) const KINDS: [(&str, &str, &str); 2] = [
     ("deposit", "deposit", "vault"),
     ("referral_payout", "pay_referral", "rewards"),
 ];
@@ -73,7 +73,7 @@ const CONTRACT: &str = "CAAQCAIBAEAQCAIBAEAQCAIBAEAQCAIBAEAQCAIBAEAQCAIBAEAQC526
 const PASSPHRASE: &str = "Test SDF Network ; September 2015";
 
 fn config_text(db_url: &str, rpc: &str, plugins: &Path, dir: &Path) -> String {
-    let mut text = format!(
+    format!(
         r#"# Written by laneway-faults (Stellar).
 [database]
 url = "{db_url}"
@@ -85,7 +85,17 @@ slot_ttl_ms = {SLOT_TTL_MS}
 shutdown_grace_ms = 2000
 [runtime]
 reload_debounce_ms = 50
-[keys.vault]
+{section}"#,
+        section = section(rpc, plugins, dir)
+    )
+}
+
+/// The Stellar part of a config: the signers' keys (`vault.pem`,
+/// `rewards.pem` in `dir`), the vault plugin, the fee policy and its
+/// oracle, and [`KINDS`]. The neighbours run adds it to its own.
+pub(crate) fn section(rpc: &str, plugins: &Path, dir: &Path) -> String {
+    let mut text = format!(
+        r#"[keys.vault]
 algorithm = "ed25519"
 file = "{vault}"
 [keys.rewards]
@@ -109,10 +119,18 @@ first_sample_wait_ms = 0
         plugins = plugins.display(),
     );
     for (kind, function, signer) in KINDS {
-        text.push_str(&format!(
-            r#"[kinds.{kind}]
+        text.push_str(&kind_section(kind, function, signer, "stellar", rpc));
+    }
+    text
+}
+
+/// One payment kind of the vault plugin: `signer` pays through
+/// `function`, priced by `oracle`.
+pub(crate) fn kind_section(kind: &str, function: &str, signer: &str, oracle: &str, rpc: &str) -> String {
+    format!(
+        r#"[kinds.{kind}]
 plugin = "vault"
-fee_oracle = "stellar"
+fee_oracle = "{oracle}"
 max_fee_bumps = 3
 backoff_base_ms = 50
 backoff_max_ms = 500
@@ -128,13 +146,11 @@ poll_ms = 50
 try_again_ms = 100
 args = [{{ field = "user", type = "address" }}, {{ field = "amount", type = "i128" }}]
 "#
-        ));
-    }
-    text
+    )
 }
 
 /// A fresh Ed25519 key as PKCS#8 PEM.
-fn write_ed25519(path: &Path) -> anyhow::Result<()> {
+pub(crate) fn write_ed25519(path: &Path) -> anyhow::Result<()> {
     use ed25519_dalek::pkcs8::EncodePrivateKey as _;
     let key = ed25519_dalek::SigningKey::from_bytes(&rand::thread_rng().gen::<[u8; 32]>());
     let pem = key
@@ -145,14 +161,14 @@ fn write_ed25519(path: &Path) -> anyhow::Result<()> {
 }
 
 /// The fake RPC, its stdin kept to inject faults.
-struct FakeRpc {
-    proc: Proc,
+pub(crate) struct FakeRpc {
+    pub proc: Proc,
     stdin: std::process::ChildStdin,
     state: PathBuf,
 }
 
 impl FakeRpc {
-    fn start(bin: &Path, port: u16, close_ms: u64, fund: &[String], dir: &Path) -> anyhow::Result<Self> {
+    pub fn start(bin: &Path, port: u16, close_ms: u64, fund: &[String], dir: &Path) -> anyhow::Result<Self> {
         let state = dir.join("chain.json");
         let log = std::fs::File::create(dir.join("rpc.log"))?;
         let mut command = Command::new(bin);
@@ -182,7 +198,7 @@ impl FakeRpc {
     }
 
     /// What landed, and the two counts that must stay 0.
-    fn read(&self) -> anyhow::Result<(Vec<Landed>, usize, usize)> {
+    pub fn read(&self) -> anyhow::Result<(Vec<Landed>, usize, usize)> {
         let Ok(text) = std::fs::read_to_string(&self.state) else {
             return Ok((Vec::new(), 0, 0));
         };
@@ -205,6 +221,17 @@ impl FakeRpc {
     }
 }
 
+/// The Stellar account of the host's key `key`, as `laneway keys show`
+/// prints it.
+pub(crate) fn account(laneway: &crate::procs::Laneway, key: &str) -> anyhow::Result<String> {
+    let shown: Value = serde_json::from_str(&laneway.cli(&["keys", "show", key, "--json"])?)?;
+    Ok(shown["stellar_account"]
+        .as_str()
+        .or_else(|| shown["account"].as_str())
+        .with_context(|| format!("no account in {shown}"))?
+        .to_owned())
+}
+
 /// Runs one Stellar plan to the end.
 pub async fn run(plan: &StellarPlan, env: &Env, fake_rpc: &Path) -> anyhow::Result<StellarOutcome> {
     let started = Instant::now();
@@ -216,17 +243,10 @@ pub async fn run(plan: &StellarPlan, env: &Env, fake_rpc: &Path) -> anyhow::Resu
     let rpc = format!("http://127.0.0.1:{rpc_port}");
     let plugins = env.repo.join("plugins/target/wasm32-wasip2/release");
     let laneway = prepare(env, dir, &config_text(db_url, &rpc, &plugins, dir))?;
-    let mut accounts = Vec::new();
-    for (_, _, signer) in KINDS {
-        let shown: Value = serde_json::from_str(&laneway.cli(&["keys", "show", signer, "--json"])?)?;
-        accounts.push(
-            shown["stellar_account"]
-                .as_str()
-                .or_else(|| shown["account"].as_str())
-                .with_context(|| format!("no account in {shown}"))?
-                .to_owned(),
-        );
-    }
+    let accounts = KINDS
+        .iter()
+        .map(|(_, _, signer)| account(&laneway, signer))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let mut fake = FakeRpc::start(fake_rpc, rpc_port, plan.close_ms, &accounts, dir)?;
     let secret = laneway.api_key("faults", "ops:write")?;
     let http = reqwest::Client::builder().no_proxy().build()?;

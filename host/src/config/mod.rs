@@ -255,6 +255,10 @@ pub struct PluginConfig {
     /// Instruction budget per call (fee policies only).
     #[serde(default = "default_fuel")]
     pub fuel: u64,
+    /// The share of one core (percent) the plugin's calls get together
+    /// once each has computed past its first 20 ms (`runtime::pacing`).
+    #[serde(default = "default_cpu_share_percent")]
+    pub cpu_share_percent: u32,
     /// Destinations the plugin may reach over HTTP (`https://*.example.com`).
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
@@ -290,6 +294,10 @@ fn default_memory_mib() -> u32 {
 
 fn default_plugin_timeout_ms() -> u64 {
     60_000
+}
+
+fn default_cpu_share_percent() -> u32 {
+    10
 }
 
 fn default_fuel() -> u64 {
@@ -775,6 +783,22 @@ mod tests {
             vec!["database.max_connections", "database.url", "queue.lease_ms"],
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_plugins_cpu_share_is_a_percentage() {
+        let err = from_toml_str(
+            "[plugins.a]\npath = \"a.wasm\"\ncpu_share_percent = 0\n[plugins.b]\npath = \"b.wasm\"\ncpu_share_percent = 101\n",
+        )
+        .unwrap_err();
+        let paths: Vec<&str> = err.problems().iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            vec!["plugins.a.cpu_share_percent", "plugins.b.cpu_share_percent"],
+            "{err}"
+        );
+        let config = from_toml_str("[plugins.a]\npath = \"a.wasm\"\n").unwrap();
+        assert_eq!(config.plugins["a"].cpu_share_percent, 10);
     }
 
     #[test]

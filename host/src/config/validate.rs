@@ -335,6 +335,12 @@ pub(super) fn validate(config: &Config) -> Vec<Problem> {
                 format!("expected 1 to 4096, got {}", plugin.memory_mib),
             );
         }
+        if !(1..=100).contains(&plugin.cpu_share_percent) {
+            bad(
+                &path("cpu_share_percent"),
+                format!("expected 1 to 100, got {}", plugin.cpu_share_percent),
+            );
+        }
         for (key, value) in [
             ("timeout_ms", plugin.timeout_ms),
             ("fuel", plugin.fuel),

@@ -1174,7 +1174,18 @@ impl Pass {
                 Err(e @ crate::pricing::PricingError::NoSampleYet(_)) => {
                     debug!(op = id, kind = %op.kind, error = %e, "Waiting for the fee oracle's first sample.");
                 }
-                Err(e) => warn!(op = id, kind = %op.kind, error = %e, "Cannot price the op; it waits."),
+                Err(e) => {
+                    // A policy that fails (a crash, its fuel spent) would
+                    // fail again on the next pass: the op waits the kind's
+                    // longest backoff instead of being priced every pass,
+                    // without using an attempt.
+                    let wait = config.kinds.get(&op.kind).map_or(1000, |k| k.backoff_max_ms);
+                    let until = now + chrono_duration(Duration::from_millis(wait));
+                    warn!(op = id, kind = %op.kind, error = %e, retry_at = %until, "Cannot price the op; it waits.");
+                    if self.inner.queue.defer(id, until).await?.applied() {
+                        self.book.deferred(id, until);
+                    }
+                }
             }
         }
         *chosen = keep;

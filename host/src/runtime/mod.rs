@@ -13,6 +13,7 @@ pub mod executor;
 pub mod failure;
 pub mod host;
 pub mod imports;
+pub mod pacing;
 pub mod plugin;
 pub mod policy;
 pub mod state;
@@ -36,6 +37,8 @@ use state::{HostState, Services};
 #[derive(Clone)]
 pub struct Runtime {
     engines: Engines,
+    /// How often the engines' epochs advance: the unit of guest pacing.
+    epoch_tick: std::time::Duration,
     executor_linker: Arc<Linker<HostState>>,
     policy_linker: Arc<Linker<HostState>>,
 }
@@ -70,6 +73,7 @@ impl Runtime {
         bindings::fee_policy::FeePolicyPlugin::add_to_linker::<_, HasSelf<_>>(&mut policy_linker, |s| s)?;
         Ok(Self {
             engines,
+            epoch_tick: std::time::Duration::from_millis(config.epoch_tick_ms),
             executor_linker: Arc::new(executor_linker),
             policy_linker: Arc::new(policy_linker),
         })
@@ -129,6 +133,7 @@ impl Runtime {
                 .saturating_mul(1024 * 1024),
             timeout: Duration::from_millis(config.timeout_ms),
             fuel: config.fuel,
+            cpu_share_percent: config.cpu_share_percent,
         };
         Plugin::new(self, inspection, component, services, limits, health, quarantine_after)
     }

@@ -16,6 +16,7 @@ use super::bindings::fee_policy::FeePolicyPluginPre;
 use super::bindings::validating::ValidatingExecutorPluginPre;
 use super::engine::EngineKind;
 use super::failure::PluginFailure;
+use super::pacing::{Overtime, Pace, Pacer};
 use super::state::{HostState, Services};
 use super::Runtime;
 use crate::config::Problem;
@@ -165,6 +166,8 @@ pub struct CallLimits {
     pub timeout: Duration,
     /// Instruction budget (fee policies).
     pub fuel: u64,
+    /// Share of a core for compute past the grace (`pacing`).
+    pub cpu_share_percent: u32,
 }
 
 enum Pre {
@@ -214,6 +217,8 @@ pub struct Plugin {
     /// Crash accounting.
     pub health: Arc<Health>,
     quarantine_after: u32,
+    /// Its calls' compute past their grace, paced together.
+    overtime: Arc<Overtime>,
     pre: Pre,
     runtime: Runtime,
 }
@@ -274,6 +279,7 @@ impl Plugin {
             limits,
             health,
             quarantine_after,
+            overtime: Arc::default(),
             pre,
             runtime: runtime.clone(),
         })
@@ -291,15 +297,24 @@ impl Plugin {
                 .set_fuel(self.limits.fuel)
                 .map_err(|e| PluginFailure::HostImport(format!("cannot set fuel: {e}")))?;
         }
-        // Guest code yields to the async runtime every epoch tick (so a
-        // spinning guest cannot starve other work) and traps at the deadline.
+        // Guest code yields to the async runtime every epoch tick, is paced
+        // to a share of a core once it has computed past its grace (so a
+        // spinning guest cannot starve other work; see `pacing`), and traps
+        // at the deadline.
         let deadline = Instant::now() + self.limits.timeout;
+        let mut pacer = Pacer::new(self.runtime.epoch_tick, self.limits.cpu_share_percent);
+        let overtime = self.overtime.clone();
         store.epoch_deadline_callback(move |_| {
-            if Instant::now() >= deadline {
-                Ok(UpdateDeadline::Interrupt)
-            } else {
-                Ok(UpdateDeadline::Yield(1))
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(UpdateDeadline::Interrupt);
             }
+            Ok(match pacer.tick(&overtime, now) {
+                Pace::Yield => UpdateDeadline::Yield(1),
+                Pace::Pause(pause) => {
+                    UpdateDeadline::YieldCustom(1, Box::pin(tokio::time::sleep(pause.min(deadline - now))))
+                }
+            })
         });
         store.set_epoch_deadline(1);
         Ok(store)

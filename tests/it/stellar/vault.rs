@@ -211,6 +211,7 @@ crate::on_both_backends!(
     two_outboxes_sharing_a_signer_on_two_hosts_never_overlap,
     a_refused_kind_config_leaves_its_ops_waiting_until_it_is_fixed,
     priced_ops_wait_for_the_oracles_first_sample,
+    a_failing_fee_policy_defers_its_ops_without_using_attempts,
     a_confirmed_deposit_reaches_a_signed_webhook_verified_by_the_reference_library,
     a_producer_cannot_step_outside_the_signers_lane,
 );
@@ -277,6 +278,30 @@ async fn priced_ops_wait_for_the_oracles_first_sample(db: TestDb) -> anyhow::Res
     confirmed(db.queue.as_ref(), id).await?;
     let fees: Vec<Option<i64>> = db.queue.attempts(id).await?.iter().map(|a| a.record.fee).collect();
     ensure!(fees == vec![Some(700)], "bid {fees:?}, the first sample's p70 is 700");
+    host.running.stop().await
+}
+
+/// A fee policy that fails every quote (the fuel hog spends its fuel)
+/// leaves the op pending with no attempt used and nothing sent, deferred by
+/// the kind's longest backoff rather than priced again on every pass.
+async fn a_failing_fee_policy_defers_its_ops_without_using_attempts(db: TestDb) -> anyhow::Result<()> {
+    let chain = Chain::start(25).await?;
+    let hog = crate::runtime::wasm("fuel-hog")?.display().to_string();
+    let extra = format!("[plugins.fees]\npath = {hog:?}\nfuel = 1000000\n[kinds.deposit]\nbackoff_max_ms = 5000\n");
+    let host = Host::start(db.queue.clone(), chain.config("", &extra)?).await?;
+    host.sample_fees(db.queue.clone()).await?;
+    let id = host.enqueue(&[vault_op("deposit", 1, 100, None)]).await?[0];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let op = loop {
+        let op = db.queue.get(id).await?.context("op")?;
+        if op.next_attempt_at > op.created_at + chrono::Duration::seconds(4) {
+            break op;
+        }
+        ensure!(tokio::time::Instant::now() < deadline, "never deferred: {op:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    ensure!(op.status == Status::Pending && op.attempts == 0, "{op:?}");
+    ensure!(chain.fake.submitted().is_empty(), "sent at a made-up fee");
     host.running.stop().await
 }
 
