@@ -311,9 +311,10 @@ impl Plugin {
             }
             Ok(match pacer.tick(&overtime, now) {
                 Pace::Yield => UpdateDeadline::Yield(1),
-                Pace::Pause(pause) => {
-                    UpdateDeadline::YieldCustom(1, Box::pin(tokio::time::sleep(pause.min(deadline - now))))
-                }
+                Pace::Pause(pause) => UpdateDeadline::YieldCustom(
+                    1,
+                    Box::pin(tokio::time::sleep(pause.min(deadline.saturating_duration_since(now)))),
+                ),
             })
         });
         store.set_epoch_deadline(1);
