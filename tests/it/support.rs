@@ -254,18 +254,45 @@ pub async fn sqlite() -> anyhow::Result<TestDb> {
 
 static PG_READY: OnceCell<()> = OnceCell::const_new();
 
+/// A fresh test schema's name: `lwtest_<unix seconds>_<uuid>`, so that a
+/// sweep can tell a schema left behind by a run that panicked long ago
+/// from one a run going on right now (this one, or another test process on
+/// the same server) is using.
+pub fn pg_schema_name() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!("lwtest_{now}_{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Schemas older than this are left behind by a run that died.
+const PG_STALE_AFTER_SECS: u64 = 3600;
+
 /// Drops schemas left behind by earlier runs that panicked, once per run,
-/// before this run creates any.
+/// before this run creates any. Only old ones: dropping every `lwtest_`
+/// schema dropped those of tests already running (a test on a schema of
+/// its own, or a second test process), which then failed with "schema does
+/// not exist".
 async fn pg_sweep() -> anyhow::Result<()> {
     PG_READY
         .get_or_try_init(|| async {
             let mut conn = PgConnection::connect(&pg_url())
                 .await
                 .with_context(|| format!("PostgreSQL at {} is required for these tests", pg_url()))?;
-            let stale: Vec<String> =
+            let all: Vec<String> =
                 sqlx::query_scalar("SELECT nspname::text FROM pg_namespace WHERE nspname LIKE 'lwtest\\_%'")
                     .fetch_all(&mut conn)
                     .await?;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            // Names without a time are from before it was added: old.
+            let stale = all.into_iter().filter(|name| {
+                name.split('_')
+                    .nth(1)
+                    .and_then(|t| t.parse::<u64>().ok())
+                    .is_none_or(|created| created + PG_STALE_AFTER_SECS < now)
+            });
             for schema in stale {
                 sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
                     .execute(&mut conn)
@@ -290,7 +317,7 @@ pub async fn postgres_live() -> anyhow::Result<TestDb> {
 async fn postgres_with(live: bool, migrate: bool) -> anyhow::Result<TestDb> {
     init_logs();
     pg_sweep().await?;
-    let schema = format!("lwtest_{}", uuid::Uuid::new_v4().simple());
+    let schema = pg_schema_name();
     let mut conn = PgConnection::connect(&pg_url()).await?;
     sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
         .execute(&mut conn)
@@ -359,7 +386,8 @@ where
     Fut: std::future::Future<Output = anyhow::Result<()>>,
 {
     use sqlx::Connection as _;
-    let schema = format!("lwtest_{}", uuid::Uuid::new_v4().simple());
+    pg_sweep().await?;
+    let schema = pg_schema_name();
     let mut conn = sqlx::PgConnection::connect(&crate::support::pg_url()).await?;
     sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
         .execute(&mut conn)

@@ -49,7 +49,14 @@ impl Chain {
     pub async fn start(close_ms: u64) -> anyhow::Result<Self> {
         let fake = FakeRpc::default();
         let url = fake.serve().await?;
-        let (pem, signer) = keypair(42)?;
+        // A signer of its own per chain: tests run at once on one
+        // PostgreSQL database, and hosts of different tests sharing a lane
+        // name contend for its advisory lock. (With one signer for every
+        // test, lane order broke now and then under load: see issue 25's
+        // note of 2026-12-03; open.)
+        static NEXT_SIGNER: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(100);
+        let seed = NEXT_SIGNER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (pem, signer) = keypair(seed)?;
         fake.fund(signer, 4_294_967_337);
         let dir = tempfile::tempdir()?;
         let key_file = dir.path().join("vault.pem");
@@ -1162,10 +1169,18 @@ async fn a_confirmed_deposit_reaches_a_signed_webhook_verified_by_the_reference_
     confirmed(db.queue.as_ref(), id).await?;
     let hash = db.queue.get(id).await?.and_then(|o| o.receipt).context("a receipt")?;
     if let Some(listener) = listener.as_mut() {
-        let note = tokio::time::timeout(Duration::from_secs(5), listener.recv())
-            .await
-            .context("no NOTIFY within 5 s")??;
-        ensure!(note.payload() == format!("{id} confirmed"), "{}", note.payload());
+        // The channel is the database's: tests running beside this one, on
+        // schemas of their own, notify on it too.
+        let want = format!("{id} confirmed");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let note = tokio::time::timeout_at(deadline, listener.recv())
+                .await
+                .with_context(|| format!("no NOTIFY {want:?} within 5 s"))??;
+            if note.payload() == want {
+                break;
+            }
+        }
     }
     // The relay, as `laneway run` runs it.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
