@@ -51,9 +51,11 @@ impl Chain {
         let url = fake.serve().await?;
         // A signer of its own per chain: tests run at once on one
         // PostgreSQL database, and hosts of different tests sharing a lane
-        // name contend for its advisory lock. (With one signer for every
-        // test, lane order broke now and then under load: see issue 25's
-        // note of 2026-12-03; open.)
+        // name contend for its advisory lock. With one signer for every
+        // test, a claim refused by another test's host let the next payment
+        // of the signer go first, as a serial lane allows (exclusion, not
+        // order: GUARANTEES.md), and the tests that check sequences in op
+        // order failed now and then.
         static NEXT_SIGNER: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(100);
         let seed = NEXT_SIGNER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (pem, signer) = keypair(seed)?;
