@@ -418,19 +418,12 @@ fn cpu_time(pid: u32) -> Option<Duration> {
 
 /// The real kinds' ops not finished yet.
 async fn open_real(db_url: &str) -> anyhow::Result<i64> {
-    const SQL: &str = "SELECT count(*) FROM ops WHERE status IN ('pending', 'submitted') \
-                       AND kind IN ('activitypub', 'deposit', 'referral_payout')";
-    Ok(if db_url.starts_with("sqlite") {
-        let pool = sqlx::SqlitePool::connect(db_url).await?;
-        let n = sqlx::query_scalar(SQL).fetch_one(&pool).await?;
-        pool.close().await;
-        n
-    } else {
-        let pool = sqlx::PgPool::connect(db_url).await?;
-        let n = sqlx::query_scalar(SQL).fetch_one(&pool).await?;
-        pool.close().await;
-        n
-    })
+    crate::run::count(
+        db_url,
+        "SELECT count(*) FROM ops WHERE status IN ('pending', 'submitted') \
+         AND kind IN ('activitypub', 'deposit', 'referral_payout')",
+    )
+    .await
 }
 
 /// Every op's kind, status and enqueue-to-last-change time.

@@ -781,14 +781,22 @@ pub(crate) async fn rows(db_url: &str) -> anyhow::Result<(HashMap<i64, Status>, 
 
 /// How many ops are still open (any kind).
 pub(crate) async fn open_count(db_url: &str) -> anyhow::Result<i64> {
+    count(
+        db_url,
+        "SELECT count(*) FROM ops WHERE status IN ('pending', 'submitted')",
+    )
+    .await
+}
+
+/// One `SELECT count(*)` on either backend, on a connection of its own.
+pub(crate) async fn count(db_url: &str, sql: &str) -> anyhow::Result<i64> {
     use sqlx::Connection as _;
-    const OPEN: &str = "SELECT count(*) FROM ops WHERE status IN ('pending', 'submitted')";
     Ok(if db_url.starts_with("sqlite") {
         let mut db = sqlx::SqliteConnection::connect(db_url).await?;
-        sqlx::query_scalar(OPEN).fetch_one(&mut db).await?
+        sqlx::query_scalar(sql).fetch_one(&mut db).await?
     } else {
         let mut db = sqlx::PgConnection::connect(db_url).await?;
-        sqlx::query_scalar(OPEN).fetch_one(&mut db).await?
+        sqlx::query_scalar(sql).fetch_one(&mut db).await?
     })
 }
 
