@@ -42,6 +42,14 @@ struct Args {
     /// Keep each run's directory (database, config, logs) under this one.
     #[arg(long)]
     keep: Option<PathBuf>,
+    /// The neighbours run's seconds of load per run (default: 20 reduced,
+    /// 120 full).
+    #[arg(long)]
+    neighbour_seconds: Option<u64>,
+    /// The neighbours run's control/hostile pairs (default: 1 reduced, 3
+    /// full); more rounds for a figure less at the mercy of one run's noise.
+    #[arg(long)]
+    neighbour_rounds: Option<usize>,
 }
 
 /// Every fault of a plan, `kills` of them random kill -9s (the failpoints
@@ -240,15 +248,15 @@ async fn main() -> anyhow::Result<()> {
         for backend in neighbour_backends {
             let plan = NeighboursPlan {
                 backend,
-                seconds: neighbour_seconds,
+                seconds: args.neighbour_seconds.unwrap_or(neighbour_seconds),
                 activities_per_s: 10.0,
                 payments_per_s: 2.0,
                 hostile_per_s: 1.0,
-                rounds,
+                rounds: args.neighbour_rounds.unwrap_or(rounds),
             };
             let env = env_for(format!("neighbours-{}", plan.backend.name()));
             println!(
-                "laneway-faults: hostile plugins as neighbours on {}: {} s of {} fan-outs/s to {} inboxes and {} payments/s, beside {} hostile kinds fed {} op/s each, against a control with well-behaved plugins in their place; {} round(s)",
+                "laneway-faults: hostile plugins as neighbours on {}: {} s of {} fan-outs/s to {} inboxes and {} payments/s, beside {} hostile kinds fed {} op/s each, against a clean run (well-behaved plugins in their place) and a failing one (plugins that fail politely); {} round(s)",
                 plan.backend.name(),
                 plan.seconds,
                 plan.activities_per_s,
@@ -264,7 +272,7 @@ async fn main() -> anyhow::Result<()> {
             for run in &runs {
                 println!(
                     "  {} run: {:.1} s, the host's CPU {}",
-                    if run.hostile { "hostile" } else { "control" },
+                    run.mode.name(),
                     run.elapsed.as_secs_f64(),
                     run.cpu
                         .map_or("unknown".to_owned(), |c| format!("{:.1} s", c.as_secs_f64()))

@@ -42,9 +42,6 @@ pub struct Overtime {
 }
 
 impl Overtime {
-    /// Books a turn of `turn` (a tick of compute and the pause that keeps
-    /// the plugin to its share) at the earliest free time after `now`: how
-    /// long the caller waits for it.
     /// Whether the plugin's calls ran past their grace within the last
     /// [`GRACE_LOST_FOR`].
     fn recent(&self, now: Instant) -> bool {
@@ -52,6 +49,9 @@ impl Overtime {
         next_free.is_some_and(|free| free + GRACE_LOST_FOR > now)
     }
 
+    /// Books a turn of `turn` (a tick of compute and the pause that keeps
+    /// the plugin to its share) at the earliest free time after `now`: how
+    /// long the caller waits for it.
     fn book(&self, now: Instant, turn: Duration) -> Duration {
         let mut next_free = self.next_free.lock().unwrap_or_else(PoisonError::into_inner);
         let start = next_free.map_or(now, |free| free.max(now));
