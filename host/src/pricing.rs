@@ -5,14 +5,15 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use crate::config::Config;
 use crate::fees::{FeeDecision, FeeSnapshot, QuoteInput};
-use crate::op::Priority;
+use crate::op::{OpId, Priority};
 use crate::queue::{BookRow, Queue, QueueError};
 
 /// Why an op could not be priced. The op is not attempted then: sending a
@@ -137,6 +138,54 @@ struct Priced<'a> {
     attempt: bool,
 }
 
+/// The longest an op waits between two attempts to price it while its
+/// policy keeps failing.
+pub const FAILED_PRICING_WAIT_CAP: Duration = Duration::from_secs(300);
+
+/// How long an op whose pricing failed `failures` times in a row waits
+/// before it is priced again: its kind's longest backoff, doubled at each
+/// failure after the first, up to [`FAILED_PRICING_WAIT_CAP`] (or the
+/// backoff, if that is longer). A policy that fails for every op (its fuel
+/// spent, a crash) would otherwise be run for every pending op once per
+/// backoff: a payout burst of thousands of ops behind a broken policy made
+/// a host-wide loop of failing calls.
+pub fn failed_pricing_wait(backoff_max: Duration, failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(20);
+    backoff_max
+        .saturating_mul(1 << doublings)
+        .min(FAILED_PRICING_WAIT_CAP.max(backoff_max))
+}
+
+/// Ops whose pricing failed, and how many times in a row (in memory: a
+/// restart or a new config starts them at one again, which costs a call
+/// each, no more).
+#[derive(Debug, Default)]
+struct Failures {
+    by_op: std::sync::Mutex<HashMap<OpId, u32>>,
+}
+
+/// Ops followed at most; past it the counts start again.
+const FAILURES_TRACKED: usize = 100_000;
+
+impl Failures {
+    fn failed(&self, op: OpId) -> u32 {
+        let mut by_op = self.by_op.lock().unwrap_or_else(PoisonError::into_inner);
+        if by_op.len() >= FAILURES_TRACKED && !by_op.contains_key(&op) {
+            by_op.clear();
+        }
+        let n = by_op.entry(op).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    fn priced(&self, op: OpId) {
+        let mut by_op = self.by_op.lock().unwrap_or_else(PoisonError::into_inner);
+        if !by_op.is_empty() {
+            by_op.remove(&op);
+        }
+    }
+}
+
 /// Prices ops against the config of the moment.
 #[derive(Clone)]
 pub struct Pricer {
@@ -146,6 +195,7 @@ pub struct Pricer {
     /// first sample is measured from here, so a backlog found at start
     /// waits as long as a fresh op.
     first_priced: Arc<std::sync::OnceLock<DateTime<Utc>>>,
+    failures: Arc<Failures>,
 }
 
 impl std::fmt::Debug for Pricer {
@@ -161,7 +211,14 @@ impl Pricer {
             policies,
             queue,
             first_priced: Arc::new(std::sync::OnceLock::new()),
+            failures: Arc::default(),
         }
+    }
+
+    /// `op` could not be priced: how long it waits before the next try
+    /// (see [`failed_pricing_wait`]).
+    pub fn failed(&self, op: OpId, backoff_max: Duration) -> Duration {
+        failed_pricing_wait(backoff_max, self.failures.failed(op))
     }
 
     /// The decision for `op`'s next attempt, or `None` when its kind is not
@@ -187,7 +244,11 @@ impl Pricer {
             enqueued_at: op.created_at,
             attempt: true,
         };
-        self.quote(config, views, priced, now).await
+        let decision = self.quote(config, views, priced, now).await;
+        if decision.is_ok() {
+            self.failures.priced(op.id);
+        }
+        decision
     }
 
     /// What a new op of `kind` at `priority` would bid now, for the estimate
@@ -256,5 +317,35 @@ impl Pricer {
             config: config_json,
         };
         self.policies.quote(&oracle.policy, input).await.map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_policy_is_tried_ever_more_rarely_up_to_the_cap() {
+        let base = Duration::from_millis(500);
+        let waits: Vec<u64> = (1..=12)
+            .map(|n| u64::try_from(failed_pricing_wait(base, n).as_millis()).unwrap_or(u64::MAX))
+            .collect();
+        assert_eq!(
+            waits,
+            [500, 1000, 2000, 4000, 8000, 16000, 32000, 64000, 128000, 256000, 300_000, 300_000]
+        );
+        assert_eq!(failed_pricing_wait(base, u32::MAX), FAILED_PRICING_WAIT_CAP);
+        // A kind whose backoff is longer than the cap keeps its backoff.
+        let long = Duration::from_secs(600);
+        assert_eq!(failed_pricing_wait(long, 1), long);
+        assert_eq!(failed_pricing_wait(long, 9), long);
+    }
+
+    #[test]
+    fn failures_count_per_op_and_a_success_forgets_them() {
+        let failures = Failures::default();
+        assert_eq!((failures.failed(1), failures.failed(1), failures.failed(2)), (1, 2, 1));
+        failures.priced(1);
+        assert_eq!((failures.failed(1), failures.failed(2)), (1, 2));
     }
 }

@@ -1176,11 +1176,13 @@ impl Pass {
                 }
                 Err(e) => {
                     // A policy that fails (a crash, its fuel spent) would
-                    // fail again on the next pass: the op waits the kind's
-                    // longest backoff instead of being priced every pass,
-                    // without using an attempt.
-                    let wait = config.kinds.get(&op.kind).map_or(1000, |k| k.backoff_max_ms);
-                    let until = now + chrono_duration(Duration::from_millis(wait));
+                    // fail again on the next pass: the op waits, without
+                    // using an attempt, its kind's longest backoff and
+                    // longer at each failure in a row, so a broken policy
+                    // behind a backlog is not run for every op all the time.
+                    let backoff_max = config.kinds.get(&op.kind).map_or(1000, |k| k.backoff_max_ms);
+                    let wait = pricer.failed(id, Duration::from_millis(backoff_max));
+                    let until = now + chrono_duration(wait);
                     warn!(op = id, kind = %op.kind, error = %e, retry_at = %until, "Cannot price the op; it waits.");
                     if self.inner.queue.defer(id, until).await?.applied() {
                         self.book.deferred(id, until);

@@ -221,6 +221,7 @@ crate::on_both_backends!(
     a_refused_kind_config_leaves_its_ops_waiting_until_it_is_fixed,
     priced_ops_wait_for_the_oracles_first_sample,
     a_failing_fee_policy_defers_its_ops_without_using_attempts,
+    a_fee_policy_failing_again_and_again_is_tried_ever_more_rarely,
     a_confirmed_deposit_reaches_a_signed_webhook_verified_by_the_reference_library,
     a_producer_cannot_step_outside_the_signers_lane,
 );
@@ -310,6 +311,40 @@ async fn a_failing_fee_policy_defers_its_ops_without_using_attempts(db: TestDb) 
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     ensure!(op.status == Status::Pending && op.attempts == 0, "{op:?}");
+    ensure!(chain.fake.submitted().is_empty(), "sent at a made-up fee");
+    host.running.stop().await
+}
+
+/// Each failure in a row doubles the op's wait before it is priced again
+/// (from the kind's longest backoff): a broken policy behind a backlog is
+/// not run for every pending op at a steady rate.
+async fn a_fee_policy_failing_again_and_again_is_tried_ever_more_rarely(db: TestDb) -> anyhow::Result<()> {
+    let chain = Chain::start(25).await?;
+    let hog = crate::runtime::wasm("fuel-hog")?.display().to_string();
+    let extra = format!("[plugins.fees]\npath = {hog:?}\nfuel = 1000000\n[kinds.deposit]\nbackoff_max_ms = 200\n");
+    let host = Host::start(db.queue.clone(), chain.config("", &extra)?).await?;
+    host.sample_fees(db.queue.clone()).await?;
+    let id = host.enqueue(&[vault_op("deposit", 1, 100, None)]).await?[0];
+    // The op's successive deferrals: 200, 400, 800 ms after each failure.
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while seen.len() < 3 {
+        let op = db.queue.get(id).await?.context("op")?;
+        ensure!(op.status == Status::Pending && op.attempts == 0, "{op:?}");
+        if op.next_attempt_at > op.created_at && seen.last() != Some(&op.next_attempt_at) {
+            seen.push(op.next_attempt_at);
+        }
+        ensure!(tokio::time::Instant::now() < deadline, "deferred only at {seen:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let first = (seen[1] - seen[0]).num_milliseconds();
+    let second = (seen[2] - seen[1]).num_milliseconds();
+    // Without the doubling both gaps are the 200 ms backoff plus the
+    // time to price again.
+    ensure!(
+        first >= 380 && second >= 780 && second > first + 250,
+        "gaps between deferrals {first} ms then {second} ms: {seen:?}"
+    );
     ensure!(chain.fake.submitted().is_empty(), "sent at a made-up fee");
     host.running.stop().await
 }
