@@ -765,11 +765,17 @@ pub(crate) async fn rows(db_url: &str) -> anyhow::Result<(HashMap<i64, Status>, 
             let expired: i64 = sqlx::query_scalar("SELECT count(*) FROM attempts WHERE outcome = 'lease_expired'")
                 .fetch_one(&pool)
                 .await?;
-            let open: i64 = sqlx::query_scalar("SELECT count(*) FROM ops WHERE status IN ('pending', 'submitted')")
-                .fetch_one(&pool)
-                .await?;
             pool.close().await;
-            (statuses(rows.iter().map(|r| (r.get(0), r.get(1))))?, expired, open)
+            let statuses = statuses(rows.iter().map(|r| (r.get(0), r.get(1))))?;
+            // Counted from the rows read, not by a query of its own: ops
+            // that finish between two reads would otherwise end a wait on
+            // rows that still show them open (the disk-full run's checker
+            // found "stuck" ops that had confirmed).
+            let open = statuses
+                .values()
+                .filter(|s| matches!(s, Status::Pending | Status::Submitted))
+                .count();
+            (statuses, expired, i64::try_from(open).unwrap_or(i64::MAX))
         }};
     }
     Ok(if db_url.starts_with("sqlite") {
