@@ -665,7 +665,7 @@ pub fn compare(runs: &[Measured]) -> NeighboursReport {
         let mut row = [Row::default(); 3];
         for mode in Mode::ALL {
             let m = mode as usize;
-            let mut sorted = pooled[m][class].clone();
+            let mut sorted = std::mem::take(&mut pooled[m][class]);
             sorted.sort_unstable();
             row[m] = Row {
                 acked: acked[m][class],

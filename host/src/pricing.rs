@@ -150,10 +150,7 @@ pub const FAILED_PRICING_WAIT_CAP: Duration = Duration::from_secs(300);
 /// backoff: a payout burst of thousands of ops behind a broken policy made
 /// a host-wide loop of failing calls.
 pub fn failed_pricing_wait(backoff_max: Duration, failures: u32) -> Duration {
-    let doublings = failures.saturating_sub(1).min(20);
-    backoff_max
-        .saturating_mul(1 << doublings)
-        .min(FAILED_PRICING_WAIT_CAP.max(backoff_max))
+    crate::retry::doubled(backoff_max, FAILED_PRICING_WAIT_CAP.max(backoff_max), failures)
 }
 
 /// Ops whose pricing failed, and how many times in a row (in memory: a

@@ -82,16 +82,18 @@ pub enum Decision {
     },
 }
 
+/// Exponential growth without jitter: `min(max, base * 2^(n-1))` for the
+/// `n`th time in a row (1 for the first).
+pub fn doubled(base: Duration, max: Duration, n: u32) -> Duration {
+    let exp = n.saturating_sub(1).min(30);
+    base.checked_mul(1u32 << exp).unwrap_or(max).min(max)
+}
+
 /// Jittered exponential backoff: a uniform sample (`jitter` in `[0, 1)`) of
 /// `[0, ceiling]` (full jitter) or `[ceiling/2, ceiling]` (equal jitter),
-/// where the ceiling is `min(max, base * 2^(attempt-1))`.
+/// where the ceiling is [`doubled`]`(base, max, attempt)`.
 pub fn backoff(policy: &RetryPolicy, attempt: u32, jitter: f64) -> Duration {
-    let exp = attempt.saturating_sub(1).min(30);
-    let ceiling = policy
-        .backoff_base
-        .checked_mul(1u32 << exp)
-        .unwrap_or(policy.backoff_max)
-        .min(policy.backoff_max);
+    let ceiling = doubled(policy.backoff_base, policy.backoff_max, attempt);
     let sample = jitter.clamp(0.0, 1.0);
     match policy.jitter {
         Jitter::Full => ceiling.mul_f64(sample),

@@ -291,16 +291,25 @@ async fn priced_ops_wait_for_the_oracles_first_sample(db: TestDb) -> anyhow::Res
     host.running.stop().await
 }
 
+/// A host whose deposits are priced by the fuel hog (every quote fails,
+/// its fuel spent), the kind's longest backoff `backoff_max_ms`, and one
+/// deposit enqueued.
+async fn priced_by_the_fuel_hog(db: &TestDb, backoff_max_ms: u64) -> anyhow::Result<(Chain, Host, OpId)> {
+    let chain = Chain::start(25).await?;
+    let hog = crate::runtime::wasm("fuel-hog")?.display().to_string();
+    let extra =
+        format!("[plugins.fees]\npath = {hog:?}\nfuel = 1000000\n[kinds.deposit]\nbackoff_max_ms = {backoff_max_ms}\n");
+    let host = Host::start(db.queue.clone(), chain.config("", &extra)?).await?;
+    host.sample_fees(db.queue.clone()).await?;
+    let id = host.enqueue(&[vault_op("deposit", 1, 100, None)]).await?[0];
+    Ok((chain, host, id))
+}
+
 /// A fee policy that fails every quote (the fuel hog spends its fuel)
 /// leaves the op pending with no attempt used and nothing sent, deferred by
 /// the kind's longest backoff rather than priced again on every pass.
 async fn a_failing_fee_policy_defers_its_ops_without_using_attempts(db: TestDb) -> anyhow::Result<()> {
-    let chain = Chain::start(25).await?;
-    let hog = crate::runtime::wasm("fuel-hog")?.display().to_string();
-    let extra = format!("[plugins.fees]\npath = {hog:?}\nfuel = 1000000\n[kinds.deposit]\nbackoff_max_ms = 5000\n");
-    let host = Host::start(db.queue.clone(), chain.config("", &extra)?).await?;
-    host.sample_fees(db.queue.clone()).await?;
-    let id = host.enqueue(&[vault_op("deposit", 1, 100, None)]).await?[0];
+    let (chain, host, id) = priced_by_the_fuel_hog(&db, 5000).await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let op = loop {
         let op = db.queue.get(id).await?.context("op")?;
@@ -319,12 +328,7 @@ async fn a_failing_fee_policy_defers_its_ops_without_using_attempts(db: TestDb) 
 /// (from the kind's longest backoff): a broken policy behind a backlog is
 /// not run for every pending op at a steady rate.
 async fn a_fee_policy_failing_again_and_again_is_tried_ever_more_rarely(db: TestDb) -> anyhow::Result<()> {
-    let chain = Chain::start(25).await?;
-    let hog = crate::runtime::wasm("fuel-hog")?.display().to_string();
-    let extra = format!("[plugins.fees]\npath = {hog:?}\nfuel = 1000000\n[kinds.deposit]\nbackoff_max_ms = 200\n");
-    let host = Host::start(db.queue.clone(), chain.config("", &extra)?).await?;
-    host.sample_fees(db.queue.clone()).await?;
-    let id = host.enqueue(&[vault_op("deposit", 1, 100, None)]).await?[0];
+    let (chain, host, id) = priced_by_the_fuel_hog(&db, 200).await?;
     // The op's successive deferrals: 200, 400, 800 ms after each failure.
     let mut seen = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
