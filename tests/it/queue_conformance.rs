@@ -42,7 +42,7 @@ crate::on_both_backends!(
     a_receipt_in_doubt_holds_its_lanes_until_settled,
     concurrent_claimers_never_share_a_lane_across_outboxes,
     scan_reads_the_book_in_dispatch_order_or_the_ops_since_an_id,
-    scan_from_goes_on_in_dispatch_order_after_a_position,
+    scan_beyond_goes_on_in_dispatch_order_with_a_few_ops_per_lane_set,
     settle_and_claim_settles_first_in_one_transaction,
     a_claim_that_follows_a_settle_is_made_only_if_the_settle_applies,
     kind_defaults_written_by_many_hosts_at_once_never_collide,
@@ -1068,43 +1068,66 @@ async fn scan_reads_the_book_in_dispatch_order_or_the_ops_since_an_id(db: TestDb
 }
 
 /// A read that goes on past a prefix starts right after the position it
-/// is given, in dispatch order, across tiers, skipping terminal ops.
-async fn scan_from_goes_on_in_dispatch_order_after_a_position(db: TestDb) -> anyhow::Result<()> {
+/// is given, in dispatch order, across tiers, skipping terminal ops, and
+/// takes only the first few ops of each lane set (the same lanes in the
+/// same order).
+async fn scan_beyond_goes_on_in_dispatch_order_with_a_few_ops_per_lane_set(db: TestDb) -> anyhow::Result<()> {
     let q = db.queue.as_ref();
-    let tier = |p: Priority, lane: &str| {
-        let mut o = op("o", &[lane]);
+    let tier = |p: Priority, lanes: &[&str]| {
+        let mut o = op("o", lanes);
         o.priority = p;
         o
     };
     let ids: Vec<i64> = q
         .enqueue(&[
-            tier(Priority::Normal, "A"),
-            tier(Priority::Low, "B"),
-            tier(Priority::Critical, "C"),
-            tier(Priority::Normal, "D"),
+            tier(Priority::Normal, &["A"]),
+            tier(Priority::Low, &["B"]),
+            tier(Priority::Critical, &["C"]),
+            tier(Priority::Normal, &["D"]),
             op("other", &["E"]),
-            tier(Priority::Normal, "F"),
+            tier(Priority::Normal, &["F"]),
+            tier(Priority::Normal, &["A"]),
+            tier(Priority::Normal, &["A"]),
+            tier(Priority::Normal, &["A", "F"]),
+            tier(Priority::Critical, &["A"]),
         ])
         .await?
         .into_iter()
         .map(Enqueued::id)
         .collect();
     q.cancel(ids[3]).await?;
-    let from = |p, id| async move {
-        Ok::<Vec<i64>, anyhow::Error>(q.scan_from("o", (p, id), 100).await?.iter().map(|r| r.id).collect())
+    let from = |p, id, per_set| async move {
+        Ok::<Vec<i64>, anyhow::Error>(
+            q.scan_beyond("o", (p, id), per_set, 100)
+                .await?
+                .iter()
+                .map(|r| r.id)
+                .collect(),
+        )
     };
-    let all = from(Priority::Critical, 0).await?;
-    ensure!(all == vec![ids[2], ids[0], ids[5], ids[1]], "from the start: {all:?}");
-    let after_first_normal = from(Priority::Normal, ids[0]).await?;
-    ensure!(after_first_normal == vec![ids[5], ids[1]], "{after_first_normal:?}");
-    let after_critical = from(Priority::Critical, ids[2]).await?;
+    let all = from(Priority::Critical, 0, 10).await?;
     ensure!(
-        after_critical == vec![ids[0], ids[5], ids[1]],
+        all == vec![ids[2], ids[9], ids[0], ids[5], ids[6], ids[7], ids[8], ids[1]],
+        "from the start: {all:?}"
+    );
+    let two_each = from(Priority::Critical, 0, 2).await?;
+    ensure!(
+        two_each == vec![ids[2], ids[9], ids[0], ids[5], ids[8], ids[1]],
+        "A's third and fourth ops are left out, [A, F] is a set of its own: {two_each:?}"
+    );
+    let after_first_normal = from(Priority::Normal, ids[0], 1).await?;
+    ensure!(
+        after_first_normal == vec![ids[5], ids[6], ids[8], ids[1]],
+        "{after_first_normal:?}"
+    );
+    let after_critical = from(Priority::Critical, ids[9], 10).await?;
+    ensure!(
+        after_critical == vec![ids[0], ids[5], ids[6], ids[7], ids[8], ids[1]],
         "the next tier from its start: {after_critical:?}"
     );
-    ensure!(from(Priority::Low, ids[1]).await?.is_empty());
+    ensure!(from(Priority::Low, ids[1], 10).await?.is_empty());
     ensure!(
-        q.scan_from("o", (Priority::Critical, 0), 2).await?.len() == 2,
+        q.scan_beyond("o", (Priority::Critical, 0), 10, 2).await?.len() == 2,
         "the limit holds"
     );
     Ok(())

@@ -8,7 +8,7 @@
 //! ```
 //!
 //! Sections (pick with `--only a,b`; the default set is every section but
-//! `soak` and `slow-fediverse`; `--systems full,normal,pg,graphile,plain`
+//! `soak`, `slow-fediverse` and `deep-backlog`; `--systems full,normal,pg,graphile,plain`
 //! narrows the throughput section):
 //! - `throughput`: drain ops/s through a no-op executor: laneway on SQLite
 //!   (`synchronous` full and normal) and PostgreSQL; beside them, in the same
@@ -31,6 +31,9 @@
 //! - `backlog`: PostgreSQL rows read per settled op with 10k and with 1M ops
 //!   waiting (`--backlog N` changes the big one).
 //! - `lanes`: 10,000 strict lanes with 5 ops each.
+//! - `deep-backlog`: 4 outboxes of 20,000 ops each over 20 strict inbox
+//!   lanes on 3 destination hosts, every lane crowded, 5 ms an op: starts
+//!   per second against the same lanes 1,000 ops deep.
 //! - `soak`: `--soak N` ops (default 1M) through a no-op executor on SQLite
 //!   with a producer keeping about 20k waiting, once without pruning and
 //!   once with retention at 5 s (the pruner every 500 ms).
@@ -60,15 +63,20 @@ use anyhow::{bail, Context};
 use async_trait::async_trait;
 use tokio::sync::mpsc;
 
-/// Confirms at once, and reports when each op started.
+/// Confirms after `delay` (at once when zero), and reports when each op
+/// started.
 struct NoOp {
     started: mpsc::UnboundedSender<(OpId, Instant)>,
+    delay: Duration,
 }
 
 #[async_trait]
 impl Executor for NoOp {
     async fn execute(&self, op: &Op, _attempt: Attempt) -> Outcome {
         let _ = self.started.send((op.id, Instant::now()));
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
         Outcome::confirmed()
     }
 }
@@ -158,9 +166,17 @@ impl Scratch {
     }
 
     fn dispatcher(&self) -> (Dispatcher, mpsc::UnboundedReceiver<(OpId, Instant)>) {
+        self.dispatcher_with(Duration::ZERO)
+    }
+
+    /// A dispatcher whose executor takes `delay` per op.
+    fn dispatcher_with(&self, delay: Duration) -> (Dispatcher, mpsc::UnboundedReceiver<(OpId, Instant)>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut executors = Executors::new();
-        executors.insert("bench".into(), Arc::new(NoOp { started: tx }) as Arc<dyn Executor>);
+        executors.insert(
+            "bench".into(),
+            Arc::new(NoOp { started: tx, delay }) as Arc<dyn Executor>,
+        );
         let dispatcher = Dispatcher::new(
             self.queue.clone(),
             Arc::new(Registry::new(executors)),
@@ -659,6 +675,58 @@ async fn many_lanes() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Ops of a deep backlog: `per_outbox` in each of `outboxes`, round-robin
+/// over `lanes` inbox URLs on three destination hosts (the fault harness's
+/// full-size backlog).
+fn deep_ops(outboxes: usize, per_outbox: usize, lanes: usize) -> Vec<NewOp> {
+    (0..outboxes * per_outbox)
+        .map(|i| {
+            let mut op = NewOp::new(format!("outbox-{}", i % outboxes), "bench", "{}");
+            let lane = (i / outboxes) % lanes;
+            op.lanes = vec![format!("https://host-{}.example/inbox/{lane}", lane % 3)];
+            op
+        })
+        .collect()
+}
+
+/// Starts per second over the first `starts` ops of a backlog whose every
+/// lane waits on a destination cap, each op taking 5 ms.
+async fn deep_rate(store: Store, per_outbox: usize, starts: usize) -> anyhow::Result<f64> {
+    let scratch = Scratch::new(store, "").await?;
+    enqueue_all(scratch.queue.as_ref(), &deep_ops(4, per_outbox, 20)).await?;
+    let (dispatcher, mut started) = scratch.dispatcher_with(Duration::from_millis(5));
+    let runner = dispatcher.clone();
+    let handle = tokio::spawn(async move { runner.run().await });
+    let start = Instant::now();
+    for _ in 0..starts {
+        started.recv().await.context("executor gone")?;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    dispatcher.shutdown();
+    handle.await??;
+    scratch.drop().await?;
+    Ok(starts as f64 / seconds)
+}
+
+/// A backlog many windows deep with every lane crowded, against a shallow
+/// one with the same lanes: the deep one should not start ops more slowly.
+async fn deep_backlog(deep: usize) -> anyhow::Result<()> {
+    let starts = 3_000;
+    println!("\n## A deep backlog: 4 outboxes, 20 strict inbox lanes on 3 hosts (8 in flight each), 5 ms an op");
+    println!("| store | ops/s, 1,000 per outbox | ops/s, {deep} per outbox | deep / shallow |");
+    println!("|---|---|---|---|");
+    for store in [Store::SqliteFull, Store::Postgres] {
+        let shallow = deep_rate(store, 1_000, starts).await?;
+        let deep_r = deep_rate(store, deep, starts).await?;
+        println!(
+            "| {} | {shallow:.0} | {deep_r:.0} | {:.2} |",
+            store.name(),
+            deep_r / shallow
+        );
+    }
+    Ok(())
+}
+
 fn peak_rss() -> String {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -677,7 +745,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub quick: bool,
     /// Only these sections (throughput, latency, activitypub,
-    /// slow-fediverse, signing, backlog, lanes, soak).
+    /// slow-fediverse, signing, backlog, lanes, soak, deep-backlog).
     #[arg(long, value_delimiter = ',')]
     pub only: Option<Vec<String>>,
     /// Ops per drain round.
@@ -751,6 +819,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if named("soak") {
         soak(soak_n).await?;
+    }
+    if named("deep-backlog") {
+        deep_backlog(if quick { 5_000 } else { 20_000 }).await?;
     }
     println!("\npeak RSS of this process: {}", peak_rss());
     Ok(())

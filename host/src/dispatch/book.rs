@@ -55,6 +55,11 @@ fn key(row: &BookRow) -> Key {
 /// full read.
 pub(crate) const CROWDED: usize = 8;
 
+/// Ops of each lane set a read past the prefix asks for: enough for a set
+/// the prefix did not see to fill up to [`CROWDED`], and one more to find
+/// where it is cut.
+pub(crate) const PER_SET: u32 = CROWDED as u32 + 1;
+
 /// What a full read found: the ops to keep, and what it could not see.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Filling {
@@ -101,11 +106,14 @@ impl Filling {
         self.last.unwrap_or((Priority::Critical, 0))
     }
 
-    /// Takes one page read past the previous one (at most `limit` rows):
-    /// keeps the ops of lane sets that are not crowded and cuts the lanes of
-    /// those that are. Returns whether to read another page (never past
-    /// `max_walk` rows beyond the prefix).
-    pub fn page(&mut self, rows: Vec<BookRow>, limit: usize, max_walk: usize) -> bool {
+    /// Takes what a read past the prefix found: the first [`PER_SET`] ops
+    /// of each lane set after [`Filling::next_from`], in dispatch order, at
+    /// most `limit`. Keeps the ops of lane sets that are not crowded and cuts
+    /// the lanes of those that are. An op the read left out has
+    /// [`PER_SET`] ops of its own set ahead of it, one of them the set's cut
+    /// (a set is cut once it holds [`CROWDED`] ops), so it is behind its
+    /// lanes' cuts, as if it had been read and cut.
+    pub fn beyond(&mut self, rows: Vec<BookRow>, limit: usize) {
         if rows.len() < limit {
             self.complete = true;
         }
@@ -115,7 +123,7 @@ impl Filling {
             self.walked += 1;
             let seen = self.per_set.entry(row.lanes.clone()).or_default();
             if *seen >= CROWDED {
-                // Pages come in dispatch order: a lane's first cut stands.
+                // Rows come in dispatch order: a lane's first cut stands.
                 for lane in &row.lanes {
                     self.cut.entry(lane.clone()).or_insert(at);
                 }
@@ -126,10 +134,9 @@ impl Filling {
             self.rows.push(row);
             if self.kept_beyond >= self.capacity {
                 self.complete = false;
-                return false;
+                return;
             }
         }
-        !self.complete && self.walked < max_walk
     }
 
     /// The rows to keep.
@@ -499,7 +506,7 @@ mod tests {
             row(14, Priority::Normal, &["dead", "x"]),
             row(15, Priority::Low, &["x"]),
         ];
-        assert!(!filling.page(page, 10, 1000), "a short page is the end");
+        filling.beyond(page, 10);
         assert_eq!(filling.walked(), 5);
         assert_eq!(filling.kept_beyond(), 3);
         let mut book = Book::new(10);
@@ -524,36 +531,58 @@ mod tests {
     }
 
     #[test]
-    fn a_walk_stops_at_its_budget_or_a_full_book_and_bounds_what_it_read() {
+    fn a_read_past_the_prefix_that_fills_its_limit_or_the_book_bounds_what_it_read() {
         let crowd = || Filling::new((1..=10).map(|i| row(i, Priority::Normal, &["d"])).collect(), 10);
         let mut filling = crowd();
         let page: Vec<BookRow> = (11..=20).map(|i| row(i, Priority::Normal, &["d"])).collect();
-        assert!(!filling.page(page, 10, 10), "the walk budget is spent");
+        filling.beyond(page, 10);
         let mut book = Book::new(10);
         book.fill(filling, vec![], vec![]);
         book.add(vec![row(21, Priority::Normal, &["e"])]);
-        assert!(book.get(21).is_none(), "past what the walk read");
+        assert!(book.get(21).is_none(), "past what the read reached");
 
         let mut filling = crowd();
         let page: Vec<BookRow> = (11..=30)
             .map(|i| row(i, Priority::Normal, &[&format!("l{i}")]))
             .collect();
-        assert!(!filling.page(page, 20, 1000), "the book is full");
-        assert_eq!(filling.kept_beyond(), 10);
+        filling.beyond(page, 20);
+        assert_eq!(filling.kept_beyond(), 10, "the book is full");
         let mut book = Book::new(10);
         book.fill(filling, vec![], vec![]);
         assert_eq!(book.len(), 20);
         book.add(vec![row(31, Priority::Normal, &["e"])]);
         assert!(book.get(31).is_none(), "bounded at the last row kept");
 
-        let mut plain = Filling::new(
+        let plain = Filling::new(
             (1..=10)
                 .map(|i| row(i, Priority::Normal, &[&format!("l{i}")]))
                 .collect(),
             10,
         );
-        assert!(!plain.wants_more(), "a prefix of many lanes needs no walk");
-        assert!(!plain.page(vec![], 10, 10));
+        assert!(!plain.wants_more(), "a prefix of many lanes needs no read past it");
+    }
+
+    #[test]
+    fn ops_a_read_past_the_prefix_leaves_out_are_behind_their_lanes_cut() {
+        // The store returns the first PER_SET ops of each lane set: of d's
+        // long backlog (11..=50) only 11..=19, then the others' first ops.
+        let mut filling = Filling::new((1..=10).map(|i| row(i, Priority::Normal, &["d"])).collect(), 10);
+        let mut page: Vec<BookRow> = (11..11 + i64::from(PER_SET))
+            .map(|i| row(i, Priority::Normal, &["d"]))
+            .collect();
+        page.push(row(51, Priority::Normal, &["d", "y"]));
+        page.push(row(52, Priority::Normal, &["z"]));
+        filling.beyond(page, 10);
+        let mut book = Book::new(10);
+        book.fill(filling, vec![], vec![]);
+        let reach = |book: &Book, id| book.get(id).is_some_and(|e| book.in_reach(&e.row));
+        assert!(
+            book.get(51).is_some() && !reach(&book, 51),
+            "d's unread ops 20..=50 are ahead of it: it waits"
+        );
+        assert!(reach(&book, 52), "a lane behind the crowd is found");
+        book.add(vec![row(53, Priority::Normal, &["y"])]);
+        assert!(!reach(&book, 53), "y's op 51 is ahead of it, in the book");
     }
 
     #[test]

@@ -19,7 +19,7 @@ use tokio::task::{Id as TaskId, JoinError, JoinSet};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
-use super::book::{Book, Filling};
+use super::book::{Book, Filling, PER_SET};
 use super::load::Hold;
 use super::paused::Paused;
 use super::{DispatchError, Inner};
@@ -83,11 +83,6 @@ const HOLD_PASS_FOR: Duration = Duration::from_secs(1);
 /// larger part of enqueue-to-start latency for ops that arrive one by one.
 /// Short, so a host that goes quiet hands its outboxes on quickly.
 const LINGER: Duration = Duration::from_millis(100);
-
-/// How far a full read goes past a prefix crowded by a few lanes, in
-/// windows of rows: a lane with up to this many windows of waiting ops ahead
-/// of the others never hides them.
-const WALK_PAGES: usize = 100;
 
 /// The longest a walk that found nothing waits before the next, in polls.
 const WALK_BACKOFF_POLLS: u32 = 8;
@@ -443,23 +438,19 @@ impl Pass {
         Ok(())
     }
 
-    /// Reads on past a prefix crowded by a few lanes, page by page, for the
-    /// other lanes' ops (at most [`WALK_PAGES`] windows of rows). A walk that
-    /// finds nothing (one lane's backlog and nothing behind it) makes the
-    /// next one wait twice as long, up to [`WALK_BACKOFF_POLLS`] polls, so a
-    /// long single-lane backlog is not read over and over.
+    /// Reads on past a prefix crowded by a few lanes for the other lanes'
+    /// ops: the first few ops of each lane set behind it, which the database
+    /// picks, so a deep backlog costs it a scan of the outbox's index but
+    /// costs this process only a few rows per lane set. A walk that finds
+    /// nothing (every lane set behind the prefix is crowded) makes the next
+    /// one wait twice as long, up to [`WALK_BACKOFF_POLLS`] polls.
     async fn walk(&mut self, filling: &mut Filling, window: u32, poll: Duration) -> Result<(), DispatchError> {
-        let max_walk = (window as usize).saturating_mul(WALK_PAGES);
-        loop {
-            let page = self
-                .inner
-                .queue
-                .scan_from(&self.slot.outbox, filling.next_from(), window)
-                .await?;
-            if !filling.page(page, window as usize, max_walk) {
-                break;
-            }
-        }
+        let rows = self
+            .inner
+            .queue
+            .scan_beyond(&self.slot.outbox, filling.next_from(), PER_SET, window)
+            .await?;
+        filling.beyond(rows, window as usize);
         self.walk_every = if filling.kept_beyond() == 0 {
             (self.walk_every * 2).clamp(poll, poll * WALK_BACKOFF_POLLS)
         } else {

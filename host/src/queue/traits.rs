@@ -97,9 +97,17 @@ pub trait DispatchStore: Send + Sync + std::fmt::Debug {
     async fn scan(&self, outbox: &str, after: Option<OpId>, limit: u32) -> Result<Vec<BookRow>, QueueError>;
 
     /// An outbox's non-terminal ops after `from` in dispatch order
-    /// (priority, then id), at most `limit`, as [`DispatchStore::scan`] reads them:
-    /// how a full read goes on past a prefix crowded by a few lanes.
-    async fn scan_from(&self, outbox: &str, from: (Priority, OpId), limit: u32) -> Result<Vec<BookRow>, QueueError>;
+    /// (priority, then id), only the first `per_set` of each lane set (ops
+    /// with the same lanes), at most `limit`, as [`DispatchStore::scan`]
+    /// reads them: how a full read goes on past a prefix crowded by a few
+    /// lanes without reading the rest of their backlogs.
+    async fn scan_beyond(
+        &self,
+        outbox: &str,
+        from: (Priority, OpId),
+        per_set: u32,
+        limit: u32,
+    ) -> Result<Vec<BookRow>, QueueError>;
 
     /// Every op, in any outbox, that occupies one of `lanes`: in flight, or
     /// pending with a receipt in doubt.

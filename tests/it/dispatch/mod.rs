@@ -552,13 +552,14 @@ async fn outboxes_sharing_a_lane_hand_it_over_without_waiting_for_the_poll(db: T
     Ok(())
 }
 
-/// A dead recipient's backlog, ten windows long and ahead of every other
+/// A dead recipient's backlog, 250 windows long and ahead of every other
 /// lane in dispatch order, must not keep the other lanes' ops from being
-/// seen: the full read goes past the crowded lane.
+/// seen: the full read goes past the crowded lane however deep it is (a
+/// read that paged through it stopped after 100 windows).
 async fn a_dead_lane_with_a_backlog_past_the_window_does_not_hide_the_other_lanes(db: TestDb) -> anyhow::Result<()> {
     let exec = Scripted::new(0);
-    let config = "[dispatch]\nwindow = 20\n";
-    let dead: Vec<NewOp> = (0..200u32).map(|i| to("o", "https://dead.example/i", i)).collect();
+    let config = "[dispatch]\nwindow = 10\n";
+    let dead: Vec<NewOp> = (0..2_500u32).map(|i| to("o", "https://dead.example/i", i)).collect();
     let dead_ids = ids(db.queue.enqueue(&dead).await?);
     exec.script(dead_ids[0], [Step::RetryAfter(Duration::from_secs(3600))]);
     let others: Vec<NewOp> = (0..10u32)

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use super::{book_row, occupant_from_row, ops_from_rows, reader, sql, Conn, Conns, Query, Store};
 use crate::lanes::LaneRules;
 use crate::op::{truncate_error, AttemptClass, AttemptRecord, Lease, OpId, Priority, Status, Transition};
-use crate::queue::codec::{get, List, St, Token, Ts};
+use crate::queue::codec::{get, List, Rank, St, Token, Ts};
 use crate::queue::dialect::{Dialect, Round, RoundResult};
 use crate::queue::policy::{
     admit_claims, cas, chrono_duration, expire_params, host_share, scan_sql, still_claimable, ScanOrder,
@@ -229,9 +229,25 @@ impl DispatchStore for Store {
         self.read_book(outbox, &statement, after.unwrap_or(0), limit).await
     }
 
-    async fn scan_from(&self, outbox: &str, from: (Priority, OpId), limit: u32) -> Result<Vec<BookRow>, QueueError> {
-        let statement = scan_sql(sql::dispatch::SCAN_TIER, from.0, ScanOrder::Dispatch);
-        self.read_book(outbox, &statement, from.1, limit).await
+    async fn scan_beyond(
+        &self,
+        outbox: &str,
+        from: (Priority, OpId),
+        per_set: u32,
+        limit: u32,
+    ) -> Result<Vec<BookRow>, QueueError> {
+        let mut conn = reader(&self.conns).await?;
+        sqlx::query(sql::dispatch::SCAN_BEYOND)
+            .bind(outbox)
+            .bind(Rank(from.0))
+            .bind(from.1)
+            .bind(i64::from(per_set))
+            .bind(i64::from(limit))
+            .fetch_all(&mut *conn)
+            .await?
+            .iter()
+            .map(book_row)
+            .collect()
     }
 
     async fn occupants(&self, lanes: &[String]) -> Result<Vec<Occupant>, QueueError> {

@@ -23,6 +23,17 @@ id, outbox, kind, priority, lanes, status, receipt IS NOT NULL AS in_doubt
 SELECT * FROM (SELECT {{book_columns}} FROM ops WHERE outbox = $1 AND status IN ('pending', 'submitted')
     AND priority = {rank} AND id > {after} ORDER BY id LIMIT $3) AS tier{rank}
 
+-- Past a prefix crowded by a few lane sets: the first $4 ops of each lane
+-- set after a position ($2 rank, $3 id), in dispatch order, at most $5. The
+-- database ranks the rows within their sets, so a read past a deep backlog
+-- decodes a few rows per set, not every row of the outbox.
+-- name: scan_beyond
+SELECT {{book_columns}} FROM ops WHERE id IN (
+    SELECT id FROM (SELECT id, row_number() OVER (PARTITION BY lanes ORDER BY priority, id) AS n
+        FROM ops WHERE outbox = $1 AND status IN ('pending', 'submitted') AND (priority, id) > ($2, $3)) AS ranked
+    WHERE n <= $4)
+ORDER BY priority, id LIMIT $5
+
 -- The lanes asked about, joined to their occupants (one row per lane and
 -- op while the op occupies it): the cost is in those lanes, never in the
 -- ops in flight on others. The triggers write the table in the transaction
