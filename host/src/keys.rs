@@ -51,38 +51,39 @@ pub struct KeySource {
 
 enum Secret {
     Ed25519(ed25519_dalek::SigningKey),
-    Rsa(Box<RsaSigner>, Vec<u8>),
-    Hmac(ring::hmac::Key),
+    Rsa(RsaSigner, Vec<u8>),
+    Hmac(Box<aws_lc_rs::hmac::Key>),
 }
 
-/// RSASSA-PKCS1-v1_5 with SHA-256. ring signs (its constant-time assembly is
-/// about ten times faster than the pure-Rust bignum, and ActivityPub signs
-/// every request); keys ring refuses (under 2048 bits) are signed by the
-/// `rsa` crate. Both produce the same bytes: the scheme is deterministic.
+/// RSASSA-PKCS1-v1_5 with SHA-256. aws-lc-rs signs (ActivityPub signs every
+/// request, and AWS-LC's constant-time assembly signs in about half ring's
+/// time and a quarter of the pure-Rust bignum's: BENCHMARKS.md, "Signing");
+/// keys it refuses (under 2048 bits) are signed by the `rsa` crate. Both
+/// produce the same bytes: the scheme is deterministic.
 enum RsaSigner {
-    Ring(ring::signature::RsaKeyPair, ring::rand::SystemRandom),
-    Portable(rsa::pkcs1v15::SigningKey<sha2::Sha256>),
+    Native(aws_lc_rs::signature::RsaKeyPair, aws_lc_rs::rand::SystemRandom),
+    Portable(Box<rsa::pkcs1v15::SigningKey<sha2::Sha256>>),
 }
 
 impl RsaSigner {
     fn new(key: rsa::RsaPrivateKey) -> Self {
         use rsa::pkcs8::EncodePrivateKey as _;
-        let ring_key = key
+        let native = key
             .to_pkcs8_der()
             .ok()
-            .and_then(|der| ring::signature::RsaKeyPair::from_pkcs8(der.as_bytes()).ok());
-        match ring_key {
-            Some(pair) => RsaSigner::Ring(pair, ring::rand::SystemRandom::new()),
-            None => RsaSigner::Portable(rsa::pkcs1v15::SigningKey::new(key)),
+            .and_then(|der| aws_lc_rs::signature::RsaKeyPair::from_pkcs8(der.as_bytes()).ok());
+        match native {
+            Some(pair) => RsaSigner::Native(pair, aws_lc_rs::rand::SystemRandom::new()),
+            None => RsaSigner::Portable(Box::new(rsa::pkcs1v15::SigningKey::new(key))),
         }
     }
 
-    /// `None` only when ring cannot read the system RNG it blinds with.
+    /// `None` only when AWS-LC cannot read the system RNG it blinds with.
     fn sign(&self, data: &[u8]) -> Option<Vec<u8>> {
         match self {
-            RsaSigner::Ring(pair, rng) => {
-                let mut signature = vec![0u8; pair.public().modulus_len()];
-                pair.sign(&ring::signature::RSA_PKCS1_SHA256, rng, data, &mut signature)
+            RsaSigner::Native(pair, rng) => {
+                let mut signature = vec![0u8; pair.public_modulus_len()];
+                pair.sign(&aws_lc_rs::signature::RSA_PKCS1_SHA256, rng, data, &mut signature)
                     .ok()
                     .map(|()| signature)
             }
@@ -159,7 +160,10 @@ impl Key {
                         secret.len()
                     ));
                 }
-                Secret::Hmac(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &secret))
+                Secret::Hmac(Box::new(aws_lc_rs::hmac::Key::new(
+                    aws_lc_rs::hmac::HMAC_SHA256,
+                    &secret,
+                )))
             }
             Algorithm::RsaSha256 => {
                 let key = rsa::RsaPrivateKey::from_pkcs8_pem(pem)
@@ -171,7 +175,7 @@ impl Key {
                     .map_err(|e| format!("cannot encode the public key: {e}"))?
                     .as_bytes()
                     .to_vec();
-                Secret::Rsa(Box::new(RsaSigner::new(key)), public)
+                Secret::Rsa(RsaSigner::new(key), public)
             }
         };
         Ok(Self { secret })
@@ -213,7 +217,7 @@ impl Key {
         match &self.secret {
             Secret::Ed25519(k) => Some(k.sign(data).to_bytes().to_vec()),
             Secret::Rsa(k, _) => k.sign(data),
-            Secret::Hmac(k) => Some(ring::hmac::sign(k, data).as_ref().to_vec()),
+            Secret::Hmac(k) => Some(aws_lc_rs::hmac::sign(k, data).as_ref().to_vec()),
         }
     }
 }
@@ -353,7 +357,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn rsa_signatures_are_the_same_from_ring_and_the_portable_signer() {
+    fn rsa_signatures_are_the_same_from_aws_lc_and_the_portable_signer() {
         use rsa::pkcs8::EncodePrivateKey as _;
         use rsa::signature::Verifier as _;
         for bits in [2048, 1024] {
@@ -364,9 +368,9 @@ pub(crate) mod tests {
                 panic!("not an RSA key")
             };
             assert_eq!(
-                matches!(**signer, RsaSigner::Ring(..)),
+                matches!(signer, RsaSigner::Native(..)),
                 bits >= 2048,
-                "ring signs keys of 2048 bits and more, the portable signer the rest"
+                "AWS-LC signs keys of 2048 bits and more, the portable signer the rest"
             );
             let signature = key.sign(b"(request-target): post /inbox").unwrap();
             let portable = rsa::pkcs1v15::SigningKey::<sha2::Sha256>::new(private.clone());

@@ -26,8 +26,9 @@
 //!   answer in 20 ms.
 //! - `slow-fediverse`: one activity to 5,000 inboxes answering in 200 ms,
 //!   1% of them hanging until the timeout (`--inboxes N` scales it).
-//! - `signing`: RSA-2048 PKCS#1 v1.5 SHA-256 signatures per second, `ring`
-//!   (the host signer) against the `rsa` crate, and Ed25519.
+//! - `signing`: RSA-2048 PKCS#1 v1.5 SHA-256 signatures per second,
+//!   `aws-lc-rs` (the host signer) against `ring` and the `rsa` crate, and
+//!   Ed25519.
 //! - `backlog`: PostgreSQL rows read per settled op with 10k and with 1M ops
 //!   waiting (`--backlog N` changes the big one).
 //! - `lanes`: 10,000 strict lanes with 5 ops each.
