@@ -23,7 +23,7 @@
 //!   CLI (another process; its wall time too).
 //! - `activitypub`: the real `activitypub` plugin, RSA-signed through the
 //!   host signer, fanning out to 50 local inboxes (each its own server) that
-//!   answer in 20 ms.
+//!   answer in 20 ms (`--answer-ms`).
 //! - `slow-fediverse`: one activity to 5,000 inboxes answering in 200 ms,
 //!   1% of them hanging until the timeout (`--inboxes N` scales it).
 //! - `signing`: RSA-2048 PKCS#1 v1.5 SHA-256 signatures per second,
@@ -764,6 +764,9 @@ pub struct BenchArgs {
     /// Inboxes of the slow-fediverse section.
     #[arg(long, default_value_t = 5_000)]
     pub inboxes: usize,
+    /// How long the activitypub section's inboxes take to answer, in ms.
+    #[arg(long, default_value_t = 20)]
+    pub answer_ms: u64,
     /// The throughput section's systems (full, normal, pg, plain, graphile).
     #[arg(long, value_delimiter = ',')]
     pub systems: Vec<String>,
@@ -783,6 +786,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         backlog: mut big,
         soak: soak_n,
         inboxes,
+        answer_ms,
         systems,
     } = args;
     if quick {
@@ -807,7 +811,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         activitypub::signing()?;
     }
     if wants("activitypub") {
-        activitypub::fan_out(if quick { 1_000 } else { 4_000 }, 50, Duration::from_millis(20)).await?;
+        activitypub::fan_out(if quick { 1_000 } else { 4_000 }, 50, Duration::from_millis(answer_ms)).await?;
     }
     if named("slow-fediverse") {
         activitypub::slow_fediverse(inboxes).await?;
