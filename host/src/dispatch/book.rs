@@ -101,7 +101,7 @@ impl Filling {
         !self.complete && self.kept_beyond < self.capacity && self.per_set.values().any(|n| *n > CROWDED)
     }
 
-    /// Where the next page starts (after this key).
+    /// Where the read past the prefix starts (after this key).
     pub fn next_from(&self) -> Key {
         self.last.unwrap_or((Priority::Critical, 0))
     }
