@@ -226,7 +226,13 @@ impl DispatchStore for Store {
             ScanOrder::Dispatch
         };
         let statement = scan_sql(sql::dispatch::SCAN_TIER, Priority::Critical, order);
-        self.read_book(outbox, &statement, after.unwrap_or(0), limit).await
+        self.read_book(
+            sqlx::query(&statement)
+                .bind(outbox)
+                .bind(after.unwrap_or(0))
+                .bind(i64::from(limit)),
+        )
+        .await
     }
 
     async fn scan_beyond(
@@ -236,18 +242,15 @@ impl DispatchStore for Store {
         per_set: u32,
         limit: u32,
     ) -> Result<Vec<BookRow>, QueueError> {
-        let mut conn = reader(&self.conns).await?;
-        sqlx::query(sql::dispatch::SCAN_BEYOND)
-            .bind(outbox)
-            .bind(Rank(from.0))
-            .bind(from.1)
-            .bind(i64::from(per_set))
-            .bind(i64::from(limit))
-            .fetch_all(&mut *conn)
-            .await?
-            .iter()
-            .map(book_row)
-            .collect()
+        self.read_book(
+            sqlx::query(sql::dispatch::SCAN_BEYOND)
+                .bind(outbox)
+                .bind(Rank(from.0))
+                .bind(from.1)
+                .bind(i64::from(per_set))
+                .bind(i64::from(limit)),
+        )
+        .await
     }
 
     async fn occupants(&self, lanes: &[String]) -> Result<Vec<Occupant>, QueueError> {
@@ -424,22 +427,9 @@ impl DispatchStore for Store {
 }
 
 impl Store {
-    async fn read_book(
-        &self,
-        outbox: &str,
-        statement: &str,
-        after: OpId,
-        limit: u32,
-    ) -> Result<Vec<BookRow>, QueueError> {
+    /// Runs a read of book rows (the dialect's `book_columns`) on a reader.
+    async fn read_book(&self, query: Query<'_>) -> Result<Vec<BookRow>, QueueError> {
         let mut conn = reader(&self.conns).await?;
-        sqlx::query(statement)
-            .bind(outbox)
-            .bind(after)
-            .bind(i64::from(limit))
-            .fetch_all(&mut *conn)
-            .await?
-            .iter()
-            .map(book_row)
-            .collect()
+        query.fetch_all(&mut *conn).await?.iter().map(book_row).collect()
     }
 }
