@@ -278,7 +278,10 @@ impl Pass {
                     // Nothing waits at all: keep the slot a moment for the
                     // next arrival. (A pass with ops waiting on a timer ends,
                     // so the timer's pass reads the book and health anew.)
-                    None if !stopping && self.linger(&bell).await => continue,
+                    // A pass with stalled ops ends instead: they wait for a
+                    // later pass, and the poll that finds them due would
+                    // ring the bell of this one for ever.
+                    None if !stopping && self.stalled.is_empty() && self.linger(&bell).await => continue,
                     _ => break,
                 }
             }

@@ -42,6 +42,7 @@ crate::on_both_backends!(
     busy_outboxes_leave_a_quiet_one_its_share_of_the_host_permits,
     a_dead_lane_with_a_backlog_past_the_window_does_not_hide_the_other_lanes,
     outboxes_sharing_a_lane_hand_it_over_without_waiting_for_the_poll,
+    an_op_stalled_for_the_rest_of_a_pass_runs_again_in_the_next,
 );
 
 fn ids(results: Vec<Enqueued>) -> Vec<OpId> {
@@ -259,6 +260,27 @@ async fn attempts_survive_a_dispatcher_restart_and_exhaustion_dead_letters(db: T
     );
     ensure!(op.correlation_id.as_deref() == Some("urn:entry:7"));
     ensure!(db.queue.attempts(id).await?.len() == 3);
+    Ok(())
+}
+
+/// An op that fails `in_pass_attempts` times within one pass stalls until a
+/// later pass. The poll that finds it due rang the stalled pass's bell every
+/// `poll_ms`, so the pass never ended and the op never ran again (found when
+/// fee bumps made quick retries common): now a pass holding stalled ops ends.
+async fn an_op_stalled_for_the_rest_of_a_pass_runs_again_in_the_next(db: TestDb) -> anyhow::Result<()> {
+    let exec = Scripted::new(0);
+    let id = ids(db
+        .queue
+        .enqueue(&[to("actor", "https://flaky.example/inbox", 1)])
+        .await?)[0];
+    exec.script(id, [Step::Retry, Step::Retry, Step::Retry, Step::Ok]);
+    let config = fast_config("[dispatch]\nin_pass_attempts = 2\n")?;
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), config).await?;
+    running.dispatcher.trigger("actor");
+    settle(db.queue.as_ref(), Duration::from_secs(10)).await?;
+    running.stop().await?;
+    let op = db.queue.get(id).await?.context("op")?;
+    ensure!(op.status == Status::Confirmed && op.attempts == 4, "{op:?}");
     Ok(())
 }
 
