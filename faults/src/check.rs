@@ -360,6 +360,8 @@ pub struct StellarAcked {
 /// A transaction the fake RPC applied successfully.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Landed {
+    /// The transaction's hash (for a fee bump, the inner transaction's:
+    /// what the op's receipt names).
     pub hash: String,
     /// Its source account: the signer.
     pub source: String,

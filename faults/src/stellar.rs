@@ -208,7 +208,13 @@ impl FakeRpc {
             .context("landed")?
             .iter()
             .map(|tx| Landed {
-                hash: tx["hash"].as_str().unwrap_or_default().to_owned(),
+                // A fee bump lands under its own hash; the op's receipt
+                // names the transaction it wraps.
+                hash: tx["inner_hash"]
+                    .as_str()
+                    .or_else(|| tx["hash"].as_str())
+                    .unwrap_or_default()
+                    .to_owned(),
                 source: tx["source"].as_str().unwrap_or_default().to_owned(),
                 args: tx["args"]
                     .as_array()

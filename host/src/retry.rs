@@ -116,23 +116,30 @@ pub struct History {
 /// Decides the next step after an attempt.
 ///
 /// An attempt that checkpointed a receipt and then ended without a verdict
-/// (a timeout, a crash, a retryable failure that is not a fee bump) is never
-/// dead-lettered for its budget: its side effect may have happened, so it
-/// goes back once more for its executor to reconcile the receipt, and the
-/// dispatcher dead-letters it then only if the receipt provably did not
-/// take effect. A payment that landed is never recorded as failed.
+/// (a timeout, a crash, any retryable failure) is never dead-lettered for
+/// its budget or its fee-bump cap: its side effect may have happened (a
+/// fee-bump request may come from a transaction still valid and queued, not
+/// yet included), so it goes back once more for its executor to reconcile
+/// the receipt, and the dispatcher dead-letters it then only if the receipt
+/// provably did not take effect. A payment that landed is never recorded as
+/// failed.
 pub fn decide(policy: &RetryPolicy, outcome: &Outcome, history: History, now: DateTime<Utc>, jitter: f64) -> Decision {
     let decision = decide_budget(policy, outcome, history, now, jitter);
     let in_doubt = match outcome {
-        Outcome::Retryable { fee_bump, .. } => !fee_bump,
-        Outcome::Fault(_) => true,
+        Outcome::Retryable { .. } | Outcome::Fault(_) => true,
         Outcome::Confirmed { .. } | Outcome::Permanent { .. } => false,
     };
+    let past_cap = matches!(outcome, Outcome::Retryable { fee_bump: true, .. })
+        && policy.max_fee_bumps.is_some_and(|cap| history.fee_bumps >= cap);
     match decision {
         Decision::DeadLetter { error } if history.checkpointed && in_doubt => Decision::Retry {
             at: now + chrono::Duration::from_std(backoff(policy, history.attempts, jitter)).unwrap_or_default(),
             error: format!("{error}; a receipt was checkpointed, so it is reconciled before giving up"),
-            fee_bump: false,
+            // A bump asked for past the cap is counted (fee_bumps = cap + 1)
+            // though no bump is granted: the dispatcher then only
+            // reconciles, and gives the op up if its receipt provably did
+            // not land (`dispatch::drain::execute`).
+            fee_bump: past_cap,
         },
         other => other,
     }
@@ -256,12 +263,15 @@ mod tests {
                 Decision::DeadLetter { .. }
             ));
         }
-        // A verdict is a verdict: permanent failures and provably dead
-        // transactions (fee-bump retries) still dead-letter.
+        // A verdict is a verdict: a permanent failure still dead-letters.
         assert!(matches!(
             decide(&p, &Outcome::permanent("tx_bad_auth"), spent, now(), 0.5),
             Decision::DeadLetter { .. }
         ));
+        // A fee-bump request is no verdict: it may come from a transaction
+        // still valid and queued. Past the cap it is reconciled first (and
+        // counted past the cap, so the dispatcher knows to give up if the
+        // receipt provably did not land).
         let capped = RetryPolicy {
             max_fee_bumps: Some(1),
             ..p
@@ -284,7 +294,7 @@ mod tests {
                 now(),
                 0.5
             ),
-            Decision::DeadLetter { .. }
+            Decision::Retry { fee_bump: true, .. }
         ));
     }
 
@@ -315,6 +325,22 @@ mod tests {
                 error: "fee-bump cap reached after 3 bumps: transaction expired unconfirmed".into()
             }
         );
+        // A receipt checkpointed by the attempt may still land (a fee bump
+        // is asked for a transaction that is valid but not yet included):
+        // it is reconciled, at the same bid, before the op is given up.
+        let checkpointed = History {
+            checkpointed: true,
+            ..at(3)
+        };
+        match decide(&p, &bump, checkpointed, now(), 0.5) {
+            Decision::Retry {
+                fee_bump: true, error, ..
+            } => assert!(
+                error.starts_with("fee-bump cap reached after 3 bumps") && error.contains("reconciled"),
+                "{error}"
+            ),
+            other => panic!("{other:?}"),
+        }
         // Without a bump request the cap does not apply, and without a cap bumps are unbounded.
         assert!(matches!(
             decide(&p, &Outcome::retry("503"), at(9), now(), 0.5),

@@ -136,6 +136,24 @@ fn mistakes(files: &Files) -> Vec<Mistake> {
             "function = \"deposit-now!\"",
             &[("kinds.deposit.config.function", "Soroban symbol")],
         ),
+        mistake(
+            "a history source the plugin may not reach",
+            "signer_key = \"vault\"\n",
+            "signer_key = \"vault\"\nhistory_url = \"https://horizon.example\"\n",
+            &[("kinds.deposit.config.history_url", "allowed_hosts")],
+        ),
+        mistake(
+            "a history source that is not a string",
+            "signer_key = \"vault\"\n",
+            "signer_key = \"vault\"\nhistory_url = 8000\n",
+            &[("kinds.deposit.config.history_url", "expected a string")],
+        ),
+        mistake(
+            "a fee-bump delay out of range",
+            "signer_key = \"vault\"\n",
+            "signer_key = \"vault\"\nbump_after_ledgers = 5000\n",
+            &[("kinds.deposit.config.bump_after_ledgers", "1000")],
+        ),
         // Egress.
         mistake(
             "allowed_hosts without the RPC's scheme and port",

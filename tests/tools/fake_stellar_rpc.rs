@@ -10,7 +10,13 @@
 //! Faults for the next `sendTransaction`s, one per stdin line:
 //! `504 N` (accepted, answered 504, applied N ledgers later), `hang N`
 //! (accepted, never answered, applied N ledgers later), `busy`, `bad-seq`,
-//! `lose`, `trap`. Every second it prints what it saw when that changed:
+//! `lose`, `trap`, `hide` (lands, but `getTransaction` never says so).
+//! Other stdin lines move the chain: `skip N` closes a ledger and jumps N
+//! ledgers on (`skip 138240`: eight days, past the RPC's retention, so it
+//! forgets what landed); `history-from N` makes the Horizon-compatible
+//! history at `/history` forget everything before ledger N; `congest N`
+//! includes only transactions bidding at least N per operation (0 ends it),
+//! so a fee bump can be watched replacing a stuck one. Every second it prints what it saw when that changed:
 //! transactions sent and landed, sends while the signer already had one
 //! queued (must stay 0), and bad sequences. With `--state FILE` it also
 //! rewrites FILE (write, then rename) whenever that changes: those counts
@@ -47,7 +53,11 @@ fn fault(line: &str) -> anyhow::Result<SendFault> {
         "bad-seq" => SendFault::BadSeq,
         "lose" => SendFault::AcceptThenLose,
         "trap" => SendFault::Trap,
-        other => anyhow::bail!("unknown fault {other:?} (504 N, hang N, busy, bad-seq, lose, trap)"),
+        "hide" => SendFault::HideFor(u32::MAX),
+        other => anyhow::bail!(
+            "unknown line {other:?} (faults: 504 N, hang N, busy, bad-seq, lose, trap, hide; \
+             skip N, history-from N, congest N)"
+        ),
     })
 }
 
@@ -79,6 +89,26 @@ async fn main() -> anyhow::Result<()> {
     tokio::spawn(async move {
         let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
         while let Ok(Some(line)) = lines.next_line().await {
+            let mut words = line.split_whitespace();
+            let (command, ledger) = (words.next(), words.next().map(str::parse::<u32>));
+            match (command, ledger) {
+                (Some("skip"), Some(Ok(n))) => {
+                    injector.skip_ledgers(n);
+                    println!("skipped to ledger {}", injector.latest_ledger());
+                    continue;
+                }
+                (Some("congest"), Some(Ok(n))) => {
+                    injector.congest(i64::from(n));
+                    println!("including only bids of {n} and up");
+                    continue;
+                }
+                (Some("history-from"), Some(Ok(n))) => {
+                    injector.history_forget_before(n);
+                    println!("history starts at ledger {n}");
+                    continue;
+                }
+                _ => {}
+            }
             match fault(&line) {
                 Ok(f) => {
                     injector.inject(&[f]);
@@ -126,6 +156,7 @@ fn write_state(fake: &FakeRpc, path: &std::path::Path) -> anyhow::Result<()> {
                     .collect();
                 serde_json::json!({
                     "hash": tx.hash,
+                    "inner_hash": tx.inner_hash,
                     "source": fake_rpc::address(tx.source),
                     "sequence": tx.sequence,
                     "function": tx.function,

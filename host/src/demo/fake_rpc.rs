@@ -8,6 +8,17 @@
 //! current + 1, the minimum inclusion fee, the resource fee, and time and
 //! ledger bounds; one queued transaction per account; a ledger closes on a
 //! timer and applies what is queued. Faults are injected per call.
+//!
+//! Fee bumps (CAP-15) are applied as core applies them: the inner
+//! transaction's sequence and bounds, both signatures checked, and a bump of
+//! a queued transaction replaces it only at ten times its bid per operation
+//! (replace-by-fee); `congest` keeps transactions bidding less than a floor
+//! queued, unincluded, as surge pricing does.
+//!
+//! It forgets applied transactions older than its retention window, as the
+//! real RPC does, and serves a Horizon-compatible history under `/history`
+//! (`GET /history/transactions/{hash}` and the root's ingested range) that
+//! remembers every applied transaction from `history_elder` on.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -40,6 +51,9 @@ const TX_INSUFFICIENT_FEE: &str = "AAAAAAAAAGT////3AAAAAA==";
 const TX_TOO_LATE: &str = "AAAAAAAAAGT////9AAAAAA==";
 const TX_BAD_AUTH: &str = "AAAAAAAAAGT////6AAAAAA==";
 const TX_MALFORMED: &str = "AAAAAAAAAGT////wAAAAAA==";
+/// §A4's txFEE_BUMP_INNER_FAILED wrapping an inner txBAD_SEQ.
+const TX_FEE_BUMP_INNER_BAD_SEQ: &str =
+    "AAAAAAAAAMj////zEREREREREREREREREREREREREREREREREREREREREREAAAAAAAAAAP////sAAAAAAAAAAA==";
 
 /// A fault for the next `sendTransaction`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,8 +92,11 @@ pub struct Submitted {
     /// The source account (the signer's public key).
     pub source: [u8; 32],
     pub sequence: i64,
-    /// `tx.fee` minus the declared resource fee.
+    /// The inclusion fee bid per operation: `tx.fee` minus the declared
+    /// resource fee (a fee bump's outer fee minus it, over two operations).
     pub inclusion_fee: i64,
+    /// For a fee bump: the hash of the transaction it wraps.
+    pub inner_hash: Option<String>,
     pub function: Option<String>,
     pub args: Vec<ScVal>,
     pub max_ledger: u32,
@@ -141,6 +158,11 @@ struct Inner {
     /// The oldest ledger `getTransaction` claims to remember, when set
     /// (as if the retention window had moved on).
     oldest_override: Option<u32>,
+    /// The oldest ledger the history source has ingested.
+    history_elder: u32,
+    /// Queued transactions bidding less than this per operation are not
+    /// included (surge pricing).
+    inclusion_floor: i64,
 }
 
 /// The fake; clones share state.
@@ -177,6 +199,8 @@ impl Default for FakeRpc {
                 concurrent_sends: 0,
                 bad_seqs: 0,
                 oldest_override: None,
+                history_elder: 1,
+                inclusion_floor: 0,
             })),
         }
     }
@@ -278,6 +302,25 @@ impl FakeRpc {
         self.lock().oldest_override = Some(ledger);
     }
 
+    /// From now on a ledger includes only queued transactions bidding at
+    /// least `floor` per operation; the rest stay queued (0: all).
+    pub fn congest(&self, floor: i64) {
+        self.lock().inclusion_floor = floor;
+    }
+
+    /// From now on the history source has ingested nothing before `ledger`.
+    pub fn history_forget_before(&self, ledger: u32) {
+        self.lock().history_elder = ledger;
+    }
+
+    /// Closes one ledger, then moves the chain on `ledgers` more at once
+    /// (empty ledgers), as if that much time had passed: past the retention
+    /// window (120,960 ledgers, about 7 days), the RPC forgets what landed.
+    pub fn skip_ledgers(&self, ledgers: u32) {
+        self.close_ledger();
+        self.lock().latest_ledger += ledgers;
+    }
+
     /// The latest ledger.
     pub fn latest_ledger(&self) -> u32 {
         self.lock().latest_ledger
@@ -292,7 +335,7 @@ impl FakeRpc {
         let close_time = inner.close_time;
         let queued: Vec<([u8; 32], usize)> = inner.queued.drain().collect();
         for (account, index) in queued {
-            if inner.txs[index].apply_at > ledger {
+            if inner.txs[index].apply_at > ledger || inner.txs[index].inclusion_fee < inner.inclusion_floor {
                 // Still in the network's queue: it holds the account's slot.
                 inner.queued.insert(account, index);
                 continue;
@@ -348,11 +391,68 @@ impl FakeRpc {
     pub async fn serve_on(&self, port: u16) -> std::io::Result<String> {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
         let url = format!("http://{}/", listener.local_addr()?);
-        let app = axum::Router::new().fallback(handle).with_state(self.clone());
+        let app = axum::Router::new()
+            .route("/history/", axum::routing::get(history_root))
+            .route("/history/transactions/{hash}", axum::routing::get(history_transaction))
+            .fallback(handle)
+            .with_state(self.clone());
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
         Ok(url)
+    }
+}
+
+/// Horizon's root: the ledgers its history has ingested.
+async fn history_root(State(fake): State<FakeRpc>) -> Response {
+    let inner = fake.lock();
+    axum::Json(json!({
+        "history_elder_ledger": inner.history_elder,
+        "history_latest_ledger": inner.latest_ledger,
+        "core_latest_ledger": inner.latest_ledger,
+        "network_passphrase": TESTNET,
+    }))
+    .into_response()
+}
+
+/// Horizon's `GET /transactions/{hash}`: an applied transaction in the
+/// ingested range, or Horizon's 404 problem.
+async fn history_transaction(
+    State(fake): State<FakeRpc>,
+    axum::extract::Path(hash): axum::extract::Path<String>,
+) -> Response {
+    let inner = fake.lock();
+    // Horizon finds a fee bump by its own hash and by its inner one.
+    let named = |t: &Submitted| t.hash == hash || t.inner_hash.as_deref() == Some(hash.as_str());
+    let found = inner.txs.iter().rev().find_map(|t| match t.state {
+        TxState::Success { ledger } if named(t) => Some((t, ledger, true)),
+        TxState::Failed { ledger } if named(t) => Some((t, ledger, false)),
+        _ => None,
+    });
+    match found {
+        Some((t, ledger, successful)) if ledger >= inner.history_elder => {
+            let mut tx = json!({
+                "id": t.hash, "hash": t.hash, "ledger": ledger, "successful": successful,
+                "source_account": address(t.source), "source_account_sequence": t.sequence.to_string(),
+                "envelope_xdr": t.envelope, "result_xdr": applied_result(successful),
+                "operation_count": 1,
+            });
+            if let Some(inner_hash) = &t.inner_hash {
+                tx["inner_transaction"] = json!({ "hash": inner_hash });
+                tx["fee_bump_transaction"] = json!({ "hash": t.hash });
+            }
+            axum::Json(tx).into_response()
+        }
+        _ => (
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({
+                "type": "https://stellar.org/horizon-errors/not_found",
+                "title": "Resource Missing",
+                "status": 404,
+                "detail": "The resource at the url requested was not found.",
+            })),
+        )
+            .into_response(),
     }
 }
 
@@ -578,8 +678,20 @@ impl Inner {
             return (rpc_error(id, -32602, "invalid_hash"), false);
         };
         let hash_hex = hex::encode(hash);
-        let TransactionEnvelope::Tx(v1) = &envelope else {
-            return (self.send_answer(id, "ERROR", &hash_hex, Some(TX_MALFORMED)), false);
+        // A fee bump carries the transaction it pays for: that one's
+        // sequence, bounds and signature are checked as for any other.
+        let (v1, bump) = match &envelope {
+            TransactionEnvelope::Tx(v1) => (v1, None),
+            TransactionEnvelope::TxFeeBump(bump) => {
+                let stellar_xdr::FeeBumpTransactionInnerTx::Tx(inner) = &bump.tx.inner_tx;
+                (inner, Some(bump))
+            }
+            TransactionEnvelope::TxV0(_) => {
+                return (self.send_answer(id, "ERROR", &hash_hex, Some(TX_MALFORMED)), false);
+            }
+        };
+        let Ok(inner_hash) = v1.hash(self.network_id) else {
+            return (rpc_error(id, -32602, "invalid_hash"), false);
         };
         let fault = self.send_faults.pop_front();
         match fault {
@@ -615,33 +727,72 @@ impl Inner {
         }
         // Signatures: a wrong passphrase or key gives a different hash or
         // a signature that does not verify: txBAD_AUTH.
-        let signed = VerifyingKey::from_bytes(&source).is_ok_and(|key| {
-            v1.signatures.iter().any(|s| {
-                s.hint.0 == source[28..32]
-                    && Signature::from_slice(s.signature.0.as_slice())
-                        .is_ok_and(|sig| key.verify_strict(&hash, &sig).is_ok())
-            })
+        let fee_source_signed = bump.is_none_or(|b| match b.tx.fee_source {
+            MuxedAccount::Ed25519(Uint256(payer)) => signed_by(payer, &hash, &b.signatures),
+            MuxedAccount::MuxedEd25519(_) => false,
         });
-        if !signed {
+        if !(fee_source_signed && signed_by(source, &inner_hash, &v1.signatures)) {
             return (self.send_answer(id, "ERROR", &hash_hex, Some(TX_BAD_AUTH)), false);
-        }
-        if self.queued.contains_key(&source) {
-            self.concurrent_sends += 1;
-            return (self.send_answer(id, "TRY_AGAIN_LATER", &hash_hex, None), false);
-        }
-        let current = self.accounts.get(&source).copied().unwrap_or_default();
-        if tx.seq_num.0 != current + 1 {
-            self.bad_seqs += 1;
-            return (self.send_answer(id, "ERROR", &hash_hex, Some(TX_BAD_SEQ)), false);
         }
         let resource_fee = match &tx.ext {
             TransactionExt::V1(SorobanTransactionData { resource_fee, .. }) => *resource_fee,
             TransactionExt::V0 => 0,
         };
+        // Per operation: a fee bump bids for the inner one and itself.
+        let inclusion_fee = match bump {
+            None => i64::from(tx.fee) - resource_fee,
+            Some(b) if b.tx.fee >= i64::from(tx.fee) => (b.tx.fee - resource_fee) / 2,
+            Some(_) => {
+                return (
+                    self.send_answer(id, "ERROR", &hash_hex, Some(TX_INSUFFICIENT_FEE)),
+                    false,
+                )
+            }
+        };
+        let inner_hex = hex::encode(inner_hash);
+        let mut replaces = None;
+        if let Some(&queued) = self.queued.get(&source) {
+            let same = self.txs[queued]
+                .inner_hash
+                .as_deref()
+                .unwrap_or(self.txs[queued].hash.as_str())
+                == inner_hex;
+            if !(bump.is_some() && same) {
+                self.concurrent_sends += 1;
+                return (self.send_answer(id, "TRY_AGAIN_LATER", &hash_hex, None), false);
+            }
+            // Replace-by-fee: a fee bump of a queued transaction replaces
+            // it only at ten times its bid.
+            if inclusion_fee < self.txs[queued].inclusion_fee.saturating_mul(10) {
+                return (
+                    self.send_answer(id, "ERROR", &hash_hex, Some(TX_INSUFFICIENT_FEE)),
+                    false,
+                );
+            }
+            replaces = Some(queued);
+        }
+        let current = self.accounts.get(&source).copied().unwrap_or_default();
+        if tx.seq_num.0 != current + 1 {
+            // A fee bump of a transaction that has just landed is refused
+            // for its inner sequence: the bump lost a race, the sender sent
+            // nothing stale.
+            let inner_landed = self.txs.iter().any(|t| {
+                matches!(t.state, TxState::Success { .. } | TxState::Failed { .. })
+                    && (t.hash == inner_hex || t.inner_hash.as_deref() == Some(inner_hex.as_str()))
+            });
+            if !(bump.is_some() && inner_landed) {
+                self.bad_seqs += 1;
+            }
+            let code = if bump.is_some() {
+                TX_FEE_BUMP_INNER_BAD_SEQ
+            } else {
+                TX_BAD_SEQ
+            };
+            return (self.send_answer(id, "ERROR", &hash_hex, Some(code)), false);
+        }
         if resource_fee > i64::from(tx.fee) {
             return (self.send_answer(id, "ERROR", &hash_hex, Some(TX_MALFORMED)), false);
         }
-        let inclusion_fee = i64::from(tx.fee) - resource_fee;
         if inclusion_fee < self.min_inclusion_fee * i64::try_from(tx.operations.len()).unwrap_or(1) {
             return (
                 self.send_answer(id, "ERROR", &hash_hex, Some(TX_INSUFFICIENT_FEE)),
@@ -668,12 +819,17 @@ impl Inner {
             },
             _ => (None, Vec::new()),
         };
+        if let Some(replaced) = replaces {
+            self.txs[replaced].state = TxState::Dropped;
+            self.queued.remove(&source);
+        }
         let index = self.txs.len();
         self.txs.push(Submitted {
             hash: hash_hex.clone(),
             source,
             sequence: tx.seq_num.0,
             inclusion_fee,
+            inner_hash: bump.map(|_| inner_hex.clone()),
             function,
             args,
             max_ledger,
@@ -724,11 +880,10 @@ impl Inner {
             "oldestLedger": self.oldest_ledger(),
             "oldestLedgerCloseTime": self.oldest_close_time().to_string(),
         });
-        if self.oldest_override.is_some_and(|oldest| {
-            self.txs.iter().any(|t| {
-                t.hash == hash
-                    && matches!(t.state, TxState::Success { ledger } | TxState::Failed { ledger } if ledger < oldest)
-            })
+        let oldest = self.oldest_ledger();
+        if self.txs.iter().any(|t| {
+            t.hash == hash
+                && matches!(t.state, TxState::Success { ledger } | TxState::Failed { ledger } if ledger < oldest)
         }) {
             return ok(id, result);
         }
@@ -756,7 +911,7 @@ impl Inner {
         });
         result["status"] = json!(status);
         result["applicationOrder"] = json!(1);
-        result["feeBump"] = json!(false);
+        result["feeBump"] = json!(tx.inner_hash.is_some());
         result["envelopeXdr"] = json!(tx.envelope);
         result["resultXdr"] = json!(result_xdr);
         result["resultMetaXdr"] = json!(meta.to_xdr_base64(Limits::none()).unwrap_or_default());
@@ -764,6 +919,17 @@ impl Inner {
         result["createdAt"] = json!(unix_now().to_string());
         ok(id, result)
     }
+}
+
+/// Whether one of `signatures` is `key`'s over `hash`.
+fn signed_by(key: [u8; 32], hash: &[u8; 32], signatures: &[stellar_xdr::DecoratedSignature]) -> bool {
+    VerifyingKey::from_bytes(&key).is_ok_and(|verifying| {
+        signatures.iter().any(|s| {
+            s.hint.0 == key[28..32]
+                && Signature::from_slice(s.signature.0.as_slice())
+                    .is_ok_and(|sig| verifying.verify_strict(hash, &sig).is_ok())
+        })
+    })
 }
 
 /// The `TransactionResult` of an applied InvokeHostFunction transaction:

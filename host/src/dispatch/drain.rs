@@ -1091,6 +1091,7 @@ impl Pass {
             let started_at = self.inner.clock.now();
             let fee = bids.get(&claimed.op.id).copied();
             let max_attempts = kind.map_or(RetryPolicy::default().max_attempts, |k| k.max_attempts);
+            let max_fee_bumps = kind.and_then(|k| k.max_fee_bumps);
             let flight = Flight {
                 claimed,
                 destination,
@@ -1101,7 +1102,7 @@ impl Pass {
                 self.inner.clone(),
                 executor,
                 flight.clone(),
-                (timeout, max_attempts),
+                (timeout, max_attempts, max_fee_bumps),
                 permit,
             );
             let handle = self.running.spawn(task);
@@ -1425,14 +1426,17 @@ type Chosen = (
 /// Runs one attempt: reconcile first if an earlier attempt checkpointed a
 /// receipt, then execute; bounded by the kind's deadline; panics caught.
 ///
-/// An op whose budget is already spent reaches here only to reconcile (its
-/// lease expired with a receipt): if the side effect provably did not
-/// happen, it is dead-lettered rather than attempted beyond its budget.
+/// An op whose budget or fee-bump cap is already spent reaches here only to
+/// reconcile (its lease expired with a receipt, or its last attempt asked
+/// for a bump past the cap with a receipt that might still land, which
+/// counts one bump past the cap): if the side effect provably did not
+/// happen, it is dead-lettered rather than attempted beyond its budget or
+/// cap.
 async fn execute(
     inner: Arc<Inner>,
     executor: Option<Arc<dyn Executor>>,
     flight: Flight,
-    (timeout, max_attempts): (Duration, u32),
+    (timeout, max_attempts, max_fee_bumps): (Duration, u32, Option<u32>),
     _hold: Hold,
 ) -> Finished {
     let Flight {
@@ -1454,6 +1458,8 @@ async fn execute(
             let context = context.clone();
             let op = &claimed.op;
             let spent = u32::try_from(op.budget_attempts()).unwrap_or(u32::MAX) > max_attempts;
+            // One bump past the cap was asked for and refused (`retry::decide`).
+            let capped = max_fee_bumps.filter(|cap| u32::try_from(op.fee_bumps).unwrap_or(0) > *cap);
             let earlier = &earlier_receipt_open;
             let attempt = async {
                 if let Some(receipt) = &op.receipt {
@@ -1464,7 +1470,14 @@ async fn execute(
                                 "gave up after {max_attempts} attempts; the last one provably did not take effect"
                             ))
                         }
-                        Reconciled::Redeliver => earlier.store(false, std::sync::atomic::Ordering::Release),
+                        Reconciled::Redeliver => {
+                            if let Some(cap) = capped {
+                                return Outcome::permanent(format!(
+                                    "fee-bump cap reached after {cap} bumps; the last transaction provably did not land"
+                                ));
+                            }
+                            earlier.store(false, std::sync::atomic::Ordering::Release);
+                        }
                     }
                 }
                 executor.execute(op, context).await

@@ -227,7 +227,9 @@ pub struct Op {
     /// Attempts that count against the retry budget start after this many;
     /// an operator's force-retry moves it up to grant a fresh budget.
     pub attempt_floor: i32,
-    /// Fee bumps applied so far (chain executors).
+    /// Fee bumps asked for so far (chain executors). One past the kind's
+    /// `max_fee_bumps` means the last was refused at the cap and the op's
+    /// receipt is being reconciled before it is given up.
     pub fee_bumps: i32,
     /// Not to be claimed before this time.
     pub next_attempt_at: DateTime<Utc>,

@@ -9,7 +9,7 @@ use stellar_xdr::{ScAddress, ScSymbol};
 
 use crate::settings::{ArgType, Settings, MAX_VALID_SECONDS};
 
-const KEYS: [&str; 11] = [
+const KEYS: [&str; 13] = [
     "rpc_url",
     "network_passphrase",
     "contract_id",
@@ -21,6 +21,8 @@ const KEYS: [&str; 11] = [
     "poll_ms",
     "default_base_fee",
     "try_again_ms",
+    "history_url",
+    "bump_after_ledgers",
 ];
 
 const ARG_KEYS: [&str; 3] = ["field", "value", "type"];
@@ -35,6 +37,9 @@ pub fn validate(config: &str) -> Result<(), Vec<Problem>> {
     };
     if let Some(url) = check.string("", table, "rpc_url", true) {
         check::reachable(&mut check, "rpc_url", url);
+    }
+    if let Some(url) = check.string("", table, "history_url", false) {
+        check::reachable(&mut check, "history_url", url);
     }
     check.string("", table, "network_passphrase", true);
     if let Some(contract) = check.string("", table, "contract_id", true) {
@@ -59,6 +64,7 @@ pub fn validate(config: &str) -> Result<(), Vec<Problem>> {
     check.integer("", table, "poll_ms", 1, 600_000);
     check.integer("", table, "default_base_fee", 100, u64::from(u32::MAX));
     check.integer("", table, "try_again_ms", 0, 3_600_000);
+    check.integer("", table, "bump_after_ledgers", 0, 1000);
     match table.get("args") {
         None => {}
         Some(Value::Array(args)) => {

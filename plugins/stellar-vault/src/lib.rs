@@ -15,6 +15,7 @@
 
 mod cadence;
 mod check;
+mod history;
 mod receipt;
 mod rpc;
 mod settings;
@@ -22,6 +23,7 @@ mod tx;
 
 use std::time::{Duration, Instant, SystemTime};
 
+use history::{Found, History};
 use laneway_sdk::signer::{self, Algorithm};
 use laneway_sdk::{checkpoint, fees, log, Confirmation, Executor, Failure, Op, OpInput, Outcome, Reconciled, Retry};
 use receipt::Receipt;
@@ -86,8 +88,10 @@ fn unix_now_ms() -> u64 {
 
 /// How a sent transaction ended, as far as one wait could tell.
 enum Fate {
+    /// Applied successfully, under `hash` (the transaction's or a fee bump's).
     Landed {
         ledger: u64,
+        hash: String,
     },
     Failed {
         code: String,
@@ -100,13 +104,16 @@ enum Fate {
     },
     /// `TRY_AGAIN_LATER`: not accepted now.
     Busy,
+    /// Still valid but not included after `bump_after_ledgers` ledgers, in a
+    /// kind a fee oracle prices: worth a fee bump at the next bid.
+    Stuck,
     /// The RPC could not be asked.
     Unreachable(RpcError),
 }
 
 /// Sends the receipt's envelope and waits for its fate.
 fn send_and_wait(rpc: &mut Rpc, receipt: &Receipt, settings: &Settings) -> Fate {
-    match rpc.send(&receipt.envelope) {
+    match rpc.send(receipt.latest_envelope()) {
         Ok(Sent::Queued) => wait(rpc, receipt, settings),
         Ok(Sent::TryAgainLater) => Fate::Busy,
         Ok(Sent::Error(result)) => Fate::Rejected {
@@ -116,16 +123,43 @@ fn send_and_wait(rpc: &mut Rpc, receipt: &Receipt, settings: &Settings) -> Fate 
     }
 }
 
-/// Polls `getTransaction` until the transaction lands, fails, or provably
-/// cannot land any more.
+/// `getTransaction` for every hash the receipt may have landed under (its
+/// fee bumps and itself): the first that applied, or NOT_FOUND and the tip.
+fn lookup(rpc: &mut Rpc, receipt: &Receipt) -> Result<(Lookup, rpc::Tip, String), RpcError> {
+    let mut last = None;
+    for hash in receipt.hashes() {
+        let (found, tip) = rpc.transaction(hash)?;
+        if found != Lookup::NotFound {
+            return Ok((found, tip, hash.to_owned()));
+        }
+        last = Some(tip);
+    }
+    let tip = last.ok_or_else(|| RpcError::Protocol("a receipt without a hash".to_owned()))?;
+    Ok((Lookup::NotFound, tip, receipt.hash.clone()))
+}
+
+/// Polls `getTransaction` until the transaction lands, fails, provably
+/// cannot land any more, or (when its kind is priced) has waited
+/// `bump_after_ledgers` ledgers unincluded.
 fn wait(rpc: &mut Rpc, receipt: &Receipt, settings: &Settings) -> Fate {
     let give_up = Instant::now() + Duration::from_secs(settings.valid_seconds + 30);
+    let bumpable = settings.bump_after_ledgers > 0 && !receipt.restore && fees::current().is_some();
+    let mut first_seen: Option<u32> = None;
     loop {
-        let pause = match rpc.transaction(&receipt.hash) {
-            Ok((Lookup::Success { ledger }, _)) => return Fate::Landed { ledger },
-            Ok((Lookup::Failed { code }, _)) => return Fate::Failed { code },
-            Ok((Lookup::NotFound, tip)) if receipt.expired_at(tip.ledger, tip.close_time) => return Fate::Expired,
-            Ok((Lookup::NotFound, tip)) => cadence::next_poll(&tip, unix_now_ms(), settings.poll_ms),
+        let pause = match lookup(rpc, receipt) {
+            Ok((Lookup::Success { ledger }, _, hash)) => return Fate::Landed { ledger, hash },
+            Ok((Lookup::Failed { code }, _, _)) => return Fate::Failed { code },
+            Ok((Lookup::NotFound, tip, _)) if receipt.expired_at(tip.ledger, tip.close_time) => return Fate::Expired,
+            Ok((Lookup::NotFound, tip, _))
+                if bumpable
+                    && tip.ledger
+                        >= first_seen
+                            .get_or_insert(tip.ledger)
+                            .saturating_add(settings.bump_after_ledgers) =>
+            {
+                return Fate::Stuck
+            }
+            Ok((Lookup::NotFound, tip, _)) => cadence::next_poll(&tip, unix_now_ms(), settings.poll_ms),
             Err(RpcError::Denied(why)) => return Fate::Unreachable(RpcError::Denied(why)),
             Err(e) if Instant::now() >= give_up => return Fate::Unreachable(e),
             Err(_) => Duration::from_millis(settings.poll_ms),
@@ -140,10 +174,16 @@ fn wait(rpc: &mut Rpc, receipt: &Receipt, settings: &Settings) -> Fate {
     }
 }
 
-fn landed(receipt: &Receipt, ledger: u64) -> Outcome {
+/// Confirmed under the transaction's (inner) hash, whatever envelope landed.
+fn landed(receipt: &Receipt, ledger: u64, hash: &str) -> Outcome {
+    let detail = if hash == receipt.hash {
+        format!("SUCCESS in ledger {ledger}")
+    } else {
+        format!("SUCCESS in ledger {ledger} (fee-bumped as {hash})")
+    };
     Outcome::Confirmed(Confirmation {
         receipt: Some(receipt.hash.clone()),
-        detail: Some(format!("SUCCESS in ledger {ledger}")),
+        detail: Some(detail),
     })
 }
 
@@ -189,8 +229,17 @@ fn mark_rejected(receipt: &Receipt) {
 /// What one wait means for `execute`.
 fn execute_outcome(fate: Fate, receipt: &Receipt, settings: &Settings) -> Outcome {
     match fate {
-        Fate::Landed { ledger } => landed(receipt, ledger),
+        Fate::Landed { ledger, hash } => landed(receipt, ledger, &hash),
         Fate::Failed { code } => failed_on_chain(&code),
+        Fate::Stuck => retry(
+            format!(
+                "not included after {} ledgers; fee-bumping at the next bid",
+                settings.bump_after_ledgers
+            ),
+            Some("stuck"),
+            Some(Duration::ZERO),
+            true,
+        ),
         Fate::Expired => retry(
             "not included before its ledger bound; resubmitting with a bumped fee",
             Some("expired"),
@@ -225,6 +274,7 @@ fn next_sequence(rpc: &mut Rpc, settings: &Settings, key: [u8; 32]) -> Result<(i
     };
     let sequence = tx::account_sequence(entry).map_err(|e| retry(e, Some("rpc_protocol"), None, false))?;
     let bounds = tx::Bounds {
+        first_ledger: tip.ledger.saturating_add(1),
         max_time: unix_now() + settings.valid_seconds,
         max_ledger: tip.ledger.saturating_add(settings.ledger_window),
     };
@@ -301,6 +351,8 @@ fn seal(
         restore,
         sequence,
         inclusion_fee: Some(inclusion_fee),
+        first_ledger: Some(bounds.first_ledger),
+        bumps: Vec::new(),
     };
     match checkpoint::save(&receipt.to_json()) {
         Ok(()) => {
@@ -355,8 +407,7 @@ fn restore(
 /// server remembers every ledger it could have landed in, it contradicts
 /// itself (a lagging or faulty RPC; the fault harness's fake once did); if
 /// not (older than the RPC's retention), it may have landed long ago.
-/// Either way, rather than risk paying twice, the op is dead-lettered for
-/// an operator to check the hash.
+/// Either way the history source decides (`used_sequence`).
 fn dead_or_unknown(rpc: &mut Rpc, receipt: &Receipt, settings: &Settings, oldest: Option<u32>) -> Reconciled {
     let key = match public_key(settings) {
         Ok(k) => k,
@@ -372,24 +423,69 @@ fn dead_or_unknown(rpc: &mut Rpc, receipt: &Receipt, settings: &Settings, oldest
     };
     match current {
         Some(Ok(sequence)) if sequence < receipt.sequence => Reconciled::Redeliver,
-        Some(Ok(_)) if receipt.within_retention(oldest) => Reconciled::Settled(permanent(
-            format!(
-                "outcome unknown: the RPC does not know transaction {}, yet remembers every ledger it could have \
-                 landed in and the signer's sequence {} was used; check the account's history before retrying",
-                receipt.hash, receipt.sequence
-            ),
-            Some("outcome_unknown"),
-        )),
-        Some(Ok(_)) => Reconciled::Settled(permanent(
-            format!(
-                "outcome unknown: transaction {} is older than the RPC's retention and its sequence was used; \
-                 check it on a history server before retrying",
-                receipt.hash
-            ),
-            Some("outcome_unknown"),
-        )),
+        Some(Ok(_)) => used_sequence(receipt, settings, receipt.within_retention(oldest)),
         Some(Err(e)) => Reconciled::Settled(retry(e, Some("rpc_protocol"), None, false)),
         None => Reconciled::Settled(permanent("the signer account does not exist", Some("tx_no_account"))),
+    }
+}
+
+/// The RPC does not know a transaction past its bounds whose sequence was
+/// used. The kind's history source, when it has one, is asked: found, the
+/// op settles as the chain settled it; missing, and the source has ingested
+/// every ledger the transaction could have landed in, it never landed and
+/// the op is built afresh. Otherwise, rather than risk paying twice, the op
+/// is dead-lettered as outcome unknown for an operator to check the hash.
+/// A source that cannot be reached now is asked again on the next attempt.
+fn used_sequence(receipt: &Receipt, settings: &Settings, within_retention: bool) -> Reconciled {
+    let rpc_says = if within_retention {
+        format!(
+            "outcome unknown: the RPC does not know transaction {}, yet remembers every ledger it could have \
+             landed in and the signer's sequence {} was used",
+            receipt.hash, receipt.sequence
+        )
+    } else {
+        format!(
+            "outcome unknown: transaction {} is older than the RPC's retention and its sequence was used",
+            receipt.hash
+        )
+    };
+    let unknown = |why: String| Reconciled::Settled(permanent(why, Some("outcome_unknown")));
+    let Some(url) = settings.history_url.as_deref() else {
+        return unknown(format!(
+            "{rpc_says}; check it on a history server (or set the kind's history_url) before retrying"
+        ));
+    };
+    let source = History::new(url);
+    match source.transaction(&receipt.hash) {
+        Ok(Found::Applied {
+            ledger,
+            failed_code: None,
+        }) => Reconciled::Settled(Outcome::Confirmed(Confirmation {
+            receipt: Some(receipt.hash.clone()),
+            detail: Some(format!("SUCCESS in ledger {ledger} (from the history source)")),
+        })),
+        Ok(Found::Applied {
+            failed_code: Some(code),
+            ..
+        }) => Reconciled::Settled(failed_on_chain(&code)),
+        Ok(Found::Missing) => {
+            let Some((first, last)) = receipt.landing_ledgers() else {
+                return unknown(format!(
+                    "{rpc_says}; the history source does not have it, and this receipt does not record the \
+                     first ledger it could have landed in"
+                ));
+            };
+            match source.coverage() {
+                Ok(coverage) if coverage.covers(first, last) => Reconciled::Redeliver,
+                Ok(coverage) => unknown(format!(
+                    "{rpc_says}; the history source does not have it, but has ingested only ledgers {}..={} of \
+                     {first}..={last}",
+                    coverage.elder, coverage.latest
+                )),
+                Err(e) => Reconciled::Settled(rpc_outcome(e)),
+            }
+        }
+        Err(e) => Reconciled::Settled(rpc_outcome(e)),
     }
 }
 
@@ -483,48 +579,130 @@ impl Executor for Vault {
             return Reconciled::Redeliver;
         }
         // Whatever settles now settles this envelope, at the fee it carries.
-        if let Some(fee) = receipt.inclusion_fee {
+        if let Some(fee) = receipt.paying() {
             fees::spent(fee);
         }
         let mut rpc = Rpc::new(&settings.rpc_url);
         if receipt.restore {
             return reconcile_restore(&mut rpc, &receipt, &settings);
         }
-        let (lookup, tip) = match rpc.transaction(&receipt.hash) {
+        let (found, tip, hash) = match lookup(&mut rpc, &receipt) {
             Ok(found) => found,
             Err(e) => return Reconciled::Settled(rpc_outcome(e)),
         };
-        match lookup {
-            Lookup::Success { ledger } => return Reconciled::Settled(landed(&receipt, ledger)),
+        match found {
+            Lookup::Success { ledger } => return Reconciled::Settled(landed(&receipt, ledger, &hash)),
             Lookup::Failed { code } => return Reconciled::Settled(failed_on_chain(&code)),
             Lookup::NotFound if receipt.expired_at(tip.ledger, tip.close_time) => {
                 return dead_or_unknown(&mut rpc, &receipt, &settings, tip.oldest)
             }
             Lookup::NotFound => {}
         }
-        // It may still land: send the same bytes again (a queued copy makes
-        // this a DUPLICATE) and wait for its fate.
+        // It may still land. Priced higher than its newest envelope bids,
+        // it is fee-bumped; either way the newest envelope is sent (again:
+        // a queued copy makes this a DUPLICATE) and its fate awaited.
+        let receipt = match fees::current() {
+            Some(bid) if settings.bump_after_ledgers > 0 && receipt.bid().is_some_and(|b| bid.base_fee > b) => {
+                match bump(&settings, receipt, bid.base_fee) {
+                    Ok(bumped) => bumped,
+                    Err(outcome) => return Reconciled::Settled(outcome),
+                }
+            }
+            _ => receipt,
+        };
         match send_and_wait(&mut rpc, &receipt, &settings) {
-            Fate::Landed { ledger } => Reconciled::Settled(landed(&receipt, ledger)),
+            Fate::Landed { ledger, hash } => Reconciled::Settled(landed(&receipt, ledger, &hash)),
             Fate::Failed { code } => Reconciled::Settled(failed_on_chain(&code)),
             Fate::Expired => dead_or_unknown(&mut rpc, &receipt, &settings, None),
-            // A bad sequence on a resubmission may mean it already landed:
-            // look the hash up before building afresh.
-            Fate::Rejected { code } if code == "tx_bad_seq" => match rpc.transaction(&receipt.hash) {
-                Ok((Lookup::Success { ledger }, _)) => Reconciled::Settled(landed(&receipt, ledger)),
-                Ok((Lookup::Failed { code }, _)) => Reconciled::Settled(failed_on_chain(&code)),
-                Ok((Lookup::NotFound, _)) => {
-                    mark_rejected(&receipt);
-                    Reconciled::Redeliver
-                }
+            // A bad sequence on a resubmission (or under a fee bump) means
+            // the sequence was used, perhaps by this very transaction: look
+            // the hashes up. Not found (an RPC that has not indexed it yet,
+            // or another transaction of the account), it is never rebuilt
+            // while it may have landed: the receipt stays open until its
+            // bounds pass, and then the used sequence decides
+            // (`dead_or_unknown`).
+            Fate::Rejected { code } if code == "tx_bad_seq" => match lookup(&mut rpc, &receipt) {
+                Ok((Lookup::Success { ledger }, _, hash)) => Reconciled::Settled(landed(&receipt, ledger, &hash)),
+                Ok((Lookup::Failed { code }, _, _)) => Reconciled::Settled(failed_on_chain(&code)),
+                Ok((Lookup::NotFound, _, _)) => Reconciled::Settled(retry(
+                    "tx_bad_seq on a resend: the sequence was used; the transaction is looked up again once its \
+                     bounds pass",
+                    Some("tx_bad_seq"),
+                    None,
+                    false,
+                )),
                 Err(e) => Reconciled::Settled(rpc_outcome(e)),
             },
+            // A refused fee bump says nothing of the transaction it wraps,
+            // which may still be queued and land: the receipt stays open.
+            // Too low (replace-by-fee asks 10x the queued bid), the next
+            // attempt bids higher.
+            Fate::Rejected { code } if !receipt.bumps.is_empty() => {
+                refuse_newest_bump(receipt);
+                Reconciled::Settled(retry(
+                    format!("fee bump refused: {code}; the transaction it wraps may still land"),
+                    Some(&code),
+                    None,
+                    code == "tx_insufficient_fee",
+                ))
+            }
             Fate::Rejected { .. } => {
                 mark_rejected(&receipt);
                 Reconciled::Redeliver
             }
             other => Reconciled::Settled(execute_outcome(other, &receipt, &settings)),
         }
+    }
+}
+
+/// Marks the newest fee bump refused, so it is not sent again (if this
+/// cannot be saved, the next attempt sends it once more and is refused
+/// again: harmless).
+fn refuse_newest_bump(mut receipt: Receipt) {
+    if let Some(bump) = receipt.bumps.last_mut() {
+        bump.refused = true;
+    }
+    if let Err(e) = checkpoint::save(&receipt.to_json()) {
+        log::log(
+            log::Level::Warn,
+            "could not mark the fee bump refused",
+            &[("error".to_owned(), format!("{e:?}"))],
+        );
+    }
+}
+
+/// Wraps the receipt's transaction in a fee bump bidding `inclusion_fee`,
+/// signed by the signer (who pays), and checkpoints it before it is sent.
+fn bump(settings: &Settings, mut receipt: Receipt, inclusion_fee: u64) -> Result<Receipt, Outcome> {
+    let key = public_key(settings)?;
+    let bump = tx::fee_bump(&receipt.envelope, key, inclusion_fee).map_err(|e| permanent(e, Some("xdr")))?;
+    let hash = tx::fee_bump_hash(&bump, &settings.network_passphrase).map_err(|e| permanent(e, Some("xdr")))?;
+    let signature = signer::sign(&settings.signer_key, Algorithm::Ed25519, &hash)
+        .map_err(|e| permanent(format!("signing failed: {e:?}"), Some("signer")))?;
+    let envelope = tx::signed_fee_bump(bump, key, signature).map_err(|e| permanent(e, Some("xdr")))?;
+    receipt.bumps.push(receipt::Bump {
+        hash: hex::encode(hash),
+        envelope,
+        inclusion_fee,
+        refused: false,
+    });
+    match checkpoint::save(&receipt.to_json()) {
+        Ok(()) => {
+            fees::spent(inclusion_fee);
+            Ok(receipt)
+        }
+        Err(checkpoint::Error::LeaseLost) => Err(retry(
+            "lease lost before sending a fee bump; not sent",
+            Some("lease_lost"),
+            None,
+            false,
+        )),
+        Err(checkpoint::Error::Failed(e)) => Err(retry(
+            format!("checkpoint failed; fee bump not sent: {e}"),
+            Some("checkpoint"),
+            None,
+            false,
+        )),
     }
 }
 

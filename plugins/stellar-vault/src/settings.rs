@@ -74,6 +74,20 @@ pub struct Settings {
     /// Pause asked for after `TRY_AGAIN_LATER`.
     #[serde(default = "default_try_again_ms")]
     pub try_again_ms: u64,
+    /// A Horizon-compatible history source, consulted when a transaction is
+    /// older than the RPC's retention (or the RPC contradicts the signer's
+    /// sequence), before an op is called outcome unknown.
+    #[serde(default)]
+    pub history_url: Option<String>,
+    /// Ledgers a sent transaction may stay unincluded before it is
+    /// fee-bumped at the next attempt's bid (0: never; only kinds priced by
+    /// a fee oracle are bumped).
+    #[serde(default = "default_bump_after_ledgers")]
+    pub bump_after_ledgers: u32,
+}
+
+fn default_bump_after_ledgers() -> u32 {
+    3
 }
 
 fn default_valid_seconds() -> u64 {

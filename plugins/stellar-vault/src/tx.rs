@@ -3,12 +3,13 @@
 //! (stellar-cli's rules), its network hash, and reading result codes.
 
 use stellar_xdr::{
-    AccountId, DecoratedSignature, ExtensionPoint, HostFunction, InvokeContractArgs, InvokeHostFunctionOp,
-    LedgerBounds, LedgerEntryData, LedgerKey, LedgerKeyAccount, Limits, Memo, MuxedAccount, Operation, OperationBody,
-    OperationResult, OperationResultTr, Preconditions, PreconditionsV2, PublicKey, ReadXdr, RestoreFootprintOp,
-    ScAddress, ScSymbol, ScVal, SequenceNumber, Signature, SignatureHint, SorobanAuthorizationEntry,
-    SorobanTransactionData, TimeBounds, TimePoint, Transaction, TransactionEnvelope, TransactionExt, TransactionResult,
-    TransactionResultResult, TransactionV1Envelope, Uint256, WriteXdr,
+    AccountId, DecoratedSignature, ExtensionPoint, FeeBumpTransaction, FeeBumpTransactionEnvelope,
+    FeeBumpTransactionExt, FeeBumpTransactionInnerTx, HostFunction, InnerTransactionResultResult, InvokeContractArgs,
+    InvokeHostFunctionOp, LedgerBounds, LedgerEntryData, LedgerKey, LedgerKeyAccount, Limits, Memo, MuxedAccount,
+    Operation, OperationBody, OperationResult, OperationResultTr, Preconditions, PreconditionsV2, PublicKey, ReadXdr,
+    RestoreFootprintOp, ScAddress, ScSymbol, ScVal, SequenceNumber, Signature, SignatureHint,
+    SorobanAuthorizationEntry, SorobanTransactionData, TimeBounds, TimePoint, Transaction, TransactionEnvelope,
+    TransactionExt, TransactionResult, TransactionResultResult, TransactionV1Envelope, Uint256, WriteXdr,
 };
 
 /// The network id: SHA-256 of the passphrase.
@@ -46,6 +47,8 @@ pub fn account_sequence(entry_xdr: &str) -> Result<i64, String> {
 /// Where and when a transaction may land.
 #[derive(Debug, Clone, Copy)]
 pub struct Bounds {
+    /// The first ledger it may land in (the one after the tip it was built at).
+    pub first_ledger: u32,
     /// Unix seconds after which it cannot land.
     pub max_time: u64,
     /// It may land only in ledgers below this one.
@@ -160,17 +163,61 @@ pub fn hash(tx: &Transaction, passphrase: &str) -> Result<[u8; 32], String> {
     tx.hash(network_id(passphrase)).map_err(xdr_err)
 }
 
-/// The signed envelope, base64: one signature whose hint is the last four
-/// bytes of the public key.
-pub fn signed(tx: Transaction, public_key: [u8; 32], signature: Vec<u8>) -> Result<String, String> {
-    let hint = SignatureHint([public_key[28], public_key[29], public_key[30], public_key[31]]);
-    let decorated = DecoratedSignature {
-        hint,
+/// One signature whose hint is the last four bytes of the public key.
+fn decorated(public_key: [u8; 32], signature: Vec<u8>) -> Result<DecoratedSignature, String> {
+    Ok(DecoratedSignature {
+        hint: SignatureHint([public_key[28], public_key[29], public_key[30], public_key[31]]),
         signature: Signature(signature.try_into().map_err(xdr_err)?),
-    };
+    })
+}
+
+/// The signed envelope, base64.
+pub fn signed(tx: Transaction, public_key: [u8; 32], signature: Vec<u8>) -> Result<String, String> {
     TransactionEnvelope::Tx(TransactionV1Envelope {
         tx,
-        signatures: vec![decorated].try_into().map_err(xdr_err)?,
+        signatures: vec![decorated(public_key, signature)?].try_into().map_err(xdr_err)?,
+    })
+    .to_xdr_base64(Limits::none())
+    .map_err(xdr_err)
+}
+
+/// A fee bump (CAP-15) around the signed envelope `inner` (base64): the
+/// same transaction, same sequence and inner hash, with `fee_source`
+/// paying `2 × inclusion_fee + resource fee` (the inner operation and the
+/// bump each bid `inclusion_fee`; stellar-cli's rule).
+pub fn fee_bump(inner: &str, fee_source: [u8; 32], inclusion_fee: u64) -> Result<FeeBumpTransaction, String> {
+    let TransactionEnvelope::Tx(inner) =
+        TransactionEnvelope::from_xdr_base64(inner, Limits::none()).map_err(xdr_err)?
+    else {
+        return Err("only a v1 transaction envelope can be fee-bumped".to_owned());
+    };
+    let resource_fee = match &inner.tx.ext {
+        TransactionExt::V1(data) => u64::try_from(data.resource_fee).unwrap_or(0),
+        TransactionExt::V0 => 0,
+    };
+    let fee = inclusion_fee
+        .checked_mul(2)
+        .and_then(|f| f.checked_add(resource_fee))
+        .and_then(|f| i64::try_from(f).ok())
+        .ok_or_else(|| format!("fee bump of {inclusion_fee} overflows"))?;
+    Ok(FeeBumpTransaction {
+        fee_source: MuxedAccount::Ed25519(Uint256(fee_source)),
+        fee,
+        inner_tx: FeeBumpTransactionInnerTx::Tx(inner),
+        ext: FeeBumpTransactionExt::V0,
+    })
+}
+
+/// A fee bump's own (outer) hash on the network named by `passphrase`.
+pub fn fee_bump_hash(tx: &FeeBumpTransaction, passphrase: &str) -> Result<[u8; 32], String> {
+    tx.hash(network_id(passphrase)).map_err(xdr_err)
+}
+
+/// The signed fee-bump envelope, base64.
+pub fn signed_fee_bump(tx: FeeBumpTransaction, public_key: [u8; 32], signature: Vec<u8>) -> Result<String, String> {
+    TransactionEnvelope::TxFeeBump(FeeBumpTransactionEnvelope {
+        tx,
+        signatures: vec![decorated(public_key, signature)?].try_into().map_err(xdr_err)?,
     })
     .to_xdr_base64(Limits::none())
     .map_err(xdr_err)
@@ -198,6 +245,10 @@ pub fn result_code(result_xdr: &str) -> String {
         return "unreadable_result".to_owned();
     };
     match &result.result {
+        // A fee bump's code is its inner transaction's.
+        TransactionResultResult::TxFeeBumpInnerFailed(pair) | TransactionResultResult::TxFeeBumpInnerSuccess(pair) => {
+            inner_result_code(&pair.result.result)
+        }
         // Soroban transactions carry one operation: its result is the code.
         TransactionResultResult::TxFailed(ops) => ops
             .first()
@@ -210,5 +261,90 @@ pub fn result_code(result_xdr: &str) -> String {
             })
             .unwrap_or_else(|| "tx_failed".to_owned()),
         other => snake(other.name()),
+    }
+}
+
+/// The code of a fee bump's inner result (`tx_bad_seq`, or the failing
+/// operation's for `tx_failed`).
+fn inner_result_code(result: &InnerTransactionResultResult) -> String {
+    match result {
+        InnerTransactionResultResult::TxFailed(ops) => ops
+            .first()
+            .map(|op| match op {
+                OperationResult::OpInner(OperationResultTr::InvokeHostFunction(r)) => {
+                    format!("invoke_host_function_{}", snake(r.name()))
+                }
+                other => snake(other.name()),
+            })
+            .unwrap_or_else(|| "tx_failed".to_owned()),
+        other => snake(other.name()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PASSPHRASE: &str = "Test SDF Network ; September 2015";
+
+    fn signed_inner(resource_fee: i64) -> String {
+        let key = [9u8; 32];
+        let bounds = Bounds {
+            first_ledger: 11,
+            max_time: 1_000,
+            max_ledger: 20,
+        };
+        let mut tx = transaction(key, 43, 0, bounds, restore()).expect("tx");
+        let data = SorobanTransactionData {
+            ext: stellar_xdr::SorobanTransactionDataExt::V0,
+            resources: stellar_xdr::SorobanResources {
+                footprint: stellar_xdr::LedgerFootprint {
+                    read_only: Vec::new().try_into().expect("empty"),
+                    read_write: Vec::new().try_into().expect("empty"),
+                },
+                instructions: 0,
+                disk_read_bytes: 0,
+                write_bytes: 0,
+            },
+            resource_fee,
+        };
+        let data = data.to_xdr_base64(Limits::none()).expect("xdr");
+        assemble(&mut tx, &data, &[], 100, u64::try_from(resource_fee).expect("fee")).expect("assembled");
+        signed(tx, key, vec![1; 64]).expect("signed")
+    }
+
+    #[test]
+    fn a_fee_bump_pays_twice_the_bid_plus_the_resource_fee_around_the_same_transaction() {
+        let inner = signed_inner(90_353);
+        let bump = fee_bump(&inner, [9u8; 32], 1_000).expect("bump");
+        assert_eq!(bump.fee, 2 * 1_000 + 90_353);
+        let FeeBumpTransactionInnerTx::Tx(wrapped) = &bump.inner_tx;
+        let TransactionEnvelope::Tx(original) =
+            TransactionEnvelope::from_xdr_base64(&inner, Limits::none()).expect("xdr")
+        else {
+            panic!("v1");
+        };
+        assert_eq!(
+            wrapped, &original,
+            "the inner transaction and its signature are untouched"
+        );
+        let outer = fee_bump_hash(&bump, PASSPHRASE).expect("hash");
+        assert_ne!(outer, hash(&original.tx, PASSPHRASE).expect("hash"));
+        let envelope = signed_fee_bump(bump, [9u8; 32], vec![2; 64]).expect("signed");
+        assert!(matches!(
+            TransactionEnvelope::from_xdr_base64(&envelope, Limits::none()),
+            Ok(TransactionEnvelope::TxFeeBump(_))
+        ));
+        assert!(
+            fee_bump(&envelope, [9u8; 32], 1_000).is_err(),
+            "a fee bump is not bumped again"
+        );
+    }
+
+    #[test]
+    fn a_refused_fee_bump_reports_its_inner_code() {
+        // §A4: txFEE_BUMP_INNER_FAILED wrapping an inner txBAD_SEQ.
+        let result = "AAAAAAAAAMj////zEREREREREREREREREREREREREREREREREREREREREREAAAAAAAAAAP////sAAAAAAAAAAA==";
+        assert_eq!(result_code(result), "tx_bad_seq");
     }
 }

@@ -110,6 +110,20 @@ impl Chain {
     }
 }
 
+impl Chain {
+    /// A config layer giving every kind the fake's Horizon-compatible
+    /// history source.
+    pub fn history_layer(&self) -> String {
+        KINDS
+            .iter()
+            .map(|(kind, _)| format!("[kinds.{kind}.config]\nhistory_url = \"{}history\"\n", self.url))
+            .collect()
+    }
+}
+
+/// Eight days of five-second ledgers: past the RPC's ~7-day retention.
+const EIGHT_DAYS: u32 = 8 * 86_400 / 5;
+
 /// A host: the plugins loaded, the dispatcher running with fee policies.
 pub struct Host {
     pub plugins: Arc<PluginHost>,
@@ -681,7 +695,14 @@ async fn a_lost_transaction_is_resubmitted_with_a_bumped_fee_only_after_its_ledg
     db: TestDb,
 ) -> anyhow::Result<()> {
     let chain = Chain::start(30).await?;
-    let host = Host::start(db.queue.clone(), chain.config("", "")?).await?;
+    // Without fee bumps of a transaction still valid (they keep its
+    // sequence and cannot pay twice: `a_stuck_transaction_is_fee_bumped…`),
+    // a new transaction waits for the lost one's ledger bound.
+    let host = Host::start(
+        db.queue.clone(),
+        chain.config("", "[kinds.deposit.config]\nbump_after_ledgers = 0\n")?,
+    )
+    .await?;
     host.sample_fees(db.queue.clone()).await?;
     chain.fake.inject(&[SendFault::AcceptThenLose]);
     let id = host.enqueue(&[vault_op("deposit", 4, 5_000, None)]).await?[0];
@@ -898,9 +919,12 @@ async fn error_classes_retry_rebuild_or_dead_letter_as_seed_003_says() -> anyhow
         "[kinds.referral_payout]\nmax_attempts = 1\n[kinds.mainnet_deposit]\nplugin = \"vault\"\nlanes = \"required\"\nlane_mode = \"serial\"\n\
          [kinds.mainnet_deposit.config]\nrpc_url = {:?}\nnetwork_passphrase = \"Public Global Stellar Network ; September 2015\"\n\
          contract_id = {CONTRACT:?}\nfunction = \"deposit\"\nsigner_key = \"vault\"\npoll_ms = 20\n\
-         args = [{{ field = \"user\", type = \"address\" }}, {{ field = \"amount\", type = \"i128\" }}]\n",
+         args = [{{ field = \"user\", type = \"address\" }}, {{ field = \"amount\", type = \"i128\" }}]\n\
+         [kinds.deposit.config]\nbump_after_ledgers = 0\n",
         chain.url
     );
+    // (Fee bumps off: a NOT_FOUND lasting three 30 ms ledgers is what this
+    // asks to be waited out, not bumped.)
     let host = Host::start(db.queue.clone(), chain.config("", &wrong_network)?).await?;
     let q = db.queue.as_ref();
     let run = |op: NewOp| {
@@ -1022,33 +1046,124 @@ fn the_shipped_stellar_config_is_valid_and_follows_seed_003() -> anyhow::Result<
 /// A transaction that keeps getting lost is resubmitted with a bigger fee
 /// each time, and after `max_fee_bumps` (3) bumps the op is dead-lettered
 /// with every attempt and the fee it bid on record (seed 003's bump cap).
+/// The fourth bump, asked for past the cap, is counted but not granted: its
+/// attempt only reconciles the last transaction, and the op is given up
+/// because that one provably did not land. (Fee bumps of a transaction
+/// still queued are off here: each one is lost and waits out its bounds.)
 #[tokio::test]
 async fn after_the_fee_bump_cap_the_op_fails_with_its_whole_history() -> anyhow::Result<()> {
     let db = crate::support::sqlite_live().await?;
     let chain = Chain::start(20).await?;
-    let host = Host::start(db.queue.clone(), chain.config("", "")?).await?;
+    let host = Host::start(
+        db.queue.clone(),
+        chain.config("", "[kinds.deposit.config]\nbump_after_ledgers = 0\n")?,
+    )
+    .await?;
     host.sample_fees(db.queue.clone()).await?;
     chain.fake.inject(&[SendFault::AcceptThenLose; 4]);
     let id = host.enqueue(&[vault_op("deposit", 2, 42, None)]).await?[0];
     settle(db.queue.as_ref(), Duration::from_secs(30)).await?;
     let op = db.queue.get(id).await?.context("op")?;
     ensure!(
-        op.status == Status::Failed && op.fee_bumps == 3,
-        "dead-lettered at the cap: {op:?}"
+        op.status == Status::Failed && op.fee_bumps == 4,
+        "dead-lettered at the cap, one bump past it asked for: {op:?}"
     );
     ensure!(
-        op.last_error
-            .as_deref()
-            .is_some_and(|e| e.contains("fee-bump cap reached after 3 bumps")),
+        op.last_error.as_deref().is_some_and(|e| {
+            e.contains("fee-bump cap reached after 3 bumps") && e.contains("provably did not land")
+        }),
         "{op:?}"
     );
     let bids: Vec<Option<i64>> = db.queue.attempts(id).await?.iter().map(|a| a.record.fee).collect();
     ensure!(
-        bids == vec![Some(100), Some(200), Some(400), Some(800)],
-        "every attempt, each bid doubled: {bids:?}"
+        bids.len() == 5 && bids[..4] == [Some(100), Some(200), Some(400), Some(800)],
+        "every attempt, each bid doubled, then one that only reconciled: {bids:?}"
     );
     let sent = chain.fake.submitted();
     ensure!(sent.len() == 4 && chain.fake.landed().is_empty(), "{sent:?}");
+    host.running.stop().await
+}
+
+/// A transaction valid but not included (surge pricing: the network takes
+/// only bids of 500 and up) is fee-bumped after `bump_after_ledgers` (3)
+/// ledgers at the next attempt's bid, which replaces the queued transaction
+/// (ten times its bid, replace-by-fee) and lands once, same sequence; the op
+/// is confirmed under the inner hash with the bump's hash in its detail.
+#[tokio::test]
+async fn a_stuck_transaction_is_fee_bumped_and_lands_once_under_its_inner_hash() -> anyhow::Result<()> {
+    let db = crate::support::sqlite_live().await?;
+    let chain = Chain::start(50).await?;
+    let host = Host::start(db.queue.clone(), chain.config("bump_multiplier = 10.0", "")?).await?;
+    host.sample_fees(db.queue.clone()).await?;
+    chain.fake.congest(500);
+    let id = host.enqueue(&[vault_op("deposit", 7, 70, None)]).await?[0];
+    settle(db.queue.as_ref(), Duration::from_secs(20)).await?;
+    let op = db.queue.get(id).await?.context("op")?;
+    let (sent, landed) = (chain.fake.submitted(), chain.fake.landed());
+    ensure!(op.status == Status::Confirmed, "{op:?}");
+    ensure!(
+        sent.len() == 2 && landed.len() == 1 && landed[0].inner_hash.as_deref() == Some(sent[0].hash.as_str()),
+        "the transaction, then its fee bump, which landed: {sent:?}"
+    );
+    ensure!(
+        op.receipt.as_deref() == Some(sent[0].hash.as_str()) && sent[0].state == TxState::Dropped,
+        "confirmed under the inner hash, the queued original replaced: {op:?}"
+    );
+    let attempts = history(db.queue.as_ref(), id).await?;
+    ensure!(
+        attempts
+            .last()
+            .and_then(|(_, d)| d.as_deref())
+            .is_some_and(|d| d.contains(&format!("fee-bumped as {}", landed[0].hash))),
+        "{attempts:?}"
+    );
+    let bids: Vec<Option<i64>> = db.queue.attempts(id).await?.iter().map(|a| a.record.fee).collect();
+    ensure!(bids == vec![Some(100), Some(1000)], "{bids:?}");
+    ensure!(chain.fake.concurrent_sends() == 0 && chain.fake.bad_seqs() == 0);
+    host.running.stop().await
+}
+
+/// A fee bump under replace-by-fee's tenfold (bids doubling: 200, 400, 800
+/// against a queued 100) is refused, and the transaction it wraps stays
+/// queued and valid. At the bump cap the op is not given up while that
+/// transaction may still land: its receipt is reconciled, and when the
+/// surge passes it lands, once, and the op is confirmed (it used to be
+/// dead-lettered at the cap with its transaction still queued).
+#[tokio::test]
+async fn at_the_bump_cap_a_transaction_still_queued_is_awaited_not_given_up() -> anyhow::Result<()> {
+    let db = crate::support::sqlite_live().await?;
+    let chain = Chain::start(50).await?;
+    let host = Host::start(
+        db.queue.clone(),
+        chain.config("", "[kinds.deposit.config]\nledger_window = 60\n")?,
+    )
+    .await?;
+    host.sample_fees(db.queue.clone()).await?;
+    chain.fake.congest(500);
+    let id = host.enqueue(&[vault_op("deposit", 8, 80, None)]).await?[0];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let op = db.queue.get(id).await?.context("op")?;
+        ensure!(!op.status.is_terminal(), "given up with its transaction queued: {op:?}");
+        if op.fee_bumps > 3 {
+            break;
+        }
+        ensure!(tokio::time::Instant::now() < deadline, "never reached the cap: {op:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    chain.fake.congest(0);
+    settle(db.queue.as_ref(), Duration::from_secs(20)).await?;
+    let op = db.queue.get(id).await?.context("op")?;
+    let (sent, landed) = (chain.fake.submitted(), chain.fake.landed());
+    ensure!(
+        op.status == Status::Confirmed && op.receipt.as_deref() == Some(sent[0].hash.as_str()),
+        "{op:?}"
+    );
+    ensure!(
+        sent.len() == 1 && landed.len() == 1,
+        "every bump refused, the original landed: {sent:?}"
+    );
+    ensure!(chain.fake.concurrent_sends() == 0 && chain.fake.bad_seqs() == 0);
     host.running.stop().await
 }
 
@@ -1082,6 +1197,95 @@ async fn past_the_rpc_retention_window_the_sequence_decides_and_nothing_is_paid_
         "sent once, landed once"
     );
     host.running.stop().await
+}
+
+/// Past the RPC's retention a used sequence no longer ends the story when
+/// the kind names a history source: the transaction landed eight days ago
+/// (the host never heard, and the RPC has forgotten it), the source has it,
+/// and the op is confirmed with that hash, paid once.
+#[tokio::test]
+async fn a_transaction_older_than_the_rpc_retention_is_confirmed_from_the_history_source() -> anyhow::Result<()> {
+    let db = crate::support::sqlite_live().await?;
+    let chain = Chain::start(50).await?;
+    let host = Host::start(db.queue.clone(), chain.config("", &chain.history_layer())?).await?;
+    chain.fake.inject(&[SendFault::HideFor(u32::MAX)]);
+    let id = host.enqueue(&[vault_op("deposit", 5, 50, None)]).await?[0];
+    eventually(Duration::from_secs(10), "nothing landed", || {
+        !chain.fake.landed().is_empty()
+    })
+    .await?;
+    chain.fake.skip_ledgers(EIGHT_DAYS);
+    settle(db.queue.as_ref(), Duration::from_secs(20)).await?;
+    let op = db.queue.get(id).await?.context("op")?;
+    let landed = chain.fake.landed();
+    ensure!(
+        op.status == Status::Confirmed && op.receipt.as_deref() == landed.first().map(|t| t.hash.as_str()),
+        "{op:?}"
+    );
+    let attempts = history(db.queue.as_ref(), id).await?;
+    ensure!(
+        attempts
+            .last()
+            .and_then(|(_, detail)| detail.as_deref())
+            .is_some_and(|d| d.contains("from the history source")),
+        "{attempts:?}"
+    );
+    ensure!(
+        chain.fake.submitted().len() == 1 && landed.len() == 1,
+        "sent once, landed once"
+    );
+    host.running.stop().await
+}
+
+/// The other side of the history source: a transaction past its bounds that
+/// never landed, while its sequence was used by another transaction of the
+/// account. The RPC has forgotten that range, so only the history source can
+/// tell: missing from a history that has every ledger it could have landed
+/// in, it provably never landed, and the op is built afresh and lands once.
+/// When the source's history starts after those ledgers it cannot say either,
+/// and the op is dead-lettered as outcome unknown, naming the gap.
+#[tokio::test]
+async fn a_history_source_that_saw_every_ledger_proves_a_transaction_never_landed() -> anyhow::Result<()> {
+    for complete in [true, false] {
+        let db = crate::support::sqlite_live().await?;
+        let chain = Chain::start(50).await?;
+        let host = Host::start(db.queue.clone(), chain.config("", &chain.history_layer())?).await?;
+        let before = chain.fake.sequence(chain.signer).context("funded")?;
+        chain.fake.inject(&[SendFault::AcceptThenLose]);
+        let id = host.enqueue(&[vault_op("deposit", 6, 60, None)]).await?[0];
+        eventually(Duration::from_secs(10), "nothing sent", || {
+            !chain.fake.submitted().is_empty()
+        })
+        .await?;
+        // Someone else's transaction takes the sequence; then eight days pass.
+        chain.fake.fund(chain.signer, before + 1);
+        chain.fake.skip_ledgers(EIGHT_DAYS);
+        if !complete {
+            chain.fake.history_forget_before(chain.fake.latest_ledger() - 10);
+        }
+        settle(db.queue.as_ref(), Duration::from_secs(20)).await?;
+        let op = db.queue.get(id).await?.context("op")?;
+        let (sent, landed) = (chain.fake.submitted(), chain.fake.landed());
+        if complete {
+            ensure!(op.status == Status::Confirmed, "{op:?}");
+            ensure!(
+                sent.len() == 2 && landed.len() == 1 && landed[0].sequence == before + 2,
+                "built afresh on the next sequence and landed once: {sent:?}"
+            );
+        } else {
+            ensure!(
+                op.status == Status::Failed
+                    && op
+                        .last_error
+                        .as_deref()
+                        .is_some_and(|e| e.contains("outcome unknown") && e.contains("has ingested only ledgers")),
+                "{op:?}"
+            );
+            ensure!(sent.len() == 1 && landed.is_empty(), "nothing sent again: {sent:?}");
+        }
+        host.running.stop().await?;
+    }
+    Ok(())
 }
 
 /// An RPC that contradicts itself: the transaction landed (the signer's
