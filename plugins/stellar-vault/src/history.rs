@@ -12,7 +12,7 @@
 use laneway_sdk::http::{self, Request};
 use serde_json::Value;
 
-use crate::rpc::RpcError;
+use crate::rpc::{number, RpcError};
 
 /// What the history source knows of one transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,14 +41,6 @@ impl Coverage {
 /// A history source at a base URL.
 pub struct History {
     base: String,
-}
-
-fn number(value: &Value) -> Option<u64> {
-    match value {
-        Value::String(s) => s.parse().ok(),
-        Value::Number(n) => n.as_u64(),
-        _ => None,
-    }
 }
 
 /// Reads a `/transactions/{hash}` answer: 200 with the transaction, or 404.

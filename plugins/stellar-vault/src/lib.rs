@@ -354,6 +354,12 @@ fn seal(
         first_ledger: Some(bounds.first_ledger),
         bumps: Vec::new(),
     };
+    checkpointed(receipt, inclusion_fee)
+}
+
+/// Checkpoints the receipt before its newest envelope is sent; the attempt
+/// pays `inclusion_fee` from then on.
+fn checkpointed(receipt: Receipt, inclusion_fee: u64) -> Result<Receipt, Outcome> {
     match checkpoint::save(&receipt.to_json()) {
         Ok(()) => {
             fees::spent(inclusion_fee);
@@ -686,24 +692,7 @@ fn bump(settings: &Settings, mut receipt: Receipt, inclusion_fee: u64) -> Result
         inclusion_fee,
         refused: false,
     });
-    match checkpoint::save(&receipt.to_json()) {
-        Ok(()) => {
-            fees::spent(inclusion_fee);
-            Ok(receipt)
-        }
-        Err(checkpoint::Error::LeaseLost) => Err(retry(
-            "lease lost before sending a fee bump; not sent",
-            Some("lease_lost"),
-            None,
-            false,
-        )),
-        Err(checkpoint::Error::Failed(e)) => Err(retry(
-            format!("checkpoint failed; fee bump not sent: {e}"),
-            Some("checkpoint"),
-            None,
-            false,
-        )),
-    }
+    checkpointed(receipt, inclusion_fee)
 }
 
 laneway_sdk::executor!(Vault);

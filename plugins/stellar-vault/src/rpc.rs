@@ -85,8 +85,9 @@ pub struct Rpc {
     next_id: u64,
 }
 
-fn number(value: &Value) -> Option<u64> {
-    // Some fields are strings on the wire (Go `,string` tags), some numbers.
+/// A count or ledger: some fields are strings on the wire (Go `,string`
+/// tags, Horizon's), some numbers.
+pub fn number(value: &Value) -> Option<u64> {
     match value {
         Value::String(s) => s.parse().ok(),
         Value::Number(n) => n.as_u64(),

@@ -1084,6 +1084,18 @@ async fn after_the_fee_bump_cap_the_op_fails_with_its_whole_history() -> anyhow:
     host.running.stop().await
 }
 
+/// One deposit, priced by the oracle (`policy`), sent while the network
+/// includes only bids of 500 and up (the oracle quotes 100).
+async fn one_deposit_in_a_surge(policy: &str, extra: &str) -> anyhow::Result<(TestDb, Chain, Host, OpId)> {
+    let db = crate::support::sqlite_live().await?;
+    let chain = Chain::start(50).await?;
+    let host = Host::start(db.queue.clone(), chain.config(policy, extra)?).await?;
+    host.sample_fees(db.queue.clone()).await?;
+    chain.fake.congest(500);
+    let id = host.enqueue(&[vault_op("deposit", 7, 70, None)]).await?[0];
+    Ok((db, chain, host, id))
+}
+
 /// A transaction valid but not included (surge pricing: the network takes
 /// only bids of 500 and up) is fee-bumped after `bump_after_ledgers` (3)
 /// ledgers at the next attempt's bid, which replaces the queued transaction
@@ -1091,12 +1103,7 @@ async fn after_the_fee_bump_cap_the_op_fails_with_its_whole_history() -> anyhow:
 /// is confirmed under the inner hash with the bump's hash in its detail.
 #[tokio::test]
 async fn a_stuck_transaction_is_fee_bumped_and_lands_once_under_its_inner_hash() -> anyhow::Result<()> {
-    let db = crate::support::sqlite_live().await?;
-    let chain = Chain::start(50).await?;
-    let host = Host::start(db.queue.clone(), chain.config("bump_multiplier = 10.0", "")?).await?;
-    host.sample_fees(db.queue.clone()).await?;
-    chain.fake.congest(500);
-    let id = host.enqueue(&[vault_op("deposit", 7, 70, None)]).await?[0];
+    let (db, chain, host, id) = one_deposit_in_a_surge("bump_multiplier = 10.0", "").await?;
     settle(db.queue.as_ref(), Duration::from_secs(20)).await?;
     let op = db.queue.get(id).await?.context("op")?;
     let (sent, landed) = (chain.fake.submitted(), chain.fake.landed());
@@ -1131,16 +1138,7 @@ async fn a_stuck_transaction_is_fee_bumped_and_lands_once_under_its_inner_hash()
 /// dead-lettered at the cap with its transaction still queued).
 #[tokio::test]
 async fn at_the_bump_cap_a_transaction_still_queued_is_awaited_not_given_up() -> anyhow::Result<()> {
-    let db = crate::support::sqlite_live().await?;
-    let chain = Chain::start(50).await?;
-    let host = Host::start(
-        db.queue.clone(),
-        chain.config("", "[kinds.deposit.config]\nledger_window = 60\n")?,
-    )
-    .await?;
-    host.sample_fees(db.queue.clone()).await?;
-    chain.fake.congest(500);
-    let id = host.enqueue(&[vault_op("deposit", 8, 80, None)]).await?[0];
+    let (db, chain, host, id) = one_deposit_in_a_surge("", "[kinds.deposit.config]\nledger_window = 60\n").await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let op = db.queue.get(id).await?.context("op")?;
