@@ -335,7 +335,11 @@ impl FakeRpc {
         let close_time = inner.close_time;
         let queued: Vec<([u8; 32], usize)> = inner.queued.drain().collect();
         for (account, index) in queued {
-            if inner.txs[index].apply_at > ledger || inner.txs[index].inclusion_fee < inner.inclusion_floor {
+            // Under surge pricing a low bid stays queued, until its bounds
+            // pass: then it is dropped like any expired transaction.
+            let t = &inner.txs[index];
+            let expired = t.max_ledger != 0 && ledger >= t.max_ledger;
+            if t.apply_at > ledger || (!expired && t.inclusion_fee < inner.inclusion_floor) {
                 // Still in the network's queue: it holds the account's slot.
                 inner.queued.insert(account, index);
                 continue;

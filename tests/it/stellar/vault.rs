@@ -1130,6 +1130,28 @@ async fn a_stuck_transaction_is_fee_bumped_and_lands_once_under_its_inner_hash()
     host.running.stop().await
 }
 
+/// Without fee bumps, a surge is outbid the old way: the transaction waits
+/// out its bounds unincluded (the network drops it then: found by an
+/// operator run, where the fake kept it queued for ever and every rebuilt
+/// transaction met it as a second one of the signer's), and each rebuild
+/// bids the next price until one clears the surge.
+#[tokio::test]
+async fn under_a_surge_an_expired_transaction_is_dropped_and_a_rebuild_outbids_it() -> anyhow::Result<()> {
+    let (db, chain, host, id) = one_deposit_in_a_surge("", "[kinds.deposit.config]\nbump_after_ledgers = 0\n").await?;
+    settle(db.queue.as_ref(), Duration::from_secs(20)).await?;
+    let op = db.queue.get(id).await?.context("op")?;
+    let (sent, landed) = (chain.fake.submitted(), chain.fake.landed());
+    ensure!(op.status == Status::Confirmed, "{op:?}");
+    let bids: Vec<i64> = sent.iter().map(|t| t.inclusion_fee).collect();
+    ensure!(
+        bids == [100, 200, 400, 800] && landed.len() == 1 && landed[0].inclusion_fee == 800,
+        "each rebuild bid more, the one over the surge landed: {bids:?}"
+    );
+    ensure!(sent[..3].iter().all(|t| t.state == TxState::Dropped), "{sent:?}");
+    ensure!(chain.fake.concurrent_sends() == 0 && chain.fake.bad_seqs() == 0);
+    host.running.stop().await
+}
+
 /// A fee bump under replace-by-fee's tenfold (bids doubling: 200, 400, 800
 /// against a queued 100) is refused, and the transaction it wraps stays
 /// queued and valid. At the bump cap the op is not given up while that
