@@ -1,7 +1,8 @@
 //! When the vault asks for its transaction again: just after the ledger it
 //! should land in is expected to close, then briefly and often, instead of
 //! at a fixed interval that sees a landed transaction up to a whole
-//! interval late (and so delays the signer's next transaction by a ledger).
+//! interval late (and so delays the signer's next transaction by a ledger);
+//! and when a transaction still not included is due for a fee bump.
 //!
 //! Pure: the tip and the wall clock are arguments.
 
@@ -53,9 +54,41 @@ pub fn next_poll(tip: &Tip, now_unix_ms: u64, poll_ms: u64) -> Duration {
     Duration::from_millis(pause.min(poll_ms.max(FASTEST_MS)))
 }
 
+/// How long a sent transaction has stayed unincluded, in ledgers the
+/// vault saw while polling: due for a fee bump once `after` ledgers have
+/// closed since the first it saw (never with `after` 0).
+#[derive(Debug, Clone, Copy)]
+pub struct Unincluded {
+    after: u32,
+    first: Option<u32>,
+}
+
+impl Unincluded {
+    pub fn new(after: u32) -> Self {
+        Self { after, first: None }
+    }
+
+    /// Whether, at `ledger`, the transaction is due for a fee bump.
+    pub fn due(&mut self, ledger: u32) -> bool {
+        let first = *self.first.get_or_insert(ledger);
+        self.after > 0 && ledger >= first.saturating_add(self.after)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fee_bump_is_due_after_the_configured_ledgers_counted_from_the_first_seen() {
+        let mut clock = Unincluded::new(3);
+        assert!(!clock.due(100));
+        assert!(!clock.due(102));
+        assert!(clock.due(103));
+        assert!(clock.due(110));
+        let mut off = Unincluded::new(0);
+        assert!(!off.due(100) && !off.due(1_000));
+    }
 
     /// A latest close time, unix seconds.
     const T: u64 = 1_700_000_000;

@@ -143,22 +143,15 @@ fn lookup(rpc: &mut Rpc, receipt: &Receipt) -> Result<(Lookup, rpc::Tip, String)
 /// `bump_after_ledgers` ledgers unincluded.
 fn wait(rpc: &mut Rpc, receipt: &Receipt, settings: &Settings) -> Fate {
     let give_up = Instant::now() + Duration::from_secs(settings.valid_seconds + 30);
-    let bumpable = settings.bump_after_ledgers > 0 && !receipt.restore && fees::current().is_some();
-    let mut first_seen: Option<u32> = None;
+    // Only a priced kind has a higher bid to bump to; a restore is not bumped.
+    let bumpable = !receipt.restore && fees::current().is_some();
+    let mut unincluded = cadence::Unincluded::new(if bumpable { settings.bump_after_ledgers } else { 0 });
     loop {
         let pause = match lookup(rpc, receipt) {
             Ok((Lookup::Success { ledger }, _, hash)) => return Fate::Landed { ledger, hash },
             Ok((Lookup::Failed { code }, _, _)) => return Fate::Failed { code },
             Ok((Lookup::NotFound, tip, _)) if receipt.expired_at(tip.ledger, tip.close_time) => return Fate::Expired,
-            Ok((Lookup::NotFound, tip, _))
-                if bumpable
-                    && tip.ledger
-                        >= first_seen
-                            .get_or_insert(tip.ledger)
-                            .saturating_add(settings.bump_after_ledgers) =>
-            {
-                return Fate::Stuck
-            }
+            Ok((Lookup::NotFound, tip, _)) if unincluded.due(tip.ledger) => return Fate::Stuck,
             Ok((Lookup::NotFound, tip, _)) => cadence::next_poll(&tip, unix_now_ms(), settings.poll_ms),
             Err(RpcError::Denied(why)) => return Fate::Unreachable(RpcError::Denied(why)),
             Err(e) if Instant::now() >= give_up => return Fate::Unreachable(e),
