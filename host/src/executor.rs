@@ -57,10 +57,62 @@ pub trait Notes: Send + Sync {
     async fn claim(&self, plugin: &str, host: &str, key: &str, ttl: Duration) -> Result<bool, QueueError>;
 }
 
-/// Notes kept as shared records, one namespace per plugin.
-pub struct QueueNotes(pub Arc<dyn Queue>);
+/// Notes kept as shared records, one namespace per plugin, read through a
+/// per-host [`NoteCache`].
+pub struct QueueNotes {
+    queue: Arc<dyn Queue>,
+    cache: Arc<NoteCache>,
+}
+
+/// How long a note read from the database is used before it is read again.
+pub const NOTE_CACHE_TTL: Duration = Duration::from_secs(2);
+/// Notes cached at most; past it the cache starts afresh.
+const NOTE_CACHE_ENTRIES: usize = 10_000;
+
+/// The notes this host read or wrote lately. A note is a hint about a server
+/// (the signature scheme it accepts), read several times by every delivery
+/// to it: three database reads per ActivityPub delivery took about a third
+/// of each attempt under load (BENCHMARKS.md). A note another host writes
+/// is seen here within [`NOTE_CACHE_TTL`]; one this host writes, at once.
+/// Claims are never cached: taking one is a compare-and-set in the database.
+#[derive(Default)]
+pub struct NoteCache {
+    entries: std::sync::Mutex<std::collections::HashMap<String, (Option<String>, std::time::Instant)>>,
+}
+
+impl NoteCache {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, (Option<String>, std::time::Instant)>> {
+        self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn fresh(&self, key: &str) -> Option<Option<String>> {
+        self.lock()
+            .get(key)
+            .filter(|(_, at)| at.elapsed() < NOTE_CACHE_TTL)
+            .map(|(value, _)| value.clone())
+    }
+
+    fn remember(&self, key: String, value: Option<String>) {
+        let mut entries = self.lock();
+        if entries.len() >= NOTE_CACHE_ENTRIES && !entries.contains_key(&key) {
+            entries.clear();
+        }
+        entries.insert(key, (value, std::time::Instant::now()));
+    }
+}
 
 impl QueueNotes {
+    /// Notes in `queue`, read through `cache` (one per host).
+    pub fn new(queue: Arc<dyn Queue>, cache: Arc<NoteCache>) -> Self {
+        Self { queue, cache }
+    }
+
+    fn cached(plugin: &str, host: &str, key: &str) -> String {
+        format!("{plugin}\u{1f}{host}\u{1f}{key}")
+    }
+
     fn namespace(plugin: &str) -> String {
         format!("note:{plugin}")
     }
@@ -74,15 +126,21 @@ impl QueueNotes {
 #[async_trait]
 impl Notes for QueueNotes {
     async fn get(&self, plugin: &str, host: &str, key: &str) -> Result<Option<String>, QueueError> {
-        Ok(self
-            .0
+        let cached = Self::cached(plugin, host, key);
+        if let Some(value) = self.cache.fresh(&cached) {
+            return Ok(value);
+        }
+        let value = self
+            .queue
             .record(&Self::namespace(plugin), &Self::key(host, key))
             .await?
-            .map(|r| r.value))
+            .map(|r| r.value);
+        self.cache.remember(cached, value.clone());
+        Ok(value)
     }
 
     async fn set(&self, plugin: &str, host: &str, key: &str, value: &str) -> Result<(), QueueError> {
-        self.0
+        self.queue
             .put_record(
                 &Self::namespace(plugin),
                 &Self::key(host, key),
@@ -90,6 +148,8 @@ impl Notes for QueueNotes {
                 crate::queue::Expect::Any,
             )
             .await?;
+        self.cache
+            .remember(Self::cached(plugin, host, key), Some(value.to_owned()));
         Ok(())
     }
 
@@ -100,13 +160,13 @@ impl Notes for QueueNotes {
         let key = Self::key(host, key);
         let now = chrono::Utc::now().timestamp_millis();
         let until = now.saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX));
-        let expect = match self.0.record(&namespace, &key).await? {
+        let expect = match self.queue.record(&namespace, &key).await? {
             None => crate::queue::Expect::Absent,
             Some(held) if held.value.parse::<i64>().is_ok_and(|end| end > now) => return Ok(false),
             Some(expired) => crate::queue::Expect::Version(expired.version),
         };
         Ok(self
-            .0
+            .queue
             .put_record(&namespace, &key, &until.to_string(), expect)
             .await?
             .applied())

@@ -21,7 +21,44 @@ crate::on_both_backends!(
     the_pruner_removes_and_archives_exactly_what_its_policy_says,
     a_fanout_to_a_thousand_inboxes_stores_its_payload_once,
     the_pruner_keeps_an_op_until_the_relay_has_sent_its_webhook,
+    a_host_reads_its_own_notes_at_once_and_another_hosts_within_the_cache_ttl,
 );
+
+/// Plugin notes are read through a per-host cache: what this host writes it
+/// reads back at once; what another host writes it sees within
+/// `NOTE_CACHE_TTL`, read from the database, not before; claims stay
+/// compare-and-sets in the database.
+async fn a_host_reads_its_own_notes_at_once_and_another_hosts_within_the_cache_ttl(db: TestDb) -> anyhow::Result<()> {
+    use laneway::executor::{NoteCache, Notes, QueueNotes, NOTE_CACHE_TTL};
+    let here = QueueNotes::new(db.queue.clone(), std::sync::Arc::new(NoteCache::default()));
+    let there = QueueNotes::new(db.queue.clone(), std::sync::Arc::new(NoteCache::default()));
+    let (plugin, host) = ("ap", "mastodon.example");
+    ensure!(here.get(plugin, host, "scheme").await?.is_none());
+    there.set(plugin, host, "scheme", "rfc9421").await?;
+    ensure!(
+        here.get(plugin, host, "scheme").await?.is_none(),
+        "another host's note is not seen before the cache's TTL"
+    );
+    ensure!(there.get(plugin, host, "scheme").await?.as_deref() == Some("rfc9421"));
+    here.set(plugin, host, "scheme", "cavage").await?;
+    ensure!(
+        here.get(plugin, host, "scheme").await?.as_deref() == Some("cavage"),
+        "own write at once"
+    );
+    ensure!(
+        there.get(plugin, host, "scheme").await?.as_deref() == Some("rfc9421"),
+        "still the other host's own cached write"
+    );
+    tokio::time::sleep(NOTE_CACHE_TTL + Duration::from_millis(100)).await;
+    ensure!(
+        there.get(plugin, host, "scheme").await?.as_deref() == Some("cavage"),
+        "read again from the database after the TTL"
+    );
+    // Claims are not cached: of two hosts one wins, at once.
+    let ttl = Duration::from_secs(60);
+    ensure!(here.claim(plugin, host, "knock", ttl).await? && !there.claim(plugin, host, "knock", ttl).await?);
+    Ok(())
+}
 
 async fn the_outcome_feed_pages_every_terminal_transition_once_in_order(db: TestDb) -> anyhow::Result<()> {
     let exec = Scripted::new(0);

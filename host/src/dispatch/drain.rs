@@ -1450,8 +1450,10 @@ async fn execute(
     // An earlier attempt's receipt stays in doubt until reconcile settles it
     // or proves it dead.
     let earlier_receipt_open = std::sync::atomic::AtomicBool::new(claimed.op.receipt.is_some());
-    let context =
-        Attempt::new(checkpoint.clone(), fee).with_notes(Arc::new(crate::executor::QueueNotes(inner.queue.clone())));
+    let context = Attempt::new(checkpoint.clone(), fee).with_notes(Arc::new(crate::executor::QueueNotes::new(
+        inner.queue.clone(),
+        inner.notes.clone(),
+    )));
     let outcome = match executor {
         None => Outcome::Fault(Fault::NoExecutor),
         Some(executor) => {

@@ -49,6 +49,8 @@ pub enum DispatchError {
 /// Shared state of one dispatcher.
 pub(crate) struct Inner {
     pub queue: Arc<dyn Queue>,
+    /// Plugin notes this host read or wrote lately.
+    pub notes: Arc<crate::executor::NoteCache>,
     pub executors: Arc<Registry>,
     pub config: ArcSwap<Config>,
     pub clock: Arc<dyn Clock>,
@@ -262,6 +264,7 @@ impl Dispatcher {
         Self {
             inner: Arc::new(Inner {
                 queue,
+                notes: Arc::default(),
                 executors,
                 config: ArcSwap::from_pointee(config),
                 clock,
