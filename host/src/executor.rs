@@ -77,13 +77,15 @@ const NOTE_CACHE_ENTRIES: usize = 10_000;
 /// Claims are never cached: taking one is a compare-and-set in the database.
 #[derive(Default)]
 pub struct NoteCache {
-    entries: std::sync::Mutex<std::collections::HashMap<String, (Option<String>, std::time::Instant)>>,
+    entries: std::sync::Mutex<NoteEntries>,
 }
 
+/// Each note by plugin, host and key: its value (or its absence) and when
+/// it was read or written.
+type NoteEntries = std::collections::HashMap<String, (Option<String>, std::time::Instant)>;
+
 impl NoteCache {
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, (Option<String>, std::time::Instant)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, NoteEntries> {
         self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 

@@ -111,6 +111,14 @@ pub struct Submitted {
     apply_at: u32,
 }
 
+impl Submitted {
+    /// Whether this is the transaction `hash` names: its own hash, or for a
+    /// fee bump the one it wraps (one sequence: at most one of them lands).
+    pub fn carries(&self, hash: &str) -> bool {
+        self.hash == hash || self.inner_hash.as_deref() == Some(hash)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TxState {
     Queued,
@@ -427,10 +435,9 @@ async fn history_transaction(
 ) -> Response {
     let inner = fake.lock();
     // Horizon finds a fee bump by its own hash and by its inner one.
-    let named = |t: &Submitted| t.hash == hash || t.inner_hash.as_deref() == Some(hash.as_str());
     let found = inner.txs.iter().rev().find_map(|t| match t.state {
-        TxState::Success { ledger } if named(t) => Some((t, ledger, true)),
-        TxState::Failed { ledger } if named(t) => Some((t, ledger, false)),
+        TxState::Success { ledger } if t.carries(&hash) => Some((t, ledger, true)),
+        TxState::Failed { ledger } if t.carries(&hash) => Some((t, ledger, false)),
         _ => None,
     });
     match found {
@@ -756,12 +763,7 @@ impl Inner {
         let inner_hex = hex::encode(inner_hash);
         let mut replaces = None;
         if let Some(&queued) = self.queued.get(&source) {
-            let same = self.txs[queued]
-                .inner_hash
-                .as_deref()
-                .unwrap_or(self.txs[queued].hash.as_str())
-                == inner_hex;
-            if !(bump.is_some() && same) {
+            if !(bump.is_some() && self.txs[queued].carries(&inner_hex)) {
                 self.concurrent_sends += 1;
                 return (self.send_answer(id, "TRY_AGAIN_LATER", &hash_hex, None), false);
             }
@@ -780,10 +782,10 @@ impl Inner {
             // A fee bump of a transaction that has just landed is refused
             // for its inner sequence: the bump lost a race, the sender sent
             // nothing stale.
-            let inner_landed = self.txs.iter().any(|t| {
-                matches!(t.state, TxState::Success { .. } | TxState::Failed { .. })
-                    && (t.hash == inner_hex || t.inner_hash.as_deref() == Some(inner_hex.as_str()))
-            });
+            let inner_landed = self
+                .txs
+                .iter()
+                .any(|t| matches!(t.state, TxState::Success { .. } | TxState::Failed { .. }) && t.carries(&inner_hex));
             if !(bump.is_some() && inner_landed) {
                 self.bad_seqs += 1;
             }

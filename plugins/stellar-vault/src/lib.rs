@@ -210,12 +210,18 @@ fn rejected(code: &str) -> Outcome {
 fn mark_rejected(receipt: &Receipt) {
     let mut rejected = receipt.clone();
     rejected.rejected = true;
-    if let Err(e) = checkpoint::save(&rejected.to_json()) {
-        log::log(
-            log::Level::Warn,
-            "could not mark the receipt rejected; the next attempt will look it up",
-            &[("error".to_owned(), format!("{e:?}"))],
-        );
+    resave(
+        &rejected,
+        "could not mark the receipt rejected; the next attempt will look it up",
+    );
+}
+
+/// Saves what the attempt learnt about an already-checkpointed receipt.
+/// Not saving it only costs the next attempt a lookup or a refused send,
+/// so a failure is logged, not returned.
+fn resave(receipt: &Receipt, failed: &str) {
+    if let Err(e) = checkpoint::save(&receipt.to_json()) {
+        log::log(log::Level::Warn, failed, &[("error".to_owned(), format!("{e:?}"))]);
     }
 }
 
@@ -661,13 +667,7 @@ fn refuse_newest_bump(mut receipt: Receipt) {
     if let Some(bump) = receipt.bumps.last_mut() {
         bump.refused = true;
     }
-    if let Err(e) = checkpoint::save(&receipt.to_json()) {
-        log::log(
-            log::Level::Warn,
-            "could not mark the fee bump refused",
-            &[("error".to_owned(), format!("{e:?}"))],
-        );
-    }
+    resave(&receipt, "could not mark the fee bump refused");
 }
 
 /// Wraps the receipt's transaction in a fee bump bidding `inclusion_fee`,

@@ -249,34 +249,30 @@ pub fn result_code(result_xdr: &str) -> String {
         TransactionResultResult::TxFeeBumpInnerFailed(pair) | TransactionResultResult::TxFeeBumpInnerSuccess(pair) => {
             inner_result_code(&pair.result.result)
         }
-        // Soroban transactions carry one operation: its result is the code.
-        TransactionResultResult::TxFailed(ops) => ops
-            .first()
-            .map(|op| match op {
-                OperationResult::OpInner(OperationResultTr::InvokeHostFunction(r)) => {
-                    format!("invoke_host_function_{}", snake(r.name()))
-                }
-                OperationResult::OpInner(inner) => snake(inner.name()),
-                other => snake(other.name()),
-            })
-            .unwrap_or_else(|| "tx_failed".to_owned()),
+        TransactionResultResult::TxFailed(ops) => failed_code(ops),
         other => snake(other.name()),
     }
+}
+
+/// The code of a `tx_failed`: Soroban transactions carry one operation, and
+/// its result is the code.
+fn failed_code(ops: &[OperationResult]) -> String {
+    ops.first()
+        .map(|op| match op {
+            OperationResult::OpInner(OperationResultTr::InvokeHostFunction(r)) => {
+                format!("invoke_host_function_{}", snake(r.name()))
+            }
+            OperationResult::OpInner(inner) => snake(inner.name()),
+            other => snake(other.name()),
+        })
+        .unwrap_or_else(|| "tx_failed".to_owned())
 }
 
 /// The code of a fee bump's inner result (`tx_bad_seq`, or the failing
 /// operation's for `tx_failed`).
 fn inner_result_code(result: &InnerTransactionResultResult) -> String {
     match result {
-        InnerTransactionResultResult::TxFailed(ops) => ops
-            .first()
-            .map(|op| match op {
-                OperationResult::OpInner(OperationResultTr::InvokeHostFunction(r)) => {
-                    format!("invoke_host_function_{}", snake(r.name()))
-                }
-                other => snake(other.name()),
-            })
-            .unwrap_or_else(|| "tx_failed".to_owned()),
+        InnerTransactionResultResult::TxFailed(ops) => failed_code(ops),
         other => snake(other.name()),
     }
 }
