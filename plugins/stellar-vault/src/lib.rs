@@ -124,17 +124,25 @@ fn send_and_wait(rpc: &mut Rpc, receipt: &Receipt, settings: &Settings) -> Fate 
 }
 
 /// `getTransaction` for every hash the receipt may have landed under (its
-/// fee bumps and itself): the first that applied, or NOT_FOUND and the tip.
+/// fee bumps and itself): the first that applied, or NOT_FOUND and the
+/// earliest tip answered. A NOT_FOUND proves its hash absent only up to the
+/// tip it came with, and a ledger may close between two calls: judged by
+/// the last call's tip, a bump that landed in that ledger, looked up before
+/// it, passed for absent past the transaction's bounds (found by the fault
+/// harness: a landed payment dead-lettered as outcome unknown).
 fn lookup(rpc: &mut Rpc, receipt: &Receipt) -> Result<(Lookup, rpc::Tip, String), RpcError> {
-    let mut last = None;
+    let mut earliest: Option<rpc::Tip> = None;
     for hash in receipt.hashes() {
         let (found, tip) = rpc.transaction(hash)?;
         if found != Lookup::NotFound {
             return Ok((found, tip, hash.to_owned()));
         }
-        last = Some(tip);
+        earliest = Some(match earliest {
+            Some(seen) if seen.ledger <= tip.ledger => seen,
+            _ => tip,
+        });
     }
-    let tip = last.ok_or_else(|| RpcError::Protocol("a receipt without a hash".to_owned()))?;
+    let tip = earliest.ok_or_else(|| RpcError::Protocol("a receipt without a hash".to_owned()))?;
     Ok((Lookup::NotFound, tip, receipt.hash.clone()))
 }
 
