@@ -30,6 +30,7 @@ pub mod node;
 pub mod op;
 pub mod oracle;
 pub mod outcome;
+pub mod pool;
 pub mod pricing;
 pub mod pruner;
 pub mod queue;

@@ -29,6 +29,10 @@
 //! - `signing`: RSA-2048 PKCS#1 v1.5 SHA-256 signatures per second,
 //!   `aws-lc-rs` (the host signer) against `ring` and the `rsa` crate, and
 //!   Ed25519.
+//! - `stellar-pool`: referral payouts through the real `stellar-vault`
+//!   plugin and the fake RPC, from the signer alone and through pools of
+//!   1, 4 and 8 channel accounts (a ledger a second): transactions a
+//!   ledger against the pool's ceiling (its size).
 //! - `backlog`: PostgreSQL rows read per settled op with 10k and with 1M ops
 //!   waiting (`--backlog N` changes the big one).
 //! - `lanes`: 10,000 strict lanes with 5 ops each.
@@ -44,6 +48,7 @@
 
 mod activitypub;
 mod plain;
+mod stellar;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -746,7 +751,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub quick: bool,
     /// Only these sections (throughput, latency, activitypub,
-    /// slow-fediverse, signing, backlog, lanes, soak, deep-backlog).
+    /// slow-fediverse, signing, stellar-pool, backlog, lanes, soak,
+    /// deep-backlog).
     #[arg(long, value_delimiter = ',')]
     pub only: Option<Vec<String>>,
     /// Ops per drain round.
@@ -767,6 +773,9 @@ pub struct BenchArgs {
     /// How long the activitypub section's inboxes take to answer, in ms.
     #[arg(long, default_value_t = 20)]
     pub answer_ms: u64,
+    /// How often the stellar-pool section's fake network closes a ledger, in ms.
+    #[arg(long, default_value_t = 1000)]
+    pub ledger_ms: u64,
     /// The throughput section's systems (full, normal, pg, plain, graphile).
     #[arg(long, value_delimiter = ',')]
     pub systems: Vec<String>,
@@ -787,6 +796,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         soak: soak_n,
         inboxes,
         answer_ms,
+        ledger_ms,
         systems,
     } = args;
     if quick {
@@ -815,6 +825,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if named("slow-fediverse") {
         activitypub::slow_fediverse(inboxes).await?;
+    }
+    if wants("stellar-pool") {
+        stellar::pools(quick, Duration::from_millis(ledger_ms.max(50))).await?;
     }
     if wants("backlog") {
         backlog(big).await?;

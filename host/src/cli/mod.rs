@@ -4,6 +4,7 @@
 //! Commands take their input and output streams as arguments, so tests run
 //! them in-process and read what an operator would see.
 
+mod channels;
 mod operator;
 mod remote;
 mod render;
@@ -100,6 +101,10 @@ pub enum Command {
     /// graphile-worker, latency, ActivityPub end to end, signing (scratch
     /// databases; PostgreSQL at TEST_PG_URL). Prints Markdown tables.
     Bench(crate::bench::BenchArgs),
+    /// Stellar channel-account pools: list them, make channel keys, create
+    /// the accounts on chain.
+    #[command(subcommand)]
+    Stellar(channels::StellarCommand),
 }
 
 /// `laneway demo`
@@ -520,6 +525,7 @@ pub async fn run(cli: Cli, io: Io<'_>) -> Result<(), CliError> {
         Command::Destinations(command) => {
             operator::destinations_cmd(&config, open_checked(&config).await?.as_ref(), command, io.stdout).await
         }
+        Command::Stellar(command) => channels::run(&config, command, io.stdout).await,
     }
 }
 

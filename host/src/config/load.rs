@@ -215,6 +215,7 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
     let plugins = named_tables::<PluginConfig>(&mut table, "plugins", &mut problems);
     let keys = named_tables::<crate::keys::KeySource>(&mut table, "keys", &mut problems);
     let oracles = named_tables::<OracleConfig>(&mut table, "oracles", &mut problems);
+    let pools = named_tables::<PoolConfig>(&mut table, "pools", &mut problems);
     let mut kinds = BTreeMap::new();
     match table.remove("kinds") {
         Some(toml::Value::Table(kind_tables)) => {
@@ -235,7 +236,7 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
         problems.push(Problem {
             path: key.clone(),
             message:
-                "unknown key (expected one of: database, queue, dispatch, runtime, api, retention, outcomes, destinations, inbound, plugins, keys, oracles, kinds)"
+                "unknown key (expected one of: database, queue, dispatch, runtime, api, retention, outcomes, destinations, inbound, plugins, keys, oracles, pools, kinds)"
                     .to_owned(),
         });
     }
@@ -273,6 +274,7 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
             plugins,
             keys,
             oracles,
+            pools,
             kinds,
         };
         problems.extend(validate(&config));

@@ -17,7 +17,7 @@ mod load;
 mod validate;
 
 pub use load::{from_layers, from_toml_str, load, process_env, FileSource};
-pub use validate::{oracle_egress, oracle_url_unlisted};
+pub use validate::{oracle_egress, oracle_url_unlisted, rpc_egress};
 
 /// The defaults, compiled in: the documented file is the defaults.
 pub const DEFAULTS: &str = include_str!("../../../config/default.toml");
@@ -60,6 +60,8 @@ pub struct Config {
     pub keys: BTreeMap<String, crate::keys::KeySource>,
     /// `[oracles.NAME]`
     pub oracles: BTreeMap<String, OracleConfig>,
+    /// `[pools.NAME]`
+    pub pools: BTreeMap<String, PoolConfig>,
     /// `[kinds.NAME]`
     pub kinds: BTreeMap<String, KindConfig>,
 }
@@ -198,6 +200,30 @@ pub struct RuntimeConfig {
     pub compile_cache: bool,
     /// Where; empty means the engine's per-user cache directory.
     pub compile_cache_dir: String,
+}
+
+/// `[pools.NAME]`: Stellar channel accounts that are the source of a
+/// kind's transactions, so the kind's signer (who authorises each contract
+/// call) is not limited to one transaction in flight. Each channel is a lane
+/// of its own: one transaction in flight per channel.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct PoolConfig {
+    /// The channels' `[keys.ID]` (ed25519), in dealing order.
+    pub channels: Vec<String>,
+    /// Channels that take no new ops; the ops already dealt to them drain.
+    /// A channel leaves `channels` only once `laneway stellar channels list`
+    /// shows it empty.
+    #[serde(default)]
+    pub retired: Vec<String>,
+    /// The `[keys.ID]` that funds new channels (`laneway stellar channels fund`).
+    #[serde(default)]
+    pub funder: Option<String>,
+    /// The RPC `laneway stellar channels` talks to (list, fund).
+    #[serde(default)]
+    pub rpc_url: Option<String>,
+    /// The network passphrase for funding transactions.
+    #[serde(default)]
+    pub network_passphrase: Option<String>,
 }
 
 /// `[oracles.NAME]`: a fee oracle polling Stellar RPC.
@@ -450,6 +476,11 @@ pub struct KindConfig {
     /// attempt of this kind (chain kinds); unpriced when absent.
     #[serde(default)]
     pub fee_oracle: Option<String>,
+    /// The `[pools.NAME]` whose channel accounts are the source of this
+    /// kind's transactions; each op is dealt one channel at enqueue, its
+    /// lane.
+    #[serde(default)]
+    pub pool: Option<String>,
     /// Fee bumps (attempts that ended asking for a higher fee) after which
     /// the op is dead-lettered with its attempt history (seed 003: 3).
     #[serde(default)]
@@ -817,6 +848,57 @@ mod tests {
             vec!["oracles.main.policy", "oracles.main.poll_ms", "oracles.main.rpc_url"],
             "{err}"
         );
+    }
+
+    /// A pool's mistakes, all at once: a channel that is no ed25519 key, a
+    /// funder without a key, a retired channel outside the pool, channels
+    /// the plugin may not sign with, and a pool shared by kinds with
+    /// different signers.
+    #[test]
+    fn a_pool_is_checked_against_its_keys_its_plugin_and_the_kinds_sharing_it() {
+        let keys = "[keys.vault]\nalgorithm = \"ed25519\"\nenv = \"V\"\n\
+                    [keys.other]\nalgorithm = \"ed25519\"\nenv = \"O\"\n\
+                    [keys.c1]\nalgorithm = \"ed25519\"\nenv = \"C1\"\n\
+                    [keys.hook]\nalgorithm = \"hmac-sha256\"\nenv = \"H\"\n\
+                    [plugins.vault]\npath = \"v.wasm\"\nkeys = [\"vault\", \"other\", \"c1\"]\n";
+        let good = format!(
+            "{keys}[pools.p]\nchannels = [\"c1\"]\n\
+             [kinds.deposit]\nplugin = \"vault\"\npool = \"p\"\n[kinds.deposit.config]\nsigner_key = \"vault\"\n\
+             [kinds.withdraw]\nplugin = \"vault\"\npool = \"p\"\n[kinds.withdraw.config]\nsigner_key = \"vault\"\n"
+        );
+        from_toml_str(&good).unwrap();
+        let bad = format!(
+            "{keys}[pools.p]\nchannels = [\"c1\", \"hook\", \"missing\"]\nretired = [\"stranger\"]\nfunder = \"nobody\"\n\
+             [kinds.deposit]\nplugin = \"vault\"\npool = \"p\"\n[kinds.deposit.config]\nsigner_key = \"vault\"\n\
+             [kinds.withdraw]\nplugin = \"vault\"\npool = \"p\"\n[kinds.withdraw.config]\nsigner_key = \"other\"\n\
+             [kinds.rebalance]\nplugin = \"vault\"\npool = \"nope\"\n"
+        );
+        let err = from_toml_str(&bad).unwrap_err();
+        let text = err.to_string();
+        for expected in [
+            "pools.p.channels: [keys.hook] is hmac-sha256, expected ed25519",
+            "pools.p.channels: no [keys.missing] is configured",
+            "pools.p.retired: \"stranger\" is not one of the pool's channels",
+            "pools.p.funder: no [keys.nobody] is configured",
+            "kinds.rebalance.pool: no [pools.nope] is configured",
+            "kinds.withdraw.pool: pool \"p\" is shared with kinds.deposit, whose plugin or signer_key differs",
+            "plugins.vault.keys must grant the pool's channels to sign with; missing hook, missing",
+        ] {
+            assert!(text.contains(expected), "{expected:?} missing from:\n{text}");
+        }
+        let lanes = format!(
+            "{keys}[pools.p]\nchannels = [\"c1\", \"vault\"]\n\
+             [kinds.deposit]\nplugin = \"vault\"\npool = \"p\"\nlanes = \"required\"\nlane_cap = 2\n\
+             [kinds.deposit.config]\nsigner_key = \"vault\"\n"
+        );
+        let text = from_toml_str(&lanes).unwrap_err().to_string();
+        for expected in [
+            "kinds.deposit.lanes: expected \"plugin\"",
+            "kinds.deposit.lane_cap: expected 1",
+            "the kind's signer_key \"vault\" is one of the pool's channels",
+        ] {
+            assert!(text.contains(expected), "{expected:?} missing from:\n{text}");
+        }
     }
 
     #[test]

@@ -416,6 +416,7 @@ pub(super) fn validate(config: &Config) -> Vec<Problem> {
             }
         }
     }
+    pools(config, &mut bad);
     for name in config.kinds.keys() {
         if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
             bad(
@@ -425,6 +426,137 @@ pub(super) fn validate(config: &Config) -> Vec<Problem> {
         }
     }
     problems
+}
+
+/// Channel-account pools: every channel and the funder a configured
+/// ed25519 key, no account both a channel and something else, and the
+/// kinds that draw from one pool alike in plugin and signer (a pool's
+/// channels carry one signer's contract calls).
+fn pools(config: &Config, bad: &mut impl FnMut(&str, String)) {
+    let ed25519 = |id: &str| -> Result<(), String> {
+        match config.keys.get(id) {
+            None => Err(format!("no [keys.{id}] is configured")),
+            Some(k) if k.algorithm != crate::keys::Algorithm::Ed25519 => {
+                Err(format!("[keys.{id}] is {}, expected ed25519", k.algorithm))
+            }
+            Some(_) => Ok(()),
+        }
+    };
+    let mut owner: BTreeMap<&str, &str> = BTreeMap::new();
+    for (name, pool) in &config.pools {
+        let path = |key: &str| format!("pools.{name}.{key}");
+        if pool.channels.is_empty() {
+            bad(&path("channels"), "expected at least one channel key id".to_owned());
+        }
+        for id in &pool.channels {
+            if let Err(e) = ed25519(id) {
+                bad(&path("channels"), e);
+            }
+            if let Some(other) = owner.insert(id, name) {
+                bad(
+                    &path("channels"),
+                    format!("channel {id:?} is listed twice (in pools.{other} too)"),
+                );
+            }
+        }
+        for id in &pool.retired {
+            if !pool.channels.contains(id) {
+                bad(
+                    &path("retired"),
+                    format!(
+                        "{id:?} is not one of the pool's channels (a retired channel stays listed until it drains)"
+                    ),
+                );
+            }
+        }
+        if !pool.channels.is_empty() && pool.channels.iter().all(|c| pool.retired.contains(c)) {
+            bad(
+                &path("retired"),
+                "every channel is retired: the pool could take no op".to_owned(),
+            );
+        }
+        if let Some(funder) = &pool.funder {
+            if let Err(e) = ed25519(funder) {
+                bad(&path("funder"), e);
+            } else if pool.channels.contains(funder) {
+                bad(&path("funder"), format!("{funder:?} is one of the pool's own channels"));
+            }
+        }
+        if let Some(url) = &pool.rpc_url {
+            if !(url.starts_with("https://") || url.starts_with("http://")) {
+                bad(&path("rpc_url"), format!("expected an http(s) URL, got {url:?}"));
+            } else if oracle_url_unlisted(url, &config.plugins).is_some() {
+                bad(
+                    &path("rpc_url"),
+                    format!("{url} is in no plugin's allowed_hosts; list it on the plugin whose kinds use this pool"),
+                );
+            }
+        }
+    }
+    let mut users: BTreeMap<&str, (&str, Option<&str>, Option<&str>)> = BTreeMap::new();
+    for (kind_name, kind) in &config.kinds {
+        let Some(pool_name) = &kind.pool else { continue };
+        let path = format!("kinds.{kind_name}.pool");
+        let Some(pool) = config.pools.get(pool_name) else {
+            bad(&path, format!("no [pools.{pool_name}] is configured"));
+            continue;
+        };
+        let signer = kind.config.get("signer_key").and_then(toml::Value::as_str);
+        let plugin = kind.plugin.as_deref();
+        if kind.lanes != LanePresence::Plugin {
+            bad(
+                &format!("kinds.{kind_name}.lanes"),
+                "expected \"plugin\": a pool's kind takes its lanes from the pool, never from a producer".to_owned(),
+            );
+        }
+        if kind.lane_cap != 1 {
+            bad(
+                &format!("kinds.{kind_name}.lane_cap"),
+                format!(
+                    "expected 1 (one transaction in flight per channel), got {}",
+                    kind.lane_cap
+                ),
+            );
+        }
+        if let Some(signer) = signer.filter(|s| pool.channels.iter().any(|c| c == s)) {
+            bad(
+                &path,
+                format!("the kind's signer_key {signer:?} is one of the pool's channels; a channel only carries transactions"),
+            );
+        }
+        if let Some(plugin_name) = plugin {
+            if let Some(granted) = config.plugins.get(plugin_name) {
+                let missing: Vec<&str> = pool
+                    .channels
+                    .iter()
+                    .filter(|c| !granted.keys.contains(c))
+                    .map(String::as_str)
+                    .collect();
+                if !missing.is_empty() {
+                    bad(
+                        &path,
+                        format!(
+                            "plugins.{plugin_name}.keys must grant the pool's channels to sign with; missing {}",
+                            missing.join(", ")
+                        ),
+                    );
+                }
+            }
+        }
+        match users.get(pool_name.as_str()) {
+            Some((first, other_plugin, other_signer)) if (*other_plugin, *other_signer) != (plugin, signer) => bad(
+                &path,
+                format!(
+                    "pool {pool_name:?} is shared with kinds.{first}, whose plugin or signer_key differs; a pool carries \
+                     one signer's calls"
+                ),
+            ),
+            Some(_) => {}
+            None => {
+                users.insert(pool_name, (kind_name, plugin, signer));
+            }
+        }
+    }
 }
 
 /// Why a webhook URL cannot be used, if it cannot: the egress guard's own
@@ -445,7 +577,14 @@ fn webhook_url_refused(url: &str, outcomes: &super::OutcomesConfig) -> Option<St
 /// and internal allowances of the plugins that list it (the oracle prices
 /// their kinds, so it may reach what they may).
 pub fn oracle_egress(name: &str, rpc_url: &str, plugins: &BTreeMap<String, PluginConfig>) -> crate::egress::Egress {
-    let section = format!("oracles.{name} (through the plugins listing its rpc_url)");
+    rpc_egress(&format!("oracles.{name}"), rpc_url, plugins)
+}
+
+/// The egress policy the host itself reaches a Stellar RPC with (a fee
+/// oracle, `laneway stellar channels`): the allow-lists and internal
+/// allowances of the plugins that list it.
+pub fn rpc_egress(section: &str, rpc_url: &str, plugins: &BTreeMap<String, PluginConfig>) -> crate::egress::Egress {
+    let section = format!("{section} (through the plugins listing its rpc_url)");
     let mut policy = crate::egress::Egress::lenient(&section, &[], &[]);
     let Ok(url) = reqwest::Url::parse(rpc_url) else {
         return policy;

@@ -15,6 +15,14 @@
 //! (replace-by-fee); `congest` keeps transactions bidding less than a floor
 //! queued, unincluded, as surge pricing does.
 //!
+//! A contract call may require an account's authorisation
+//! (`require_auth`), as a vault contract requires its agent's: simulation
+//! then records the entry the RPC returns (source-account credentials when
+//! that account is the source, address credentials with a fresh nonce
+//! when a channel account is), and a transaction whose entry is missing,
+//! forged, expired or replayed is applied as failed, fee and sequence
+//! spent, as the network does.
+//!
 //! It forgets applied transactions older than its retention window, as the
 //! real RPC does, and serves a Horizon-compatible history under `/history`
 //! (`GET /history/transactions/{hash}` and the root's ingested range) that
@@ -103,6 +111,10 @@ pub struct Submitted {
     /// The ledger that was latest when it was accepted.
     pub accepted_at_ledger: u32,
     pub state: TxState,
+    /// The address-credentials nonce it spends, when it carries one.
+    pub nonce: Option<i64>,
+    /// Accounts its CreateAccount operations create.
+    pub creates: Vec<[u8; 32]>,
     envelope: String,
     hide_for: u32,
     trap: bool,
@@ -171,6 +183,14 @@ struct Inner {
     /// Queued transactions bidding less than this per operation are not
     /// included (surge pricing).
     inclusion_floor: i64,
+    /// The account each contract function's calls must be authorised by.
+    authorizers: HashMap<String, [u8; 32]>,
+    /// The last nonce handed out in a simulation.
+    last_nonce: i64,
+    /// Nonces spent by applied transactions.
+    used_nonces: std::collections::HashSet<i64>,
+    /// Transactions accepted whose authorisation did not hold.
+    auth_failures: usize,
 }
 
 /// The fake; clones share state.
@@ -209,6 +229,10 @@ impl Default for FakeRpc {
                 oldest_override: None,
                 history_elder: 1,
                 inclusion_floor: 0,
+                authorizers: HashMap::new(),
+                last_nonce: 0x5eed_0000,
+                used_nonces: std::collections::HashSet::new(),
+                auth_failures: 0,
             })),
         }
     }
@@ -329,6 +353,18 @@ impl FakeRpc {
         self.lock().latest_ledger += ledgers;
     }
 
+    /// Every call of contract function `function` must be authorised by
+    /// this account from now on.
+    pub fn require_auth(&self, function: &str, public_key: [u8; 32]) {
+        self.lock().authorizers.insert(function.to_owned(), public_key);
+    }
+
+    /// Transactions accepted whose authorisation did not hold (applied as
+    /// failed).
+    pub fn auth_failures(&self) -> usize {
+        self.lock().auth_failures
+    }
+
     /// The latest ledger.
     pub fn latest_ledger(&self) -> u32 {
         self.lock().latest_ledger
@@ -352,9 +388,9 @@ impl FakeRpc {
                 inner.queued.insert(account, index);
                 continue;
             }
-            let (sequence, max_ledger, lose, trap) = {
+            let (sequence, max_ledger, lose, mut trap, nonce, creates) = {
                 let t = &inner.txs[index];
-                (t.sequence, t.max_ledger, t.lose, t.trap)
+                (t.sequence, t.max_ledger, t.lose, t.trap, t.nonce, t.creates.clone())
             };
             let current = inner.accounts.get(&account).copied().unwrap_or_default();
             let valid = !lose && (max_ledger == 0 || ledger < max_ledger) && sequence == current + 1;
@@ -364,6 +400,22 @@ impl FakeRpc {
             } else {
                 // The sequence is consumed whether the call succeeds or traps.
                 inner.accounts.insert(account, sequence);
+                if let Some(nonce) = nonce {
+                    // A replayed authorisation fails the call.
+                    if !inner.used_nonces.insert(nonce) {
+                        inner.auth_failures += 1;
+                        trap = true;
+                    }
+                }
+                // All or nothing: an account that exists fails them all.
+                if creates.iter().any(|a| inner.accounts.contains_key(a)) {
+                    trap = true;
+                } else if !trap {
+                    for account in &creates {
+                        // A new account's sequence starts at its ledger.
+                        inner.accounts.insert(*account, i64::from(ledger) << 32);
+                    }
+                }
                 if trap {
                     TxState::Failed { ledger }
                 } else {
@@ -655,17 +707,111 @@ impl Inner {
                 }),
             ),
             Some(_) => fail("host invocation failed\n\nCaused by:\n    HostError: Error(Contract, #3)"),
-            None => ok(
-                id,
-                json!({
-                    "transactionData": TRANSACTION_DATA,
-                    "minResourceFee": MIN_RESOURCE_FEE.to_string(),
-                    "events": [],
-                    "results": [{ "auth": [], "xdr": "AAAAAQ==" }],
-                    "latestLedger": latest,
-                }),
-            ),
+            None => {
+                let auth: Vec<String> = self.auth_entry(&v1.tx).into_iter().collect();
+                ok(
+                    id,
+                    json!({
+                        "transactionData": TRANSACTION_DATA,
+                        "minResourceFee": MIN_RESOURCE_FEE.to_string(),
+                        "events": [],
+                        "results": [{ "auth": auth, "xdr": "AAAAAQ==" }],
+                        "latestLedger": latest,
+                    }),
+                )
+            }
         }
+    }
+
+    /// The authorisation entry a simulation records for a contract call,
+    /// when an authoriser is required.
+    fn auth_entry(&mut self, tx: &stellar_xdr::Transaction) -> Option<String> {
+        let call = contract_call(tx)?;
+        let authorizer = *self
+            .authorizers
+            .get(call.function_name.0.to_utf8_string_lossy().as_str())?;
+        let source = match tx.source_account {
+            MuxedAccount::Ed25519(Uint256(s)) => s,
+            MuxedAccount::MuxedEd25519(_) => return None,
+        };
+        let credentials = if source == authorizer {
+            stellar_xdr::SorobanCredentials::SourceAccount
+        } else {
+            self.last_nonce += 1;
+            stellar_xdr::SorobanCredentials::Address(stellar_xdr::SorobanAddressCredentials {
+                address: stellar_xdr::ScAddress::Account(AccountId(PublicKey::PublicKeyTypeEd25519(Uint256(
+                    authorizer,
+                )))),
+                nonce: self.last_nonce,
+                signature_expiration_ledger: 0,
+                signature: ScVal::Void,
+            })
+        };
+        stellar_xdr::SorobanAuthorizationEntry {
+            credentials,
+            root_invocation: stellar_xdr::SorobanAuthorizedInvocation {
+                function: stellar_xdr::SorobanAuthorizedFunction::ContractFn(call.clone()),
+                sub_invocations: Vec::new().try_into().unwrap_or_default(),
+            },
+        }
+        .to_xdr_base64(Limits::none())
+        .ok()
+    }
+
+    /// Whether a contract call carries the required authorisation: the
+    /// source's own when the authoriser is the source, otherwise an
+    /// address entry for exactly this call, signed by the authoriser over
+    /// this network, not yet expired. `Ok` carries the nonce it spends.
+    fn authorised(&self, tx: &stellar_xdr::Transaction, source: [u8; 32]) -> Result<Option<i64>, ()> {
+        let Some(call) = contract_call(tx) else {
+            return Ok(None);
+        };
+        let Some(&authorizer) = self
+            .authorizers
+            .get(call.function_name.0.to_utf8_string_lossy().as_str())
+        else {
+            return Ok(None);
+        };
+        let Some(OperationBody::InvokeHostFunction(op)) = tx.operations.first().map(|o| &o.body) else {
+            return Ok(None);
+        };
+        let for_call = |e: &&stellar_xdr::SorobanAuthorizationEntry| {
+            e.root_invocation.function == stellar_xdr::SorobanAuthorizedFunction::ContractFn(call.clone())
+        };
+        for entry in op.auth.iter().filter(for_call) {
+            match &entry.credentials {
+                stellar_xdr::SorobanCredentials::SourceAccount if source == authorizer => return Ok(None),
+                stellar_xdr::SorobanCredentials::Address(c)
+                    if c.address
+                        == stellar_xdr::ScAddress::Account(AccountId(PublicKey::PublicKeyTypeEd25519(Uint256(
+                            authorizer,
+                        )))) =>
+                {
+                    if c.signature_expiration_ledger <= self.latest_ledger {
+                        return Err(());
+                    }
+                    let preimage = stellar_xdr::HashIdPreimage::SorobanAuthorization(
+                        stellar_xdr::HashIdPreimageSorobanAuthorization {
+                            network_id: stellar_xdr::Hash(self.network_id),
+                            nonce: c.nonce,
+                            signature_expiration_ledger: c.signature_expiration_ledger,
+                            invocation: entry.root_invocation.clone(),
+                        },
+                    );
+                    let Ok(bytes) = preimage.to_xdr(Limits::none()) else {
+                        return Err(());
+                    };
+                    let payload: [u8; 32] = sha2::Sha256::digest(bytes).into();
+                    return if account_signed(authorizer, &payload, &c.signature) {
+                        Ok(Some(c.nonce))
+                    } else {
+                        Err(())
+                    };
+                }
+                _ => {}
+            }
+        }
+        Err(())
     }
 
     fn send_answer(&self, id: &Value, status: &str, hash: &str, error: Option<&str>) -> Response {
@@ -825,6 +971,13 @@ impl Inner {
             },
             _ => (None, Vec::new()),
         };
+        let (nonce, unauthorised) = match self.authorised(tx, source) {
+            Ok(nonce) => (nonce, false),
+            Err(()) => {
+                self.auth_failures += 1;
+                (None, true)
+            }
+        };
         if let Some(replaced) = replaces {
             self.txs[replaced].state = TxState::Dropped;
             self.queued.remove(&source);
@@ -846,7 +999,19 @@ impl Inner {
                 Some(SendFault::HideFor(n)) => n,
                 _ => 0,
             },
-            trap: fault == Some(SendFault::Trap),
+            trap: fault == Some(SendFault::Trap) || unauthorised,
+            nonce,
+            creates: tx
+                .operations
+                .iter()
+                .filter_map(|o| match &o.body {
+                    OperationBody::CreateAccount(c) => {
+                        let AccountId(PublicKey::PublicKeyTypeEd25519(Uint256(new))) = c.destination.clone();
+                        Some(new)
+                    }
+                    _ => None,
+                })
+                .collect(),
             lose: fault == Some(SendFault::AcceptThenLose),
             apply_at: match fault {
                 Some(SendFault::AcceptThen504 { apply_after } | SendFault::AcceptThenHangFor { apply_after }) => {
@@ -925,6 +1090,41 @@ impl Inner {
         result["createdAt"] = json!(unix_now().to_string());
         ok(id, result)
     }
+}
+
+/// The op's contract call, when it is one.
+fn contract_call(tx: &stellar_xdr::Transaction) -> Option<&stellar_xdr::InvokeContractArgs> {
+    match tx.operations.first().map(|o| &o.body) {
+        Some(OperationBody::InvokeHostFunction(op)) => match &op.host_function {
+            HostFunction::InvokeContract(call) => Some(call),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Whether a classic account's signature value (`[{public_key,
+/// signature}]`) is `key`'s over `payload`.
+fn account_signed(key: [u8; 32], payload: &[u8; 32], value: &ScVal) -> bool {
+    let ScVal::Vec(Some(signatures)) = value else {
+        return false;
+    };
+    let field = |map: &stellar_xdr::ScMap, name: &str| {
+        map.iter().find_map(|e| match (&e.key, &e.val) {
+            (ScVal::Symbol(s), ScVal::Bytes(b)) if s.0.as_slice() == name.as_bytes() => Some(b.0.to_vec()),
+            _ => None,
+        })
+    };
+    let Ok(verifying) = VerifyingKey::from_bytes(&key) else {
+        return false;
+    };
+    signatures.iter().any(|s| {
+        let ScVal::Map(Some(map)) = s else { return false };
+        field(map, "public_key").as_deref() == Some(key.as_slice())
+            && field(map, "signature")
+                .and_then(|sig| Signature::from_slice(&sig).ok())
+                .is_some_and(|sig| verifying.verify_strict(payload, &sig).is_ok())
+    })
 }
 
 /// Whether one of `signatures` is `key`'s over `hash`.

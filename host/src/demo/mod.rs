@@ -117,7 +117,7 @@ impl Size {
                 deposits: 4,
                 rebalances: 2,
                 withdrawals: 2,
-                payouts: 3,
+                payouts: 8,
             }
         } else {
             Size {
@@ -125,7 +125,7 @@ impl Size {
                 deposits: 10,
                 rebalances: 4,
                 withdrawals: 4,
-                payouts: 6,
+                payouts: 40,
             }
         }
     }
@@ -180,6 +180,13 @@ pub async fn run(args: DemoArgs, out: &mut dyn Write) -> Result<(), DemoError> {
         .cloned()
         .ok_or_else(|| DemoError::Key("actor: the demo config has no [keys.actor]".into()))?;
     let fakes = start_fakes(&keys, &actor_key).await?;
+    // The vault contract requires each call's signer to authorise it, as
+    // the real one does: a pool's channel carries a call its signer signed.
+    for (function, signer) in signers_of(&table) {
+        if let Some(DemoKey::Ed25519(public)) = keys.get(&signer) {
+            fakes.rpc.require_auth(&function, *public);
+        }
+    }
     text = effective_config(table, &dir, &fakes.rpc_url)?;
     let path = dir.join("laneway.toml");
     std::fs::write(&path, &text).map_err(io(format!("cannot write {}", path.display())))?;
@@ -231,7 +238,8 @@ pub async fn run(args: DemoArgs, out: &mut dyn Write) -> Result<(), DemoError> {
     }
 
     let ops = ops_of(&node, &ledger.order).await?;
-    let (lanes, notes) = lane_rows(&ops, &ledger, &fakes, &keys, size.activities);
+    let pools = node.dispatcher.config().pools.clone();
+    let (lanes, notes) = lane_rows(&pools, &ops, &ledger, &fakes, &keys, size.activities);
     let kinds = kind_rows(&node, &ops).await?;
     writeln!(out, "\nLanes\n{}", report::lanes_table(&lanes)).map_err(io("output"))?;
     for line in notes {
@@ -429,6 +437,22 @@ fn effective_config(mut table: toml::Table, dir: &Path, rpc_url: &str) -> Result
         })
 }
 
+/// Each vault kind's contract function and the key that signs its calls.
+fn signers_of(table: &toml::Table) -> Vec<(String, String)> {
+    let Some(toml::Value::Table(kinds)) = table.get("kinds") else {
+        return Vec::new();
+    };
+    kinds
+        .values()
+        .filter_map(|kind| {
+            let config = kind.get("config")?;
+            let function = config.get("function")?.as_str()?;
+            let signer = config.get("signer_key")?.as_str()?;
+            Some((function.to_owned(), signer.to_owned()))
+        })
+        .collect()
+}
+
 fn stellar_address(key: &DemoKey) -> Option<String> {
     match key {
         DemoKey::Ed25519(public) => Some(fake_rpc::address(*public)),
@@ -519,6 +543,8 @@ async fn enqueue(
     let mut prepared = Vec::new();
     let mut amounts = Vec::new();
     for (kind, payload, amount) in ops {
+        // A pool's kind is dealt its channel by the host.
+        let pooled = config.kinds.get(&kind).is_some_and(|k| k.pool.is_some());
         let signer = config
             .kinds
             .get(&kind)
@@ -530,7 +556,7 @@ async fn enqueue(
         let request = EnqueueRequest {
             kind,
             outbox: "vault".to_owned(),
-            lanes: vec![signer],
+            lanes: if pooled { Vec::new() } else { vec![signer] },
             payload,
             ..EnqueueRequest::default()
         };
@@ -560,6 +586,7 @@ async fn ops_of(node: &Node, ids: &[OpId]) -> Result<Vec<Op>, DemoError> {
 /// The lane table's rows, and for each signer the kinds in the order they
 /// landed on chain (where a CRITICAL withdrawal overtaking the backlog shows).
 fn lane_rows(
+    pools: &std::collections::BTreeMap<String, crate::config::PoolConfig>,
     ops: &[Op],
     ledger: &Ledger,
     fakes: &Fakes,
@@ -590,11 +617,22 @@ fn lane_rows(
     }
     let mut signers: Vec<(&String, &DemoKey)> = keys.iter().collect();
     signers.sort_by_key(|(id, _)| (*id).clone());
+    let channel_of: HashMap<&str, &str> = pools
+        .iter()
+        .flat_map(|(pool, p)| p.channels.iter().map(move |c| (c.as_str(), pool.as_str())))
+        .collect();
     for (id, key) in signers {
         let (Some(address), DemoKey::Ed25519(public)) = (stellar_address(key), key) else {
             continue;
         };
         let mine: Vec<&Op> = ops.iter().filter(|o| o.lanes.contains(&address)).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let role = match channel_of.get(id.as_str()) {
+            Some(pool) => format!("channel {id} (pool {pool})"),
+            None => format!("signer {id}"),
+        };
         let by_id: HashMap<OpId, &Op> = mine.iter().map(|o| (o.id, *o)).collect();
         let mut landed = fakes.rpc.landed();
         landed.retain(|t| t.source == *public);
@@ -630,7 +668,7 @@ fn lane_rows(
             )),
             None => report::signer_order(&chain),
         };
-        rows.push(report::lane_row(format!("signer {id}"), &mine, order));
+        rows.push(report::lane_row(role.clone(), &mine, order));
         let runs: Vec<String> = kinds
             .iter()
             .map(|(kind, n)| {
@@ -641,7 +679,33 @@ fn lane_rows(
                 }
             })
             .collect();
-        notes.push(format!("signer {id} landed: {}", runs.join(" → ")));
+        notes.push(format!("{role} landed: {}", runs.join(" → ")));
+    }
+    for (name, pool) in pools {
+        let publics: HashSet<[u8; 32]> = pool
+            .channels
+            .iter()
+            .filter_map(|c| match keys.get(c) {
+                Some(DemoKey::Ed25519(p)) => Some(*p),
+                _ => None,
+            })
+            .collect();
+        let mut per_ledger: HashMap<u32, usize> = HashMap::new();
+        for t in fakes.rpc.landed() {
+            if let (true, fake_rpc::TxState::Success { ledger }) = (publics.contains(&t.source), t.state) {
+                *per_ledger.entry(ledger).or_default() += 1;
+            }
+        }
+        let landed: usize = per_ledger.values().sum();
+        if let (Some(first), Some(last)) = (per_ledger.keys().min(), per_ledger.keys().max()) {
+            notes.push(format!(
+                "pool {name}: {landed} transactions from {} channels over ledgers {first}..={last} ({:.1} a ledger, \
+                 at most {} in one)",
+                publics.len(),
+                landed as f64 / f64::from(last - first + 1),
+                per_ledger.values().max().copied().unwrap_or(0)
+            ));
+        }
     }
     (rows, notes)
 }

@@ -600,6 +600,14 @@ impl Dispatcher {
                     op.kind
                 )));
             }
+            if let Some(pool) = config.kinds.get(&op.kind).and_then(|k| k.pool.as_ref()) {
+                if !op.lanes.is_empty() {
+                    return Err(QueueError::InvalidOp(format!(
+                        "kind {}: its ops are dealt channels from pool {pool:?}; an op names no lanes",
+                        op.kind
+                    )));
+                }
+            }
             let owned = plugin_lanes && loaded;
             if !owned && !op.lanes.is_empty() {
                 continue;

@@ -21,15 +21,24 @@ pub struct WasmExecutor {
     /// lanes leave out the plugin's is refused before anything is sent,
     /// however it was written (plain SQL included).
     owns_lanes: bool,
+    /// The kind's channel-account pool: its ops' lanes are channels dealt
+    /// from it, not the plugin's.
+    pool: Option<Arc<crate::pool::Pool>>,
 }
 
 impl WasmExecutor {
     /// Serves a kind whose `config` table is `config_json`.
-    pub fn new(plugin: Arc<Plugin>, config_json: String, owns_lanes: bool) -> Self {
+    pub fn new(
+        plugin: Arc<Plugin>,
+        config_json: String,
+        owns_lanes: bool,
+        pool: Option<Arc<crate::pool::Pool>>,
+    ) -> Self {
         Self {
             plugin,
             config_json,
             owns_lanes,
+            pool,
         }
     }
 
@@ -84,12 +93,17 @@ pub fn outcome(o: wit::Outcome) -> Outcome {
 impl Executor for WasmExecutor {
     async fn execute(&self, op: &Op, attempt: Attempt) -> Outcome {
         if self.owns_lanes {
-            let named = match self.lanes(&op.kind, &op.outbox, &op.payload).await {
+            let named = match self.plugin_lanes(&op.kind, &op.outbox, &op.payload).await {
                 Ok(named) => named,
                 Err(why) => return Outcome::permanent(format!("the plugin refused the op's lanes: {why}")),
             };
-            if let Err(e) = crate::enqueue::owned_lanes(&op.kind, op.lanes.clone(), named) {
-                return Outcome::permanent(format!("refused before sending: {e}"));
+            // A pool's op runs on the one channel it was dealt; an op
+            // enqueued before the kind had a pool keeps the plugin's lanes.
+            let dealt = self.pool.as_ref().is_some_and(|p| p.channel_of(&op.lanes).is_some());
+            if !dealt {
+                if let Err(e) = crate::enqueue::owned_lanes(&op.kind, op.lanes.clone(), named) {
+                    return Outcome::permanent(format!("refused before sending: {e}"));
+                }
             }
         }
         match self.plugin.execute(self.op(op), attempt).await {
@@ -106,7 +120,26 @@ impl Executor for WasmExecutor {
         }
     }
 
+    /// The plugin's lanes for a new op; for a kind with a pool, the plugin
+    /// still judges the payload, and the op is dealt a channel.
     async fn lanes(&self, kind: &str, outbox: &str, payload: &str) -> Result<Vec<String>, String> {
+        let named = self.plugin_lanes(kind, outbox, payload).await?;
+        match &self.pool {
+            None => Ok(named),
+            Some(pool) => pool
+                .deal()
+                .map(|channel| vec![channel.account.clone()])
+                .map_err(|e| e.to_string()),
+        }
+    }
+
+    fn available(&self) -> bool {
+        !self.plugin.health.quarantined()
+    }
+}
+
+impl WasmExecutor {
+    async fn plugin_lanes(&self, kind: &str, outbox: &str, payload: &str) -> Result<Vec<String>, String> {
         let input = wit::OpInput {
             kind: kind.to_owned(),
             outbox: outbox.to_owned(),
@@ -117,9 +150,5 @@ impl Executor for WasmExecutor {
             Ok(result) => result,
             Err(failure) => Err(failure.to_string()),
         }
-    }
-
-    fn available(&self) -> bool {
-        !self.plugin.health.quarantined()
     }
 }

@@ -313,7 +313,30 @@ impl PluginHost {
             };
             match next.get(plugin_name) {
                 Some(l) if l.plugin.inspection.world == World::Executor => {
-                    let config_json = kind_config.config_json();
+                    let pool = match kind_config.pool.as_ref().map(|name| {
+                        config
+                            .pools
+                            .get(name)
+                            .map(|p| crate::pool::Pool::resolve(name, p, &keys))
+                    }) {
+                        None => None,
+                        Some(Some(Ok(pool))) => Some(Arc::new(pool)),
+                        // A pool that does not resolve is the kind's problem:
+                        // its ops wait for a config that names loaded keys.
+                        Some(Some(Err(e))) => {
+                            if let Some(previous) = self.registry.get(kind) {
+                                executors.insert(kind.clone(), previous);
+                            }
+                            refused.push(Problem {
+                                path: format!("kinds.{kind}.pool"),
+                                message: e.to_string(),
+                            });
+                            continue;
+                        }
+                        // Reported by the config's own check.
+                        Some(None) => continue,
+                    };
+                    let config_json = crate::pool::config_json(kind_config, pool.as_deref());
                     let found = kind_problems(&l.plugin, kind, &config_json).await;
                     if found.is_empty() {
                         executors.insert(
@@ -322,6 +345,7 @@ impl PluginHost {
                                 l.plugin.clone(),
                                 config_json,
                                 kind_config.lanes == crate::config::LanePresence::Plugin,
+                                pool,
                             )) as Arc<dyn Executor>,
                         );
                     } else {

@@ -9,7 +9,7 @@ use stellar_xdr::{ScAddress, ScSymbol};
 
 use crate::settings::{ArgType, Settings, MAX_VALID_SECONDS};
 
-const KEYS: [&str; 13] = [
+const KEYS: [&str; 15] = [
     "rpc_url",
     "network_passphrase",
     "contract_id",
@@ -23,6 +23,8 @@ const KEYS: [&str; 13] = [
     "try_again_ms",
     "history_url",
     "bump_after_ledgers",
+    "auth_contracts",
+    "pool",
 ];
 
 const ARG_KEYS: [&str; 3] = ["field", "value", "type"];
@@ -58,6 +60,46 @@ pub fn validate(config: &str) -> Result<(), Vec<Problem>> {
     }
     if let Some(key) = check.string("", table, "signer_key", true) {
         check::key(&mut check, "signer_key", key, Algorithm::Ed25519);
+    }
+    match table.get("auth_contracts") {
+        None => {}
+        Some(Value::Array(contracts)) => {
+            for (i, contract) in contracts.iter().enumerate() {
+                let ok = contract
+                    .as_str()
+                    .is_some_and(|c| c.starts_with('C') && c.parse::<ScAddress>().is_ok());
+                if !ok {
+                    check.problem(
+                        format!("auth_contracts[{i}]"),
+                        format!("{contract} is not a contract address (C…)"),
+                    );
+                }
+            }
+        }
+        Some(other) => check.problem(
+            "auth_contracts",
+            format!("expected an array of contract addresses, got {other}"),
+        ),
+    }
+    // The host writes `pool` from `[pools]`; its channels must be keys the
+    // plugin may sign with.
+    if let Some(Value::Object(pool)) = table.get("pool") {
+        if let Some(Value::Object(channels)) = pool.get("channels") {
+            for (account, key) in channels {
+                let path = format!("pool.channels.{account}");
+                let Some(id) = key.as_str() else {
+                    check.problem(path, format!("expected a key id, got {key}"));
+                    continue;
+                };
+                let public =
+                    check::key(&mut check, &path, id, Algorithm::Ed25519).and_then(|p| <[u8; 32]>::try_from(p).ok());
+                if let Some(public) = public {
+                    if crate::tx::account_id(public).to_string() != *account {
+                        check.problem(path, format!("key {id:?} is not account {account}"));
+                    }
+                }
+            }
+        }
     }
     check.integer("", table, "valid_seconds", 1, MAX_VALID_SECONDS);
     check.integer("", table, "ledger_window", 1, 1000);

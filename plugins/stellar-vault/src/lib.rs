@@ -13,6 +13,7 @@
 //! crash or timeout: landed → done; provably dead → build afresh; still
 //! possible → send the same bytes again (a duplicate is harmless) and wait.
 
+mod auth;
 mod cadence;
 mod check;
 mod history;
@@ -67,6 +68,90 @@ fn signer_key(settings: &Settings) -> Result<[u8; 32], String> {
 
 fn public_key(settings: &Settings) -> Result<[u8; 32], Outcome> {
     signer_key(settings).map_err(|e| permanent(e, Some("signer")))
+}
+
+/// The account a transaction comes from, and the host key that signs it:
+/// the kind's signer, or the channel account the op was dealt from its
+/// pool (then the signer only authorises the contract call).
+struct Source {
+    key_id: String,
+    public: [u8; 32],
+}
+
+impl Source {
+    fn signer(settings: &Settings) -> Result<Self, Outcome> {
+        Ok(Self {
+            key_id: settings.signer_key.clone(),
+            public: public_key(settings)?,
+        })
+    }
+
+    fn key(key_id: &str) -> Result<Self, Outcome> {
+        let public = signer::public_key(key_id)
+            .ok()
+            .and_then(|k| <[u8; 32]>::try_from(k).ok())
+            .ok_or_else(|| {
+                permanent(
+                    format!("channel key {key_id:?} is not an ed25519 key the host grants"),
+                    Some("signer"),
+                )
+            })?;
+        Ok(Self {
+            key_id: key_id.to_owned(),
+            public,
+        })
+    }
+
+    /// A new transaction's source: the op's channel when its one lane is a
+    /// channel of the kind's pool; the signer when its lane is the signer's
+    /// (an op enqueued before the kind had a pool). A lane that is neither
+    /// (a channel since removed from the pool) waits for the config: using
+    /// the signer would step outside the lane that keeps its sequence.
+    fn for_op(settings: &Settings, lanes: &[String]) -> Result<Self, Outcome> {
+        let signer = Self::signer(settings)?;
+        let Some(pool) = &settings.pool else {
+            return Ok(signer);
+        };
+        if let [lane] = lanes {
+            if let Some(key_id) = pool.channels.get(lane) {
+                let channel = Self::key(key_id)?;
+                if tx::account_id(channel.public).to_string() != *lane {
+                    return Err(permanent(
+                        format!("channel key {key_id:?} is not account {lane}"),
+                        Some("signer"),
+                    ));
+                }
+                return Ok(channel);
+            }
+        }
+        let own = tx::account_id(signer.public).to_string();
+        if lanes.contains(&own) {
+            return Ok(signer);
+        }
+        Err(retry(
+            format!(
+                "the op's lane {} is no channel of pool {:?}; put the channel back in the pool (retire it rather than \
+                 remove it while it has ops)",
+                lanes.join(", "),
+                pool.name
+            ),
+            Some("channel"),
+            Some(Duration::from_secs(60)),
+            false,
+        ))
+    }
+
+    /// The source a receipt's transaction was built from.
+    fn of_receipt(settings: &Settings, receipt: &Receipt) -> Result<Self, Outcome> {
+        match &receipt.source_key {
+            Some(key_id) => Self::key(key_id),
+            None => Self::signer(settings),
+        }
+    }
+
+    fn is_signer(&self, settings: &Settings) -> bool {
+        self.key_id == settings.signer_key
+    }
 }
 
 /// A transaction that was applied and failed: final.
@@ -269,13 +354,16 @@ fn execute_outcome(fate: Fate, receipt: &Receipt, settings: &Settings) -> Outcom
 
 /// The account's next sequence number, read fresh for every transaction,
 /// and the bounds of a transaction built now.
-fn next_sequence(rpc: &mut Rpc, settings: &Settings, key: [u8; 32]) -> Result<(i64, tx::Bounds), Outcome> {
+fn next_sequence(rpc: &mut Rpc, settings: &Settings, source: &Source) -> Result<(i64, tx::Bounds), Outcome> {
     let tip = rpc.latest_ledger().map_err(rpc_outcome)?;
-    let account_key = tx::account_key(key).map_err(|e| permanent(e, Some("xdr")))?;
+    let account_key = tx::account_key(source.public).map_err(|e| permanent(e, Some("xdr")))?;
     let entries = rpc.ledger_entries(&[account_key]).map_err(rpc_outcome)?;
     let Some(entry) = entries.first() else {
         return Err(permanent(
-            "the signer account does not exist on this network",
+            format!(
+                "the source account {} does not exist on this network",
+                tx::account_id(source.public)
+            ),
             Some("tx_no_account"),
         ));
     };
@@ -293,13 +381,21 @@ fn next_sequence(rpc: &mut Rpc, settings: &Settings, key: [u8; 32]) -> Result<(i
 fn prepare(
     rpc: &mut Rpc,
     settings: &Settings,
-    key: [u8; 32],
+    source: &Source,
     inclusion_fee: u64,
     body: stellar_xdr::OperationBody,
 ) -> Result<Prepared, Outcome> {
-    let (sequence, bounds) = next_sequence(rpc, settings, key)?;
+    let (sequence, bounds) = next_sequence(rpc, settings, source)?;
     let fee = u32::try_from(inclusion_fee).map_err(|_| permanent("inclusion fee out of range", Some("fee")))?;
-    let mut transaction = tx::transaction(key, sequence, fee, bounds, body).map_err(|e| permanent(e, Some("xdr")))?;
+    let call = match &body {
+        stellar_xdr::OperationBody::InvokeHostFunction(stellar_xdr::InvokeHostFunctionOp {
+            host_function: stellar_xdr::HostFunction::InvokeContract(call),
+            ..
+        }) => call.clone(),
+        _ => return Err(permanent("only a contract call is prepared here", Some("xdr"))),
+    };
+    let mut transaction =
+        tx::transaction(source.public, sequence, fee, bounds, body).map_err(|e| permanent(e, Some("xdr")))?;
     let draft = tx::unsigned(&transaction).map_err(|e| permanent(e, Some("xdr")))?;
     let simulation = rpc.simulate(&draft).map_err(rpc_outcome)?;
     if let Some(error) = simulation.error {
@@ -316,15 +412,42 @@ fn prepare(
             false,
         )
     })?;
+    let auth = authorize(settings, source, &call, &simulation.auth, bounds.max_ledger)?;
     tx::assemble(
         &mut transaction,
         &data,
-        &simulation.auth,
+        &auth,
         inclusion_fee,
         simulation.min_resource_fee,
     )
     .map_err(|e| permanent(e, Some("assemble")))?;
-    seal(settings, key, transaction, (bounds, inclusion_fee), false).map(Prepared::Ready)
+    seal(settings, source, transaction, (bounds, inclusion_fee), false).map(Prepared::Ready)
+}
+
+/// The simulation's authorisation entries, checked (the op's own call,
+/// nothing else) and, for the signer's address entries, signed by the host
+/// until the transaction's ledger bound.
+fn authorize(
+    settings: &Settings,
+    source: &Source,
+    call: &stellar_xdr::InvokeContractArgs,
+    entries: &[String],
+    until_ledger: u32,
+) -> Result<Vec<String>, Outcome> {
+    let contracts: Vec<stellar_xdr::ScAddress> =
+        settings.auth_contracts.iter().filter_map(|c| c.parse().ok()).collect();
+    let request = auth::Request {
+        call,
+        contracts: &contracts,
+        signer: public_key(settings)?,
+        signer_is_source: source.is_signer(settings),
+        until_ledger,
+        network_id: tx::network_id(&settings.network_passphrase),
+    };
+    auth::authorize(entries, &request, |payload| {
+        signer::sign(&settings.signer_key, Algorithm::Ed25519, payload).map_err(|e| format!("signing failed: {e:?}"))
+    })
+    .map_err(|e| permanent(format!("authorisation refused: {e}"), Some("auth")))
 }
 
 enum Prepared {
@@ -339,16 +462,16 @@ enum Prepared {
 /// Signs through the host and checkpoints the receipt before anything is sent.
 fn seal(
     settings: &Settings,
-    key: [u8; 32],
+    source: &Source,
     transaction: stellar_xdr::Transaction,
     (bounds, inclusion_fee): (tx::Bounds, u64),
     restore: bool,
 ) -> Result<Receipt, Outcome> {
     let sequence = transaction.seq_num.0;
     let hash = tx::hash(&transaction, &settings.network_passphrase).map_err(|e| permanent(e, Some("xdr")))?;
-    let signature = signer::sign(&settings.signer_key, Algorithm::Ed25519, &hash)
+    let signature = signer::sign(&source.key_id, Algorithm::Ed25519, &hash)
         .map_err(|e| permanent(format!("signing failed: {e:?}"), Some("signer")))?;
-    let envelope = tx::signed(transaction, key, signature).map_err(|e| permanent(e, Some("xdr")))?;
+    let envelope = tx::signed(transaction, source.public, signature).map_err(|e| permanent(e, Some("xdr")))?;
     let receipt = Receipt {
         hash: hex::encode(hash),
         envelope,
@@ -360,6 +483,7 @@ fn seal(
         inclusion_fee: Some(inclusion_fee),
         first_ledger: Some(bounds.first_ledger),
         bumps: Vec::new(),
+        source_key: (!source.is_signer(settings)).then(|| source.key_id.clone()),
     };
     checkpointed(receipt, inclusion_fee)
 }
@@ -391,16 +515,16 @@ fn checkpointed(receipt: Receipt, inclusion_fee: u64) -> Result<Receipt, Outcome
 fn restore(
     rpc: &mut Rpc,
     settings: &Settings,
-    key: [u8; 32],
+    source: &Source,
     inclusion_fee: u64,
     (data, resource_fee): (&str, u64),
 ) -> Result<Outcome, Outcome> {
-    let (sequence, bounds) = next_sequence(rpc, settings, key)?;
+    let (sequence, bounds) = next_sequence(rpc, settings, source)?;
     let mut transaction =
-        tx::transaction(key, sequence, 0, bounds, tx::restore()).map_err(|e| permanent(e, Some("xdr")))?;
+        tx::transaction(source.public, sequence, 0, bounds, tx::restore()).map_err(|e| permanent(e, Some("xdr")))?;
     tx::assemble(&mut transaction, data, &[], inclusion_fee, resource_fee)
         .map_err(|e| permanent(e, Some("assemble")))?;
-    let receipt = seal(settings, key, transaction, (bounds, inclusion_fee), true)?;
+    let receipt = seal(settings, source, transaction, (bounds, inclusion_fee), true)?;
     Ok(match send_and_wait(rpc, &receipt, settings) {
         // The call itself still has to be made: go again at once.
         Fate::Landed { .. } => retry(
@@ -422,11 +546,11 @@ fn restore(
 /// not (older than the RPC's retention), it may have landed long ago.
 /// Either way the history source decides (`used_sequence`).
 fn dead_or_unknown(rpc: &mut Rpc, receipt: &Receipt, settings: &Settings, oldest: Option<u32>) -> Reconciled {
-    let key = match public_key(settings) {
-        Ok(k) => k,
+    let source = match Source::of_receipt(settings, receipt) {
+        Ok(s) => s,
         Err(o) => return Reconciled::Settled(o),
     };
-    let account_key = match tx::account_key(key) {
+    let account_key = match tx::account_key(source.public) {
         Ok(k) => k,
         Err(e) => return Reconciled::Settled(permanent(e, Some("xdr"))),
     };
@@ -438,7 +562,7 @@ fn dead_or_unknown(rpc: &mut Rpc, receipt: &Receipt, settings: &Settings, oldest
         Some(Ok(sequence)) if sequence < receipt.sequence => Reconciled::Redeliver,
         Some(Ok(_)) => used_sequence(receipt, settings, receipt.within_retention(oldest)),
         Some(Err(e)) => Reconciled::Settled(retry(e, Some("rpc_protocol"), None, false)),
-        None => Reconciled::Settled(permanent("the signer account does not exist", Some("tx_no_account"))),
+        None => Reconciled::Settled(permanent("the source account does not exist", Some("tx_no_account"))),
     }
 }
 
@@ -556,8 +680,8 @@ impl Executor for Vault {
             Ok(a) => a,
             Err(e) => return permanent(format!("payload: {e}"), Some("payload")),
         };
-        let key = match public_key(&settings) {
-            Ok(k) => k,
+        let source = match Source::for_op(&settings, &op.lanes) {
+            Ok(s) => s,
             Err(o) => return o,
         };
         let inclusion_fee = fees::current().map_or(settings.default_base_fee, |bid| bid.base_fee);
@@ -566,10 +690,10 @@ impl Executor for Vault {
             Err(e) => return permanent(e, Some("xdr")),
         };
         let mut rpc = Rpc::new(&settings.rpc_url);
-        match prepare(&mut rpc, &settings, key, inclusion_fee, body) {
+        match prepare(&mut rpc, &settings, &source, inclusion_fee, body) {
             Err(outcome) => outcome,
             Ok(Prepared::Restore { data, resource_fee }) => {
-                restore(&mut rpc, &settings, key, inclusion_fee, (&data, resource_fee)).unwrap_or_else(|o| o)
+                restore(&mut rpc, &settings, &source, inclusion_fee, (&data, resource_fee)).unwrap_or_else(|o| o)
             }
             Ok(Prepared::Ready(receipt)) => {
                 let fate = send_and_wait(&mut rpc, &receipt, &settings);
@@ -679,14 +803,15 @@ fn refuse_newest_bump(mut receipt: Receipt) {
 }
 
 /// Wraps the receipt's transaction in a fee bump bidding `inclusion_fee`,
-/// signed by the signer (who pays), and checkpoints it before it is sent.
+/// signed by its source (the signer or the channel, who pays), and
+/// checkpoints it before it is sent.
 fn bump(settings: &Settings, mut receipt: Receipt, inclusion_fee: u64) -> Result<Receipt, Outcome> {
-    let key = public_key(settings)?;
-    let bump = tx::fee_bump(&receipt.envelope, key, inclusion_fee).map_err(|e| permanent(e, Some("xdr")))?;
+    let source = Source::of_receipt(settings, &receipt)?;
+    let bump = tx::fee_bump(&receipt.envelope, source.public, inclusion_fee).map_err(|e| permanent(e, Some("xdr")))?;
     let hash = tx::fee_bump_hash(&bump, &settings.network_passphrase).map_err(|e| permanent(e, Some("xdr")))?;
-    let signature = signer::sign(&settings.signer_key, Algorithm::Ed25519, &hash)
+    let signature = signer::sign(&source.key_id, Algorithm::Ed25519, &hash)
         .map_err(|e| permanent(format!("signing failed: {e:?}"), Some("signer")))?;
-    let envelope = tx::signed_fee_bump(bump, key, signature).map_err(|e| permanent(e, Some("xdr")))?;
+    let envelope = tx::signed_fee_bump(bump, source.public, signature).map_err(|e| permanent(e, Some("xdr")))?;
     receipt.bumps.push(receipt::Bump {
         hash: hex::encode(hash),
         envelope,

@@ -38,6 +38,10 @@ pub struct Receipt {
     /// lands (one sequence: at most one does).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bumps: Vec<Bump>,
+    /// The host key of the channel account that is the transaction's
+    /// source (its sequence was used), when it is not the kind's signer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_key: Option<String>,
 }
 
 /// A fee-bump envelope around a receipt's transaction.
@@ -145,6 +149,7 @@ mod tests {
             inclusion_fee: Some(100),
             first_ledger: Some(101),
             bumps,
+            source_key: None,
         }
     }
 

@@ -84,6 +84,26 @@ pub struct Settings {
     /// a fee oracle are bumped).
     #[serde(default = "default_bump_after_ledgers")]
     pub bump_after_ledgers: u32,
+    /// Contracts (`C…`) besides `contract_id` whose calls, made by the
+    /// kind's own call, the signer may authorise (a vault paying through a
+    /// token contract). Any other authorisation a simulation asks for is
+    /// refused, never signed.
+    #[serde(default)]
+    pub auth_contracts: Vec<String>,
+    /// The kind's channel-account pool, as the host resolved it (`[pools]`
+    /// and the kind's `pool`): never written by hand.
+    #[serde(default)]
+    pub pool: Option<Pool>,
+}
+
+/// A channel-account pool, from the host.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pool {
+    /// `[pools.NAME]`.
+    pub name: String,
+    /// Each channel's `G…` account and its host key id.
+    pub channels: std::collections::BTreeMap<String, String>,
 }
 
 fn default_bump_after_ledgers() -> u32 {
@@ -129,6 +149,11 @@ impl Settings {
         }
         if ScSymbol::try_from(settings.function.as_str()).is_err() {
             problems.push(format!("function: {:?} is not a Soroban symbol", settings.function));
+        }
+        for (i, contract) in settings.auth_contracts.iter().enumerate() {
+            if !(contract.starts_with('C') && contract.parse::<ScAddress>().is_ok()) {
+                problems.push(format!("auth_contracts[{i}]: {contract:?} is not a contract address"));
+            }
         }
         for (i, arg) in settings.args.iter().enumerate() {
             if arg.field.is_some() == arg.value.is_some() {

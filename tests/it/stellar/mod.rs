@@ -3,6 +3,7 @@
 //! like the network does, through the real plugins.
 
 mod cadence;
+mod channels;
 mod conformance;
 pub(crate) mod vault;
 

@@ -111,6 +111,43 @@ impl Chain {
 }
 
 impl Chain {
+    /// Funds `count` channel accounts (keys of their own, written beside
+    /// the signer's), has every contract call require the signer's
+    /// authorisation, and returns a config layer putting them in pool
+    /// `payouts` for `kinds`, with their public keys.
+    pub fn pool_layer(&self, count: usize, kinds: &[&str]) -> anyhow::Result<(String, Vec<[u8; 32]>)> {
+        // Channels of their own per chain, like signers (see `start`).
+        static NEXT_CHANNEL: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(140);
+        let mut layer = String::new();
+        let mut ids = Vec::new();
+        let mut publics = Vec::new();
+        for i in 0..count {
+            let seed = NEXT_CHANNEL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            ensure!(seed < 250, "out of channel seeds");
+            let (pem, public) = keypair(seed)?;
+            self.fake.fund(public, i64::from(seed) << 32);
+            let file = self.key_file.with_file_name(format!("chan-{i}.pem"));
+            std::fs::write(&file, pem)?;
+            layer.push_str(&format!(
+                "[keys.chan-{i}]\nalgorithm = \"ed25519\"\nfile = {:?}\n",
+                file.display().to_string()
+            ));
+            ids.push(format!("\"chan-{i}\""));
+            publics.push(public);
+        }
+        for (_, function) in KINDS {
+            self.fake.require_auth(function, self.signer);
+        }
+        layer.push_str(&format!(
+            "[plugins.vault]\nkeys = [\"vault\", {ids}]\n[pools.payouts]\nchannels = [{ids}]\n",
+            ids = ids.join(", ")
+        ));
+        for kind in kinds {
+            layer.push_str(&format!("[kinds.{kind}]\npool = \"payouts\"\n"));
+        }
+        Ok((layer, publics))
+    }
+
     /// A config layer giving every kind the fake's Horizon-compatible
     /// history source.
     pub fn history_layer(&self) -> String {
@@ -203,7 +240,7 @@ async fn eventually(within: Duration, what: &str, mut done: impl FnMut() -> bool
 }
 
 /// Waits (up to 20 s) until op `id` is confirmed.
-async fn confirmed(queue: &dyn Queue, id: OpId) -> anyhow::Result<()> {
+pub(crate) async fn confirmed(queue: &dyn Queue, id: OpId) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         let op = queue.get(id).await?.context("op")?;
@@ -215,7 +252,7 @@ async fn confirmed(queue: &dyn Queue, id: OpId) -> anyhow::Result<()> {
     }
 }
 
-fn amount_of(args: &[ScVal]) -> Option<i128> {
+pub(crate) fn amount_of(args: &[ScVal]) -> Option<i128> {
     args.iter().find_map(|a| match a {
         ScVal::I128(Int128Parts { hi, lo }) => Some((i128::from(*hi) << 64) | i128::from(*lo)),
         _ => None,
