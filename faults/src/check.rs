@@ -380,6 +380,10 @@ pub struct StellarHistory {
     /// queued, and sends refused for a bad sequence (neither injected).
     pub concurrent_sends: usize,
     pub bad_seqs: usize,
+    /// Transactions whose contract call lacked the signer's valid
+    /// authorisation (a channel's payout with an unsigned, forged, expired
+    /// or replayed address entry).
+    pub auth_failures: usize,
 }
 
 /// The Stellar promises as counts: at most once on the chain, exactly once
@@ -406,6 +410,7 @@ pub struct StellarReport {
     pub not_delivered: usize,
     pub concurrent_sends: usize,
     pub bad_seqs: usize,
+    pub auth_failures: usize,
     pub examples: Vec<String>,
 }
 
@@ -421,6 +426,7 @@ impl StellarReport {
             && self.not_delivered == 0
             && self.concurrent_sends == 0
             && self.bad_seqs == 0
+            && self.auth_failures == 0
     }
 
     fn note(&mut self, finding: String) {
@@ -447,8 +453,13 @@ impl StellarReport {
             ("lost (row gone)", self.lost, "0".to_owned()),
             ("stuck non-terminal", self.stuck, "0".to_owned()),
             ("dead-lettered or cancelled", self.not_delivered, "0".to_owned()),
-            ("concurrent sends per signer", self.concurrent_sends, "0".to_owned()),
+            (
+                "concurrent sends per source account",
+                self.concurrent_sends,
+                "0".to_owned(),
+            ),
             ("bad sequences", self.bad_seqs, "0".to_owned()),
+            ("authorisations that did not hold", self.auth_failures, "0".to_owned()),
         ];
         let mut table = comfy_table::Table::new();
         table.load_preset(comfy_table::presets::ASCII_MARKDOWN);
@@ -472,6 +483,7 @@ pub fn check_stellar(history: &StellarHistory) -> StellarReport {
     let mut report = StellarReport {
         concurrent_sends: history.concurrent_sends,
         bad_seqs: history.bad_seqs,
+        auth_failures: history.auth_failures,
         landed: history.landed.len(),
         ..StellarReport::default()
     };
@@ -857,6 +869,7 @@ mod tests {
             acked,
             concurrent_sends: 0,
             bad_seqs: 0,
+            auth_failures: 0,
         }
     }
 
@@ -911,5 +924,16 @@ mod tests {
         let report = check_stellar(&history);
         assert_eq!(report.stuck, 1);
         assert!(!report.passed());
+    }
+
+    #[test]
+    fn a_channel_payout_without_the_signers_valid_authorisation_fails() {
+        // A plugin that sent a channel's transaction with the address
+        // entry unsigned, or replayed an old one.
+        let mut history = stellar_clean();
+        history.auth_failures = 1;
+        let report = check_stellar(&history);
+        assert!(!report.passed());
+        assert_eq!(report.auth_failures, 1);
     }
 }

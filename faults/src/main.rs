@@ -226,7 +226,7 @@ async fn main() -> anyhow::Result<()> {
             };
             let env = env_for(format!("stellar-{}", plan.backend.name()));
             println!(
-                "laneway-faults: {} Stellar payments on {}, two signers, {} faults",
+                "laneway-faults: {} Stellar payments on {}, deposits from a signer and payouts from a pool of four channels, {} faults",
                 plan.ops,
                 plan.backend.name(),
                 plan.faults.len()

@@ -195,7 +195,7 @@ fn extra_section(plugins: &Path, rpc: &str, hog_account_key: &Path, mode: Mode) 
 /// The run's config: the real kinds and the extra ones.
 fn config_text(db_url: &str, plugins: &Path, dir: &Path, rpc: &str, keys: &crate::run::Keys, mode: Mode) -> String {
     let mut text = crate::run::config_text(db_url, plugins, &keys.pem, &keys.hook_key, None);
-    text.push_str(&stellar::section(rpc, plugins, dir));
+    text.push_str(&stellar::section(rpc, plugins, dir, false));
     text = text.replace("[runtime]\nreload_debounce_ms = 50\n", "").replace(
         "keys = [\"vault\", \"rewards\"]",
         "keys = [\"vault\", \"rewards\", \"hog\"]",
@@ -233,7 +233,7 @@ async fn once(plan: &NeighboursPlan, env: &Env, fake_rpc: &Path, mode: Mode) -> 
         .iter()
         .map(|key| stellar::account(&laneway, key))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let fake = FakeRpc::start(fake_rpc, rpc_port, 250, &accounts, &dir)?;
+    let fake = FakeRpc::start(fake_rpc, rpc_port, 250, (&accounts, &[]), &dir)?;
     let secret = laneway.api_key("neighbours", "ops:write")?;
     let http = reqwest::Client::builder().no_proxy().build()?;
     let port = procs::free_port()?;

@@ -2,7 +2,8 @@
 //! repository's fake Stellar RPC as a process of its own
 //! (`tests/tools/fake_stellar_rpc.rs`, which checks every envelope's
 //! signature, sequence, fee and bounds, and applies what it accepts when a
-//! ledger closes), two signers each carrying a kind, a producer posting
+//! ledger closes), a signer carrying deposits and a pool of four channel accounts carrying
+//! referral payouts (the rewards key authorising each), a producer posting
 //! payments through the API, and the host killed -9, aborted at the
 //! dispatcher's failpoints, frozen past its lease, and left without answers
 //! by the RPC (accepted then 504, accepted then hung, accepted then lost,
@@ -47,7 +48,7 @@ pub enum StellarFault {
 #[derive(Debug, Clone)]
 pub struct StellarPlan {
     pub backend: Backend,
-    /// Payments, alternating between the two signers' kinds.
+    /// Payments, alternating between the two kinds.
     pub ops: usize,
     pub faults: Vec<StellarFault>,
     /// How often the fake closes a ledger.
@@ -63,7 +64,12 @@ pub struct StellarOutcome {
     pub elapsed: Duration,
 }
 
-/// The two kinds and their signers: one lane each.
+/// The channel accounts referral payouts come from (with [`section`]'s
+/// pool): four lanes, the rewards key authorising each call.
+pub(crate) const CHANNELS: [&str; 4] = ["chan-1", "chan-2", "chan-3", "chan-4"];
+
+/// The two kinds and their signers: deposits on the vault signer's lane,
+/// payouts (with the pool) on the channels'.
 pub(crate) const KINDS: [(&str, &str, &str); 2] = [
     ("deposit", "deposit", "vault"),
     ("referral_payout", "pay_referral", "rewards"),
@@ -86,14 +92,18 @@ shutdown_grace_ms = 2000
 [runtime]
 reload_debounce_ms = 50
 {section}"#,
-        section = section(rpc, plugins, dir)
+        section = section(rpc, plugins, dir, true)
     )
 }
 
 /// The Stellar part of a config: the signers' keys (`vault.pem`,
 /// `rewards.pem` in `dir`), the vault plugin, the fee policy and its
-/// oracle, and [`KINDS`]. The neighbours run adds it to its own.
-pub(crate) fn section(rpc: &str, plugins: &Path, dir: &Path) -> String {
+/// oracle, and [`KINDS`]; with `pool`, the payouts come from [`CHANNELS`]
+/// (`chan-N.pem`). The neighbours run adds it (without the pool) to its own.
+pub(crate) fn section(rpc: &str, plugins: &Path, dir: &Path, pool: bool) -> String {
+    let channels: Vec<&str> = if pool { CHANNELS.to_vec() } else { Vec::new() };
+    let mut grants = vec!["\"vault\"".to_owned(), "\"rewards\"".to_owned()];
+    grants.extend(channels.iter().map(|c| format!("{c:?}")));
     let mut text = format!(
         r#"[keys.vault]
 algorithm = "ed25519"
@@ -105,7 +115,7 @@ file = "{rewards}"
 path = "{plugins}/stellar_vault.wasm"
 allowed_hosts = ["http://127.0.0.1:*"]
 allowed_internal = ["127.0.0.1"]
-keys = ["vault", "rewards"]
+keys = [{grants}]
 [plugins.fees]
 path = "{plugins}/fee_policy.wasm"
 [oracles.stellar]
@@ -117,9 +127,29 @@ first_sample_wait_ms = 0
         vault = dir.join("vault.pem").display(),
         rewards = dir.join("rewards.pem").display(),
         plugins = plugins.display(),
+        grants = grants.join(", "),
     );
     for (kind, function, signer) in KINDS {
-        text.push_str(&kind_section(kind, function, signer, "stellar", rpc));
+        let section = kind_section(kind, function, signer, "stellar", rpc);
+        text.push_str(&if pool && kind == "referral_payout" {
+            section.replacen(
+                "[kinds.referral_payout]\n",
+                "[kinds.referral_payout]\npool = \"payouts\"\n",
+                1,
+            )
+        } else {
+            section
+        });
+    }
+    if pool {
+        for channel in &channels {
+            text.push_str(&format!(
+                "[keys.{channel}]\nalgorithm = \"ed25519\"\nfile = \"{}\"\n",
+                dir.join(format!("{channel}.pem")).display()
+            ));
+        }
+        let listed: Vec<String> = channels.iter().map(|c| format!("{c:?}")).collect();
+        text.push_str(&format!("[pools.payouts]\nchannels = [{}]\n", listed.join(", ")));
     }
     text
 }
@@ -168,7 +198,13 @@ pub(crate) struct FakeRpc {
 }
 
 impl FakeRpc {
-    pub fn start(bin: &Path, port: u16, close_ms: u64, fund: &[String], dir: &Path) -> anyhow::Result<Self> {
+    pub fn start(
+        bin: &Path,
+        port: u16,
+        close_ms: u64,
+        (fund, auth): (&[String], &[(&str, String)]),
+        dir: &Path,
+    ) -> anyhow::Result<Self> {
         let state = dir.join("chain.json");
         let log = std::fs::File::create(dir.join("rpc.log"))?;
         let mut command = Command::new(bin);
@@ -187,6 +223,9 @@ impl FakeRpc {
         for account in fund {
             command.args(["--fund", account]);
         }
+        for (function, account) in auth {
+            command.args(["--require-auth", &format!("{function}={account}")]);
+        }
         let (proc, stdin) = Proc::spawn_with_stdin(command, "fake-rpc")
             .with_context(|| format!("{} (cargo test builds it: the laneway-tests example)", bin.display()))?;
         Ok(Self { proc, stdin, state })
@@ -197,10 +236,12 @@ impl FakeRpc {
         Ok(())
     }
 
-    /// What landed, and the two counts that must stay 0.
-    pub fn read(&self) -> anyhow::Result<(Vec<Landed>, usize, usize)> {
+    /// What landed, and the three counts that must stay 0 (sends while
+    /// the source had one queued, bad sequences, authorisations that did
+    /// not hold).
+    pub fn read(&self) -> anyhow::Result<(Vec<Landed>, usize, usize, usize)> {
         let Ok(text) = std::fs::read_to_string(&self.state) else {
-            return Ok((Vec::new(), 0, 0));
+            return Ok((Vec::new(), 0, 0, 0));
         };
         let state: Value = serde_json::from_str(&text).context("the fake's state file")?;
         let landed = state["landed"]
@@ -223,7 +264,12 @@ impl FakeRpc {
             })
             .collect();
         let count = |name: &str| state[name].as_u64().and_then(|n| usize::try_from(n).ok()).unwrap_or(0);
-        Ok((landed, count("concurrent_sends"), count("bad_seqs")))
+        Ok((
+            landed,
+            count("concurrent_sends"),
+            count("bad_seqs"),
+            count("auth_failures"),
+        ))
     }
 }
 
@@ -245,6 +291,9 @@ pub async fn run(plan: &StellarPlan, env: &Env, fake_rpc: &Path) -> anyhow::Resu
     let (dir, db_url) = (&workspace.dir, workspace.db_url.as_str());
     write_ed25519(&dir.join("vault.pem"))?;
     write_ed25519(&dir.join("rewards.pem"))?;
+    for channel in CHANNELS {
+        write_ed25519(&dir.join(format!("{channel}.pem")))?;
+    }
     let rpc_port = procs::free_port()?;
     let rpc = format!("http://127.0.0.1:{rpc_port}");
     let plugins = env.repo.join("plugins/target/wasm32-wasip2/release");
@@ -253,7 +302,16 @@ pub async fn run(plan: &StellarPlan, env: &Env, fake_rpc: &Path) -> anyhow::Resu
         .iter()
         .map(|(_, _, signer)| account(&laneway, signer))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut fake = FakeRpc::start(fake_rpc, rpc_port, plan.close_ms, &accounts, dir)?;
+    let mut funded = accounts.clone();
+    for channel in CHANNELS {
+        funded.push(account(&laneway, channel)?);
+    }
+    let auth: Vec<(&str, String)> = KINDS
+        .iter()
+        .zip(&accounts)
+        .map(|((_, function, _), signer)| (*function, signer.clone()))
+        .collect();
+    let mut fake = FakeRpc::start(fake_rpc, rpc_port, plan.close_ms, (&funded, &auth), dir)?;
     let secret = laneway.api_key("faults", "ops:write")?;
     let http = reqwest::Client::builder().no_proxy().build()?;
 
@@ -361,7 +419,7 @@ pub async fn run(plan: &StellarPlan, env: &Env, fake_rpc: &Path) -> anyhow::Resu
     } else {
         producer.abort();
     }
-    let (landed, concurrent_sends, bad_seqs) = fake.read()?;
+    let (landed, concurrent_sends, bad_seqs, auth_failures) = fake.read()?;
     drop(fake.proc);
     let acked = acked.lock().unwrap_or_else(PoisonError::into_inner).clone();
     outcome.history = StellarHistory {
@@ -370,6 +428,7 @@ pub async fn run(plan: &StellarPlan, env: &Env, fake_rpc: &Path) -> anyhow::Resu
         rows: rows(db_url).await?,
         concurrent_sends,
         bad_seqs,
+        auth_failures,
     };
     outcome.elapsed = started.elapsed();
     let passed = crate::check::check_stellar(&outcome.history).passed();

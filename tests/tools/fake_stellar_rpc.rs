@@ -4,8 +4,13 @@
 //! as in the tests, closes ledgers on a timer, and takes faults on stdin.
 //!
 //! ```sh
-//! cargo run -p laneway-tests --example fake_stellar_rpc -- --port 8000 --close-ms 1000 --fund GABC…
+//! cargo run -p laneway-tests --example fake_stellar_rpc -- --port 8000 --close-ms 1000 --fund GABC… \
+//!     --require-auth pay_referral=GXYZ…
 //! ```
+//!
+//! `--require-auth FUNCTION=G…` makes every call of that contract function
+//! need that account's authorisation (its own source-account signature, or
+//! a signed address entry when a channel account is the source).
 //!
 //! Faults for the next `sendTransaction`s, one per stdin line:
 //! `504 N` (accepted, answered 504, applied N ledgers later), `hang N`
@@ -79,7 +84,16 @@ async fn main() -> anyhow::Result<()> {
                 let stellar_xdr::PublicKey::PublicKeyTypeEd25519(stellar_xdr::Uint256(key)) = account.0;
                 fake.fund(key, 4_294_967_296);
             }
-            other => anyhow::bail!("unknown argument {other} (--port, --close-ms, --fund G…, --state FILE)"),
+            "--require-auth" => {
+                let spec = value()?;
+                let (function, account) = spec.split_once('=').context("--require-auth takes FUNCTION=G…")?;
+                let account = stellar_xdr::AccountId::from_str(account).context("--require-auth takes FUNCTION=G…")?;
+                let stellar_xdr::PublicKey::PublicKeyTypeEd25519(stellar_xdr::Uint256(key)) = account.0;
+                fake.require_auth(function, key);
+            }
+            other => anyhow::bail!(
+                "unknown argument {other} (--port, --close-ms, --fund G…, --require-auth FUNCTION=G…, --state FILE)"
+            ),
         }
     }
     let url = fake.serve_on(port).await?;
@@ -122,11 +136,12 @@ async fn main() -> anyhow::Result<()> {
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let now = format!(
-            "sent {} landed {} concurrent_sends {} bad_seqs {}",
+            "sent {} landed {} concurrent_sends {} bad_seqs {} auth_failures {}",
             fake.submitted().len(),
             fake.landed().len(),
             fake.concurrent_sends(),
-            fake.bad_seqs()
+            fake.bad_seqs(),
+            fake.auth_failures()
         );
         if now != last {
             println!("ledger {}: {now}", fake.latest_ledger());
@@ -172,6 +187,7 @@ fn write_state(fake: &FakeRpc, path: &std::path::Path) -> anyhow::Result<()> {
         "sent": fake.submitted().len(),
         "concurrent_sends": fake.concurrent_sends(),
         "bad_seqs": fake.bad_seqs(),
+        "auth_failures": fake.auth_failures(),
         "landed": describe(fake.landed()),
         "submitted": describe(fake.submitted()),
     })

@@ -249,7 +249,9 @@ async fn prepare(state: &ApiState, body: OpBody) -> Result<NewOp, ApiError> {
     let payload = body.payload.get().to_owned();
     let mut lanes = body.lanes;
     let has_plugin = config.kinds.get(&body.kind).is_some_and(|k| k.plugin.is_some());
-    if lanes.is_empty() && has_plugin {
+    // A pool's kind is dealt its channel when it is enqueued, not here.
+    let pooled = config.kinds.get(&body.kind).is_some_and(|k| k.pool.is_some());
+    if lanes.is_empty() && has_plugin && !pooled {
         lanes = state
             .dispatcher()
             .executors()

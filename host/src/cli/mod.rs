@@ -675,6 +675,14 @@ async fn enqueue_cmd(config: &Config, args: EnqueueArgs, io: Io<'_>) -> Result<(
     // kind's executor, or its kind is priced), and then once for both.
     let kind_config = config.kinds.get(&args.kind);
     let owned = kind_config.is_some_and(|k| k.lanes == config::LanePresence::Plugin);
+    if let Some(pool) = kind_config.and_then(|k| k.pool.as_ref()) {
+        if !args.lanes.is_empty() {
+            return Err(CliError::Input(format!(
+                "kind {}: its ops are dealt channels from pool {pool:?}; give no --lane",
+                args.kind
+            )));
+        }
+    }
     let needs_lanes = (args.lanes.is_empty() || owned) && kind_config.is_some_and(|k| k.plugin.is_some());
     let priced = kind_config.is_some_and(|k| k.fee_oracle.is_some());
     let host = if needs_lanes || priced {

@@ -93,6 +93,15 @@ pub fn outcome(o: wit::Outcome) -> Outcome {
 impl Executor for WasmExecutor {
     async fn execute(&self, op: &Op, attempt: Attempt) -> Outcome {
         if self.owns_lanes {
+            // Every way laneway enqueues fills them in: an op without
+            // lanes was written around it and would run outside the lane
+            // that keeps the plugin's one transaction in flight.
+            if op.lanes.is_empty() {
+                return Outcome::permanent(
+                    "refused before sending: the kind's plugin owns its lanes and the op carries none (written \
+                     around laneway)",
+                );
+            }
             let named = match self.plugin_lanes(&op.kind, &op.outbox, &op.payload).await {
                 Ok(named) => named,
                 Err(why) => return Outcome::permanent(format!("the plugin refused the op's lanes: {why}")),

@@ -154,3 +154,117 @@ async fn a_retired_channel_drains_its_ops_and_takes_no_new_ones(db: TestDb) -> a
     );
     host.running.stop().await
 }
+
+/// An operator's round: `create` writes channel seeds (mode 0600) and the
+/// config to paste, `fund` creates the accounts from the funder in one
+/// transaction the fake checks like any other (and, run again, creates
+/// none), `list` shows each channel and its open ops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_creates_funds_and_lists_a_pools_channels() -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let fake = super::fake_rpc::FakeRpc::default();
+    let url = fake.serve().await?;
+    let _closer = fake.close_ledgers_every(Duration::from_millis(100));
+    let dir = tempfile::tempdir()?;
+    let (pem, funder) = super::fake_rpc::keypair(251)?;
+    fake.fund(funder, 7 << 32);
+    let funder_file = dir.path().join("funder.pem");
+    std::fs::write(&funder_file, pem)?;
+    let seeds = dir.path().join("channels");
+    let seeds_arg = seeds.display().to_string();
+    let bare = dir.path().join("bare.toml");
+    std::fs::write(&bare, "")?;
+    let created = crate::api::cli(
+        &[
+            "--config",
+            &bare.display().to_string(),
+            "stellar",
+            "channels",
+            "create",
+            "--pool",
+            "payouts",
+            "--count",
+            "3",
+            "--dir",
+            &seeds_arg,
+            "--json",
+        ],
+        &[],
+    )
+    .await?
+    .map_err(|e| anyhow::anyhow!("create: {e}"))?;
+    let created: Vec<serde_json::Value> = serde_json::from_str(&created)?;
+    ensure!(created.len() == 3, "{created:?}");
+    let mut keys = String::new();
+    let mut ids = Vec::new();
+    for c in &created {
+        let file = c["file"].as_str().context("file")?;
+        let mode = std::fs::metadata(file)?.permissions().mode() & 0o777;
+        ensure!(mode == 0o600, "{file} is mode {mode:o}");
+        let id = c["key"].as_str().context("key")?;
+        keys.push_str(&format!("[keys.{id}]\nalgorithm = \"ed25519\"\nfile = {file:?}\n"));
+        ids.push(format!("{id:?}"));
+    }
+    let config = dir.path().join("laneway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[database]\nurl = {db:?}\n{keys}[keys.treasury]\nalgorithm = \"ed25519\"\nfile = {funder:?}\n\
+             [plugins.vault]\npath = {vault:?}\nallowed_hosts = [\"http://127.0.0.1:*\"]\n\
+             allowed_internal = [\"127.0.0.1\"]\nkeys = [{ids}]\n\
+             [pools.payouts]\nchannels = [{ids}]\nfunder = \"treasury\"\nrpc_url = {url:?}\n\
+             network_passphrase = {passphrase:?}\n",
+            db = format!("sqlite://{}", dir.path().join("q.db").display()),
+            funder = funder_file.display().to_string(),
+            vault = crate::runtime::wasm("stellar-vault")?.display().to_string(),
+            ids = ids.join(", "),
+            passphrase = super::fake_rpc::TESTNET,
+        ),
+    )?;
+    let path = config.display().to_string();
+    run(&path, &["migrate"]).await?;
+    // Another create leaves the seeds it made alone and names new keys.
+    let again = run(
+        &path,
+        &[
+            "stellar", "channels", "create", "--pool", "payouts", "--count", "1", "--dir", &seeds_arg,
+        ],
+    )
+    .await?;
+    ensure!(
+        again.contains("[keys.payouts-4]") && again.contains("channels = ["),
+        "{again}"
+    );
+    let funded: serde_json::Value =
+        serde_json::from_str(&run(&path, &["stellar", "channels", "fund", "--pool", "payouts", "--json"]).await?)?;
+    ensure!(funded["created"].as_array().map(Vec::len) == Some(3), "{funded}");
+    for c in &created {
+        let account: stellar_xdr::AccountId = c["account"].as_str().context("account")?.parse()?;
+        let stellar_xdr::PublicKey::PublicKeyTypeEd25519(stellar_xdr::Uint256(public)) = account.0;
+        ensure!(fake.sequence(public).is_some(), "{c} was not created");
+    }
+    let landed = fake.landed();
+    ensure!(
+        landed.len() == 1 && landed[0].source == funder,
+        "one funding transaction from the funder"
+    );
+    let twice: serde_json::Value =
+        serde_json::from_str(&run(&path, &["stellar", "channels", "fund", "--pool", "payouts", "--json"]).await?)?;
+    ensure!(twice["created"].as_array().is_some_and(Vec::is_empty), "{twice}");
+    let listed: Vec<serde_json::Value> =
+        serde_json::from_str(&run(&path, &["stellar", "channels", "list", "--json"]).await?)?;
+    ensure!(
+        listed.len() == 3 && listed.iter().all(|r| r["state"] == "active" && r["open_ops"] == 0),
+        "{listed:?}"
+    );
+    Ok(())
+}
+
+/// Runs a CLI command against the config at `path`.
+async fn run(path: &str, args: &[&str]) -> anyhow::Result<String> {
+    let mut argv = vec!["--config", path];
+    argv.extend_from_slice(args);
+    crate::api::cli(&argv, &[])
+        .await?
+        .map_err(|e| anyhow::anyhow!("{args:?}: {e}"))
+}

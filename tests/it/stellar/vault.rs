@@ -297,26 +297,36 @@ async fn a_producer_cannot_step_outside_the_signers_lane(db: TestDb) -> anyhow::
     let kept = host.enqueue(&[both]).await?[0];
     let mut around = vault_op("deposit", 3, 100, None);
     around.lanes = vec!["user:3".into()];
-    let bypass = db.queue.enqueue(&[around]).await?[0].id();
+    // No lanes at all would be a lane of its own: outside the signer's.
+    let laneless = vault_op("deposit", 4, 100, None);
+    let bypasses: Vec<_> = db
+        .queue
+        .enqueue(&[around, laneless])
+        .await?
+        .into_iter()
+        .map(Enqueued::id)
+        .collect();
     host.running.dispatcher.trigger("vault");
     confirmed(db.queue.as_ref(), kept).await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let op = loop {
-        let op = db.queue.get(bypass).await?.context("op")?;
-        if op.status.is_terminal() {
-            break op;
-        }
-        ensure!(tokio::time::Instant::now() < deadline, "never refused: {op:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    ensure!(
-        op.status == Status::Failed
-            && op
-                .last_error
-                .as_deref()
-                .is_some_and(|e| e.contains("refused before sending")),
-        "{op:?}"
-    );
+    for bypass in bypasses {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let op = loop {
+            let op = db.queue.get(bypass).await?.context("op")?;
+            if op.status.is_terminal() {
+                break op;
+            }
+            ensure!(tokio::time::Instant::now() < deadline, "never refused: {op:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        ensure!(
+            op.status == Status::Failed
+                && op
+                    .last_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("refused before sending")),
+            "{op:?}"
+        );
+    }
     one_at_a_time(&chain, 1)?;
     host.running.stop().await
 }
