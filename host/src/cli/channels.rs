@@ -183,6 +183,7 @@ async fn list(config: &Config, args: &ListArgs, out: &mut dyn Write) -> Result<(
         writeln!(out, "no [pools] are configured")?;
         return Ok(());
     }
+    // A retired channel with no open ops may leave `channels`.
     writeln!(
         out,
         "{:<12} {:<16} {:<56} {:<8} {:>8}",
@@ -196,12 +197,12 @@ async fn list(config: &Config, args: &ListArgs, out: &mut dyn Write) -> Result<(
             open.to_string()
         };
         let state = match (r["state"].as_str(), r["drained"].as_bool()) {
-            (Some("retired"), Some(true)) => "retired, drained: may leave `channels`".to_owned(),
+            (Some("retired"), Some(true)) => "retired, drained".to_owned(),
             (state, _) => state.unwrap_or_default().to_owned(),
         };
         writeln!(
             out,
-            "{:<12} {:<16} {:<56} {:<8} {:>8}",
+            "{:<12} {:<16} {:<56} {:<17} {:>8}",
             r["pool"].as_str().unwrap_or_default(),
             r["key"].as_str().unwrap_or_default(),
             r["account"].as_str().unwrap_or_default(),

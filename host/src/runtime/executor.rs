@@ -109,6 +109,24 @@ impl Executor for WasmExecutor {
             // A pool's op runs on the one channel it was dealt; an op
             // enqueued before the kind had a pool keeps the plugin's lanes.
             let dealt = self.pool.as_ref().is_some_and(|p| p.channel_of(&op.lanes).is_some());
+            if let (false, Some(pool), [lane]) = (dealt, &self.pool, op.lanes.as_slice()) {
+                // Dealt a channel the operator has since taken out of the
+                // pool: a config mistake, so it waits rather than failing
+                // (`laneway stellar channels list` shows a channel's open
+                // ops; retire it, and remove it once drained).
+                if !named.contains(lane) && stellar_strkey::ed25519::PublicKey::from_string(lane).is_ok() {
+                    return Outcome::Retryable {
+                        reason: format!(
+                            "its channel {lane} is no longer in pool {:?}: put it back (retired, it drains) or \
+                             cancel the op",
+                            pool.name
+                        ),
+                        retry_after: Some(Duration::from_secs(60)),
+                        detail: Some("channel".to_owned()),
+                        fee_bump: false,
+                    };
+                }
+            }
             if !dealt {
                 if let Err(e) = crate::enqueue::owned_lanes(&op.kind, op.lanes.clone(), named) {
                     return Outcome::permanent(format!("refused before sending: {e}"));

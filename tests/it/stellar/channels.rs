@@ -18,7 +18,7 @@ use crate::support::TestDb;
 crate::on_both_backends!(
     live:
     a_burst_through_a_pool_of_eight_channels_lands_once_each_one_transaction_per_channel,
-    a_retired_channel_drains_its_ops_and_takes_no_new_ones,
+    a_channel_taken_out_of_its_pool_waits_and_once_retired_drains_taking_no_new_ops,
 );
 
 async fn a_burst_through_a_pool_of_eight_channels_lands_once_each_one_transaction_per_channel(
@@ -93,7 +93,9 @@ async fn a_burst_through_a_pool_of_eight_channels_lands_once_each_one_transactio
     host.running.stop().await
 }
 
-async fn a_retired_channel_drains_its_ops_and_takes_no_new_ones(db: TestDb) -> anyhow::Result<()> {
+async fn a_channel_taken_out_of_its_pool_waits_and_once_retired_drains_taking_no_new_ops(
+    db: TestDb,
+) -> anyhow::Result<()> {
     let chain = Chain::start(50).await?;
     let (pool, channels) = chain.pool_layer(2, &["deposit"])?;
     let config = chain.config("", &pool)?;
@@ -118,14 +120,11 @@ async fn a_retired_channel_drains_its_ops_and_takes_no_new_ones(db: TestDb) -> a
         on_retiring == 3,
         "dealt in turn: {on_retiring} of 6 on the first channel"
     );
-    // The operator retires chan-0.
-    let mut next = config.clone();
-    next.pools
-        .get_mut("payouts")
-        .context("pool")?
-        .retired
-        .push("chan-0".to_owned());
-    host.plugins.apply(&next).await?;
+    // The operator takes chan-0 out of the pool while it has ops: they
+    // wait (a config mistake), they are not dead-lettered.
+    let mut removed = config.clone();
+    removed.pools.get_mut("payouts").context("pool")?.channels = vec!["chan-1".to_owned()];
+    host.plugins.apply(&removed).await?;
     let after = host
         .enqueue(
             &(0..4)
@@ -142,6 +141,36 @@ async fn a_retired_channel_drains_its_ops_and_takes_no_new_ones(db: TestDb) -> a
         );
     }
     db.queue.unhalt_subject("user:held").await?;
+    let stranded = before[before.len() - 1];
+    let mut waiting = None;
+    for id in &before {
+        if db.queue.get(*id).await?.context("op")?.lanes == [retiring.clone()] {
+            waiting = Some(*id);
+        }
+    }
+    let waiting = waiting.unwrap_or(stranded);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let op = db.queue.get(waiting).await?.context("op")?;
+        ensure!(!op.status.is_terminal(), "an op of a removed channel ended: {op:?}");
+        if op
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("is no longer in pool"))
+        {
+            break;
+        }
+        ensure!(tokio::time::Instant::now() < deadline, "never told: {op:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Put back, retired: its ops drain.
+    let mut next = config.clone();
+    next.pools
+        .get_mut("payouts")
+        .context("pool")?
+        .retired
+        .push("chan-0".to_owned());
+    host.plugins.apply(&next).await?;
     settle(db.queue.as_ref(), Duration::from_secs(60)).await?;
     for id in before.iter().chain(&after) {
         let op = db.queue.get(*id).await?.context("op")?;
