@@ -297,3 +297,36 @@ async fn run(path: &str, args: &[&str]) -> anyhow::Result<String> {
         .await?
         .map_err(|e| anyhow::anyhow!("{args:?}: {e}"))
 }
+
+/// A channel's stuck transaction is fee-bumped by the channel (its source
+/// pays and signs the bump), lands once under its inner hash, and carries
+/// the signer's authorisation inside it.
+#[tokio::test]
+async fn a_channels_stuck_transaction_is_fee_bumped_by_the_channel_and_lands_once() -> anyhow::Result<()> {
+    let db = crate::support::sqlite_live().await?;
+    let chain = Chain::start(50).await?;
+    let (pool, channels) = chain.pool_layer(2, &["deposit"])?;
+    let host = Host::start(db.queue.clone(), chain.config("bump_multiplier = 10.0", &pool)?).await?;
+    host.sample_fees(db.queue.clone()).await?;
+    chain.fake.congest(500);
+    let id = host.enqueue(&[vault_op("deposit", 7, 70, None)]).await?[0];
+    settle(db.queue.as_ref(), Duration::from_secs(20)).await?;
+    let op = db.queue.get(id).await?.context("op")?;
+    let (sent, landed) = (chain.fake.submitted(), chain.fake.landed());
+    ensure!(op.status == Status::Confirmed, "{op:?}");
+    ensure!(
+        sent.len() == 2 && landed.len() == 1 && landed[0].inner_hash.as_deref() == Some(sent[0].hash.as_str()),
+        "the transaction, then its fee bump, which landed: {sent:?}"
+    );
+    let channel = channels
+        .iter()
+        .find(|c| op.lanes == [address(**c)])
+        .context("the op's lane is a channel")?;
+    ensure!(
+        landed[0].source == *channel && landed[0].nonce.is_some(),
+        "from the op's channel, with the signer's address entry: {landed:?}"
+    );
+    ensure!(op.receipt.as_deref() == Some(sent[0].hash.as_str()), "{op:?}");
+    ensure!(chain.fake.auth_failures() == 0 && chain.fake.concurrent_sends() == 0);
+    host.running.stop().await
+}
