@@ -4,7 +4,6 @@
 //! 127.0.0.1 (so each is a destination of its own, as remote servers are).
 //! The inboxes run in this process and do not verify signatures.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -73,21 +72,6 @@ fn cpu_time() -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
-/// The built `activitypub` plugin: beside the binary's checkout, or where
-/// `LW_BENCH_PLUGINS` says (not a `LANEWAY_` name: those set config keys).
-fn plugin() -> anyhow::Result<PathBuf> {
-    let dir = std::env::var_os("LW_BENCH_PLUGINS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("plugins/target/wasm32-wasip2/release"));
-    let path = dir.join("activitypub.wasm");
-    anyhow::ensure!(
-        path.exists(),
-        "{} is missing: build the plugins first (./dev run does), or set LW_BENCH_PLUGINS",
-        path.display()
-    );
-    Ok(path)
-}
-
 /// A host on a fresh SQLite or PostgreSQL database with the activitypub
 /// kind, its key in a scratch folder.
 struct ApHost {
@@ -125,7 +109,7 @@ impl ApHost {
              [kinds.activitypub]\nplugin = \"ap\"\n\
              config = {{ key = \"actor\", key_id = \"https://bench.example/actor#main-key\" }}\n",
             pem.display().to_string(),
-            plugin()?.display().to_string(),
+            super::plugin("activitypub")?.display().to_string(),
         );
         let config = crate::config::from_layers(&[&base, extra])?;
         let queue = crate::queue::open(&config.database, config.limits(), Arc::new(SystemClock)).await?;

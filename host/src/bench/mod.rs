@@ -845,6 +845,21 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A built plugin (`NAME.wasm`): beside the binary's checkout, or where
+/// `LW_BENCH_PLUGINS` says (not a `LANEWAY_` name: those set config keys).
+fn plugin(name: &str) -> anyhow::Result<PathBuf> {
+    let dir = std::env::var_os("LW_BENCH_PLUGINS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("plugins/target/wasm32-wasip2/release"));
+    let path = dir.join(format!("{name}.wasm"));
+    anyhow::ensure!(
+        path.exists(),
+        "{} is missing: build the plugins first (./dev run does), or set LW_BENCH_PLUGINS",
+        path.display()
+    );
+    Ok(path)
+}
+
 /// What one soak run saw.
 struct SoakRun {
     rate: f64,

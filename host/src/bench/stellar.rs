@@ -6,7 +6,6 @@
 //! pool's ceiling is its size per ledger; the figure is how close it gets.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,19 +16,6 @@ use crate::queue::NewOp;
 use crate::runtime::host::PluginHost;
 
 const CONTRACT: &str = "CAAQCAIBAEAQCAIBAEAQCAIBAEAQCAIBAEAQCAIBAEAQCAIBAEAQC526";
-
-fn plugin() -> anyhow::Result<PathBuf> {
-    let dir = std::env::var_os("LW_BENCH_PLUGINS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("plugins/target/wasm32-wasip2/release"));
-    let path = dir.join("stellar_vault.wasm");
-    anyhow::ensure!(
-        path.exists(),
-        "{} is missing: build the plugins first (./dev run does), or set LW_BENCH_PLUGINS",
-        path.display()
-    );
-    Ok(path)
-}
 
 /// What one burst saw.
 struct Burst {
@@ -87,7 +73,7 @@ async fn burst(channels: u8, ops: usize, ledger: Duration) -> anyhow::Result<Bur
          contract_id = {CONTRACT:?}\nfunction = \"pay_referral\"\nsigner_key = \"rewards\"\npoll_ms = 50\n\
          args = [{{ field = \"referrer\", type = \"address\" }}, {{ field = \"amount\", type = \"i128\" }}]\n",
         db = format!("sqlite://{}", dir.path().join("bench.db").display()),
-        plugin = plugin()?.display().to_string(),
+        plugin = super::plugin("stellar_vault")?.display().to_string(),
         ids = ids.join(", "),
         passphrase = fake_rpc::TESTNET,
     );

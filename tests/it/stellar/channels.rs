@@ -311,13 +311,7 @@ async fn a_channels_stuck_transaction_is_fee_bumped_by_the_channel_and_lands_onc
     chain.fake.congest(500);
     let id = host.enqueue(&[vault_op("deposit", 7, 70, None)]).await?[0];
     settle(db.queue.as_ref(), Duration::from_secs(20)).await?;
-    let op = db.queue.get(id).await?.context("op")?;
-    let (sent, landed) = (chain.fake.submitted(), chain.fake.landed());
-    ensure!(op.status == Status::Confirmed, "{op:?}");
-    ensure!(
-        sent.len() == 2 && landed.len() == 1 && landed[0].inner_hash.as_deref() == Some(sent[0].hash.as_str()),
-        "the transaction, then its fee bump, which landed: {sent:?}"
-    );
+    let (op, _, landed) = super::vault::bumped_once(db.queue.as_ref(), &chain, id).await?;
     let channel = channels
         .iter()
         .find(|c| op.lanes == [address(**c)])
@@ -326,7 +320,6 @@ async fn a_channels_stuck_transaction_is_fee_bumped_by_the_channel_and_lands_onc
         landed[0].source == *channel && landed[0].nonce.is_some(),
         "from the op's channel, with the signer's address entry: {landed:?}"
     );
-    ensure!(op.receipt.as_deref() == Some(sent[0].hash.as_str()), "{op:?}");
     ensure!(chain.fake.auth_failures() == 0 && chain.fake.concurrent_sends() == 0);
     host.running.stop().await
 }

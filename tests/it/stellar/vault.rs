@@ -1152,16 +1152,10 @@ async fn one_deposit_in_a_surge(policy: &str, extra: &str) -> anyhow::Result<(Te
 async fn a_stuck_transaction_is_fee_bumped_and_lands_once_under_its_inner_hash() -> anyhow::Result<()> {
     let (db, chain, host, id) = one_deposit_in_a_surge("bump_multiplier = 10.0", "").await?;
     settle(db.queue.as_ref(), Duration::from_secs(20)).await?;
-    let op = db.queue.get(id).await?.context("op")?;
-    let (sent, landed) = (chain.fake.submitted(), chain.fake.landed());
-    ensure!(op.status == Status::Confirmed, "{op:?}");
+    let (_, sent, landed) = bumped_once(db.queue.as_ref(), &chain, id).await?;
     ensure!(
-        sent.len() == 2 && landed.len() == 1 && landed[0].inner_hash.as_deref() == Some(sent[0].hash.as_str()),
-        "the transaction, then its fee bump, which landed: {sent:?}"
-    );
-    ensure!(
-        op.receipt.as_deref() == Some(sent[0].hash.as_str()) && sent[0].state == TxState::Dropped,
-        "confirmed under the inner hash, the queued original replaced: {op:?}"
+        sent[0].state == TxState::Dropped,
+        "the queued original replaced: {sent:?}"
     );
     let attempts = history(db.queue.as_ref(), id).await?;
     ensure!(
@@ -1175,6 +1169,31 @@ async fn a_stuck_transaction_is_fee_bumped_and_lands_once_under_its_inner_hash()
     ensure!(bids == vec![Some(100), Some(1000)], "{bids:?}");
     ensure!(chain.fake.concurrent_sends() == 0 && chain.fake.bad_seqs() == 0);
     host.running.stop().await
+}
+
+/// Op `id` confirmed under its transaction's (inner) hash after one fee
+/// bump of it landed: the op, what was sent, what landed.
+pub(crate) async fn bumped_once(
+    queue: &dyn Queue,
+    chain: &Chain,
+    id: OpId,
+) -> anyhow::Result<(
+    laneway::op::Op,
+    Vec<super::fake_rpc::Submitted>,
+    Vec<super::fake_rpc::Submitted>,
+)> {
+    let op = queue.get(id).await?.context("op")?;
+    let (sent, landed) = (chain.fake.submitted(), chain.fake.landed());
+    ensure!(op.status == Status::Confirmed, "{op:?}");
+    ensure!(
+        sent.len() == 2 && landed.len() == 1 && landed[0].inner_hash.as_deref() == Some(sent[0].hash.as_str()),
+        "the transaction, then its fee bump, which landed: {sent:?}"
+    );
+    ensure!(
+        op.receipt.as_deref() == Some(sent[0].hash.as_str()),
+        "confirmed under the inner hash: {op:?}"
+    );
+    Ok((op, sent, landed))
 }
 
 /// Without fee bumps, a surge is outbid the old way: the transaction waits
