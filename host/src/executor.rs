@@ -278,6 +278,11 @@ pub trait Executor: Send + Sync {
     fn available(&self) -> bool {
         true
     }
+
+    /// The channel-account pool the kind's ops are dealt from, if any.
+    fn pool(&self) -> Option<Arc<crate::pool::Pool>> {
+        None
+    }
 }
 
 /// Executors by kind.
@@ -320,6 +325,11 @@ impl Registry {
             Some(executor) => executor.lanes(kind, outbox, payload).await,
             None => Ok(Vec::new()),
         }
+    }
+
+    /// The channel-account pool of a kind, if it has one.
+    pub fn pool_of(&self, kind: &str) -> Option<Arc<crate::pool::Pool>> {
+        self.get(kind).and_then(|e| e.pool())
     }
 
     /// Replaces every executor at once.

@@ -12,9 +12,14 @@
 //! dealing round-robin over the active channels keeps a burst's backlogs
 //! within one op of each other. The turn starts at a random channel, so
 //! one-op enqueues from short-lived processes (`laneway enqueue`) spread
-//! too.
+//! too. A channel held by a receipt in doubt (a transaction that may
+//! still land, waiting to be reconciled: up to its ledger bound) is passed
+//! over while another active channel is free of one, as the dispatcher
+//! reports them before it deals ([`Pool::hold`]).
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use crate::config::PoolConfig;
 use crate::keys::KeyStore;
@@ -38,6 +43,8 @@ pub struct Pool {
     /// Every channel, retired ones included (their ops still run).
     pub channels: Vec<Channel>,
     next: AtomicUsize,
+    /// Accounts held by a receipt in doubt, as last reported.
+    held: Mutex<HashSet<String>>,
 }
 
 /// Why a pool cannot be used.
@@ -90,7 +97,14 @@ impl Pool {
             name: name.to_owned(),
             channels,
             next: AtomicUsize::new(rand::random::<u16>().into()),
+            held: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// The channel accounts a receipt in doubt holds now (the dispatcher
+    /// reads them from the queue before it deals a batch).
+    pub fn hold(&self, accounts: HashSet<String>) {
+        *self.held.lock().unwrap_or_else(PoisonError::into_inner) = accounts;
     }
 
     /// The channel the next op goes to: the active channels in turn.
@@ -103,8 +117,14 @@ impl Pool {
         if active.is_empty() {
             return Err(PoolError::AllRetired(self.name.clone()));
         }
+        let free: Vec<&Channel> = {
+            // A plain set: consistent even if a holder panicked.
+            let held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+            active.iter().copied().filter(|c| !held.contains(&c.account)).collect()
+        };
+        let from = if free.is_empty() { active } else { free };
         let turn = self.next.fetch_add(1, Ordering::Relaxed);
-        Ok(active[turn % active.len()])
+        Ok(from[turn % from.len()])
     }
 
     /// The op's channel, when its lanes are exactly one of the pool's
@@ -162,6 +182,22 @@ mod tests {
         let one = dealt[0].as_str();
         let other = if one == "chan-1" { "chan-3" } else { "chan-1" };
         assert_eq!(dealt, [one, other, one, other, one, other], "{dealt:?}");
+    }
+
+    #[test]
+    fn a_channel_held_by_a_receipt_in_doubt_is_passed_over_while_another_is_free() {
+        let pool = Pool::new("p", vec![channel(1, false), channel(2, false), channel(3, false)]);
+        pool.hold(HashSet::from(["G2".to_owned()]));
+        let dealt: HashSet<String> = (0..6)
+            .map(|_| pool.deal().map(|c| c.key.clone()).unwrap_or_default())
+            .collect();
+        assert_eq!(dealt, HashSet::from(["chan-1".to_owned(), "chan-3".to_owned()]));
+        // All held: dealt as if none were (the ops wait their turn).
+        pool.hold(HashSet::from(["G1".to_owned(), "G2".to_owned(), "G3".to_owned()]));
+        let dealt: HashSet<String> = (0..6)
+            .map(|_| pool.deal().map(|c| c.key.clone()).unwrap_or_default())
+            .collect();
+        assert_eq!(dealt.len(), 3);
     }
 
     #[test]

@@ -586,6 +586,7 @@ impl Dispatcher {
     pub(crate) async fn enqueue_internal(&self, ops: &[NewOp]) -> Result<Vec<Enqueued>, QueueError> {
         let config = self.inner.config.load();
         let mut ops = ops.to_vec();
+        self.report_held_channels(&ops).await?;
         for op in &mut ops {
             let plugin_lanes = config
                 .kinds
@@ -637,6 +638,31 @@ impl Dispatcher {
             self.trigger(outbox);
         }
         Ok(results)
+    }
+
+    /// Tells each pool the ops' kinds are dealt from which of its channels
+    /// a receipt in doubt holds now, so new ops are not dealt behind it
+    /// while another channel is free.
+    async fn report_held_channels(&self, ops: &[NewOp]) -> Result<(), QueueError> {
+        let kinds: BTreeSet<&str> = ops.iter().map(|o| o.kind.as_str()).collect();
+        for kind in kinds {
+            let Some(pool) = self.inner.executors.pool_of(kind) else {
+                continue;
+            };
+            let accounts: Vec<String> = pool.channels.iter().map(|c| c.account.clone()).collect();
+            let held = self
+                .inner
+                .queue
+                .occupants(&accounts)
+                .await?
+                .into_iter()
+                .filter(|o| o.in_doubt)
+                .flat_map(|o| o.lanes)
+                .filter(|lane| accounts.contains(lane))
+                .collect();
+            pool.hold(held);
+        }
+        Ok(())
     }
 
     /// Fans an activity out to its recipients: one op per distinct delivery

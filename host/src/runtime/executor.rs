@@ -163,6 +163,10 @@ impl Executor for WasmExecutor {
     fn available(&self) -> bool {
         !self.plugin.health.quarantined()
     }
+
+    fn pool(&self) -> Option<Arc<crate::pool::Pool>> {
+        self.pool.clone()
+    }
 }
 
 impl WasmExecutor {

@@ -19,6 +19,7 @@ crate::on_both_backends!(
     live:
     a_burst_through_a_pool_of_eight_channels_lands_once_each_one_transaction_per_channel,
     a_channel_taken_out_of_its_pool_waits_and_once_retired_drains_taking_no_new_ops,
+    new_ops_are_dealt_around_a_channel_held_by_a_receipt_in_doubt,
 );
 
 async fn a_burst_through_a_pool_of_eight_channels_lands_once_each_one_transaction_per_channel(
@@ -125,13 +126,7 @@ async fn a_channel_taken_out_of_its_pool_waits_and_once_retired_drains_taking_no
     let mut removed = config.clone();
     removed.pools.get_mut("payouts").context("pool")?.channels = vec!["chan-1".to_owned()];
     host.plugins.apply(&removed).await?;
-    let after = host
-        .enqueue(
-            &(0..4)
-                .map(|i| vault_op("deposit", 2, 200 + i, None))
-                .collect::<Vec<_>>(),
-        )
-        .await?;
+    let after = host.enqueue(&deposits(2, 200, 4)).await?;
     for id in &after {
         let op = db.queue.get(*id).await?.context("op")?;
         ensure!(
@@ -322,4 +317,43 @@ async fn a_channels_stuck_transaction_is_fee_bumped_by_the_channel_and_lands_onc
     );
     ensure!(chain.fake.auth_failures() == 0 && chain.fake.concurrent_sends() == 0);
     host.running.stop().await
+}
+
+/// A channel whose transaction is in doubt (the network took it and
+/// answered 504) holds it until reconciled; ops enqueued meanwhile are
+/// dealt to the other channel instead of queueing behind it.
+async fn new_ops_are_dealt_around_a_channel_held_by_a_receipt_in_doubt(db: TestDb) -> anyhow::Result<()> {
+    let chain = Chain::start(100).await?;
+    let (pool, _) = chain.pool_layer(2, &["deposit"])?;
+    let host = Host::start(db.queue.clone(), chain.config("", &pool)?).await?;
+    chain
+        .fake
+        .inject(&[super::fake_rpc::SendFault::AcceptThen504 { apply_after: 8 }]);
+    let first = host.enqueue(&[vault_op("deposit", 1, 100, None)]).await?[0];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let held = loop {
+        let op = db.queue.get(first).await?.context("op")?;
+        if op.status == Status::Pending && op.receipt.is_some() {
+            break op.lanes;
+        }
+        ensure!(tokio::time::Instant::now() < deadline, "never in doubt: {op:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let later = host.enqueue(&deposits(2, 200, 4)).await?;
+    for id in &later {
+        let op = db.queue.get(*id).await?.context("op")?;
+        ensure!(op.lanes != held, "dealt behind the channel in doubt: {op:?}");
+    }
+    settle(db.queue.as_ref(), Duration::from_secs(60)).await?;
+    for id in later.iter().chain([&first]) {
+        let op = db.queue.get(*id).await?.context("op")?;
+        ensure!(op.status == Status::Confirmed, "{op:?}");
+    }
+    ensure!(chain.fake.landed().len() == 5 && chain.fake.concurrent_sends() == 0);
+    host.running.stop().await
+}
+
+/// `n` deposits for user `user`, amounts from `from` on.
+fn deposits(user: u8, from: i64, n: i64) -> Vec<laneway::queue::NewOp> {
+    (0..n).map(|i| vault_op("deposit", user, from + i, None)).collect()
 }
