@@ -173,7 +173,8 @@ struct Inner {
     /// A send found another transaction of the same account already queued
     /// (what a dispatcher without per-signer serialization causes).
     concurrent_sends: usize,
-    /// Sends refused for a bad sequence (not injected).
+    /// Sends refused for a bad sequence (not injected; a transaction that
+    /// already landed, sent again, is not one).
     bad_seqs: usize,
     /// The oldest ledger `getTransaction` claims to remember, when set
     /// (as if the retention window had moved on).
@@ -925,14 +926,16 @@ impl Inner {
         }
         let current = self.accounts.get(&source).copied().unwrap_or_default();
         if tx.seq_num.0 != current + 1 {
-            // A fee bump of a transaction that has just landed is refused
-            // for its inner sequence: the bump lost a race, the sender sent
-            // nothing stale.
+            // A transaction that has already landed, sent again (a host
+            // frozen between its checkpoint and its send, waking after
+            // another host's reconcile landed the same envelope), or a fee
+            // bump of it, is refused for its sequence: the sender sent
+            // nothing stale, so it is not counted as a bad sequence.
             let inner_landed = self
                 .txs
                 .iter()
                 .any(|t| matches!(t.state, TxState::Success { .. } | TxState::Failed { .. }) && t.carries(&inner_hex));
-            if !(bump.is_some() && inner_landed) {
+            if !inner_landed {
                 self.bad_seqs += 1;
             }
             let code = if bump.is_some() {
