@@ -188,6 +188,7 @@ fn write_state(fake: &FakeRpc, path: &std::path::Path) -> anyhow::Result<()> {
         "concurrent_sends": fake.concurrent_sends(),
         "bad_seqs": fake.bad_seqs(),
         "auth_failures": fake.auth_failures(),
+        "bad_seq_sends": fake.bad_seq_sends(),
         "landed": describe(fake.landed()),
         "submitted": describe(fake.submitted()),
     })

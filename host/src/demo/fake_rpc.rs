@@ -176,6 +176,8 @@ struct Inner {
     /// Sends refused for a bad sequence (not injected; a transaction that
     /// already landed, sent again, is not one).
     bad_seqs: usize,
+    /// What each of them sent.
+    bad_seq_sends: Vec<String>,
     /// The oldest ledger `getTransaction` claims to remember, when set
     /// (as if the retention window had moved on).
     oldest_override: Option<u32>,
@@ -227,6 +229,7 @@ impl Default for FakeRpc {
                 requests: 0,
                 concurrent_sends: 0,
                 bad_seqs: 0,
+                bad_seq_sends: Vec::new(),
                 oldest_override: None,
                 history_elder: 1,
                 inclusion_floor: 0,
@@ -328,6 +331,11 @@ impl FakeRpc {
     /// Sends refused for a bad sequence that was not injected.
     pub fn bad_seqs(&self) -> usize {
         self.lock().bad_seqs
+    }
+
+    /// What each send with a bad sequence sent (hash, source, sequence).
+    pub fn bad_seq_sends(&self) -> Vec<String> {
+        self.lock().bad_seq_sends.clone()
     }
 
     /// From now on `getTransaction` remembers nothing before `ledger`.
@@ -907,6 +915,22 @@ impl Inner {
                 )
             }
         };
+        // Bounds first (core checks them before the sequence): a
+        // transaction past its bounds is too late whatever else holds, so
+        // a host frozen past them, waking to send it, is neither a second
+        // transaction of the account nor a bad sequence: nothing it sends
+        // can land.
+        let (max_time, max_ledger) = match &tx.cond {
+            Preconditions::None => (0, 0),
+            Preconditions::Time(t) => (t.max_time.0, 0),
+            Preconditions::V2(v2) => (
+                v2.time_bounds.as_ref().map_or(0, |t| t.max_time.0),
+                v2.ledger_bounds.as_ref().map_or(0, |l| l.max_ledger),
+            ),
+        };
+        if (max_time != 0 && max_time < unix_now()) || (max_ledger != 0 && self.latest_ledger + 1 >= max_ledger) {
+            return (self.send_answer(id, "ERROR", &hash_hex, Some(TX_TOO_LATE)), false);
+        }
         let inner_hex = hex::encode(inner_hash);
         let mut replaces = None;
         if let Some(&queued) = self.queued.get(&source) {
@@ -937,6 +961,12 @@ impl Inner {
                 .any(|t| matches!(t.state, TxState::Success { .. } | TxState::Failed { .. }) && t.carries(&inner_hex));
             if !inner_landed {
                 self.bad_seqs += 1;
+                self.bad_seq_sends.push(format!(
+                    "{hash_hex} from {} at sequence {} (current {current}){}",
+                    address(source),
+                    tx.seq_num.0,
+                    if bump.is_some() { ", a fee bump" } else { "" }
+                ));
             }
             let code = if bump.is_some() {
                 TX_FEE_BUMP_INNER_BAD_SEQ
@@ -953,17 +983,6 @@ impl Inner {
                 self.send_answer(id, "ERROR", &hash_hex, Some(TX_INSUFFICIENT_FEE)),
                 false,
             );
-        }
-        let (max_time, max_ledger) = match &tx.cond {
-            Preconditions::None => (0, 0),
-            Preconditions::Time(t) => (t.max_time.0, 0),
-            Preconditions::V2(v2) => (
-                v2.time_bounds.as_ref().map_or(0, |t| t.max_time.0),
-                v2.ledger_bounds.as_ref().map_or(0, |l| l.max_ledger),
-            ),
-        };
-        if (max_time != 0 && max_time < unix_now()) || (max_ledger != 0 && self.latest_ledger + 1 >= max_ledger) {
-            return (self.send_answer(id, "ERROR", &hash_hex, Some(TX_TOO_LATE)), false);
         }
         let (function, args) = match tx.operations.first().map(|o| &o.body) {
             Some(OperationBody::InvokeHostFunction(op)) => match &op.host_function {
