@@ -121,15 +121,7 @@ fn pool_keys(config: &Config, pool: &PoolConfig) -> Result<KeyStore, CliError> {
         .chain(&pool.funder)
         .filter_map(|id| config.keys.get(id).map(|s| (id.clone(), s.clone())))
         .collect();
-    KeyStore::load(&sources).map_err(|problems| {
-        crate::config::ConfigError::Invalid(
-            problems
-                .into_iter()
-                .map(|(path, message)| crate::config::Problem { path, message })
-                .collect(),
-        )
-        .into()
-    })
+    super::load_keys(&sources)
 }
 
 fn account_of(keys: &KeyStore, id: &str) -> Result<String, CliError> {

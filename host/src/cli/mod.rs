@@ -1022,6 +1022,21 @@ async fn subjects_cmd(config: &Config, command: SubjectsCommand, out: &mut dyn W
     Ok(())
 }
 
+/// Loads these keys, each that cannot be loaded reported with its path.
+fn load_keys(
+    sources: &std::collections::BTreeMap<String, crate::keys::KeySource>,
+) -> Result<crate::keys::KeyStore, CliError> {
+    crate::keys::KeyStore::load(sources).map_err(|problems| {
+        config::ConfigError::Invalid(
+            problems
+                .into_iter()
+                .map(|(path, message)| config::Problem { path, message })
+                .collect(),
+        )
+        .into()
+    })
+}
+
 fn keys_show(config: &Config, args: &KeyShowArgs, out: &mut dyn Write) -> Result<(), CliError> {
     use base64::Engine as _;
     let source = config.keys.get(&args.id).ok_or_else(|| {
@@ -1032,14 +1047,7 @@ fn keys_show(config: &Config, args: &KeyShowArgs, out: &mut dyn Write) -> Result
         ))
     })?;
     let only = std::collections::BTreeMap::from([(args.id.clone(), source.clone())]);
-    let store = crate::keys::KeyStore::load(&only).map_err(|problems| {
-        config::ConfigError::Invalid(
-            problems
-                .into_iter()
-                .map(|(path, message)| config::Problem { path, message })
-                .collect(),
-        )
-    })?;
+    let store = load_keys(&only)?;
     let key = store
         .get(&args.id)
         .ok_or_else(|| CliError::Input(format!("key {} did not load", args.id)))?;

@@ -732,13 +732,18 @@ impl Inner {
         }
     }
 
+    /// The account a contract call must be authorised by, if any.
+    fn authorizer_of(&self, call: &stellar_xdr::InvokeContractArgs) -> Option<[u8; 32]> {
+        self.authorizers
+            .get(call.function_name.0.to_utf8_string_lossy().as_str())
+            .copied()
+    }
+
     /// The authorisation entry a simulation records for a contract call,
     /// when an authoriser is required.
     fn auth_entry(&mut self, tx: &stellar_xdr::Transaction) -> Option<String> {
         let call = contract_call(tx)?;
-        let authorizer = *self
-            .authorizers
-            .get(call.function_name.0.to_utf8_string_lossy().as_str())?;
+        let authorizer = self.authorizer_of(call)?;
         let source = match tx.source_account {
             MuxedAccount::Ed25519(Uint256(s)) => s,
             MuxedAccount::MuxedEd25519(_) => return None,
@@ -775,10 +780,7 @@ impl Inner {
         let Some(call) = contract_call(tx) else {
             return Ok(None);
         };
-        let Some(&authorizer) = self
-            .authorizers
-            .get(call.function_name.0.to_utf8_string_lossy().as_str())
-        else {
+        let Some(authorizer) = self.authorizer_of(call) else {
             return Ok(None);
         };
         let Some(OperationBody::InvokeHostFunction(op)) = tx.operations.first().map(|o| &o.body) else {
@@ -984,15 +986,9 @@ impl Inner {
                 false,
             );
         }
-        let (function, args) = match tx.operations.first().map(|o| &o.body) {
-            Some(OperationBody::InvokeHostFunction(op)) => match &op.host_function {
-                HostFunction::InvokeContract(call) => {
-                    (Some(call.function_name.0.to_utf8_string_lossy()), call.args.to_vec())
-                }
-                _ => (None, Vec::new()),
-            },
-            _ => (None, Vec::new()),
-        };
+        let (function, args) = contract_call(tx).map_or((None, Vec::new()), |call| {
+            (Some(call.function_name.0.to_utf8_string_lossy()), call.args.to_vec())
+        });
         let (nonce, unauthorised) = match self.authorised(tx, source) {
             Ok(nonce) => (nonce, false),
             Err(()) => {
