@@ -393,8 +393,17 @@ impl FakeRpc {
             let t = &inner.txs[index];
             let expired = t.max_ledger != 0 && ledger >= t.max_ledger;
             if t.apply_at > ledger || (!expired && t.inclusion_fee < inner.inclusion_floor) {
-                // Still in the network's queue: it holds the account's slot.
-                inner.queued.insert(account, index);
+                // Still in the network's queue, holding the account's slot,
+                // unless it cannot be in the next ledger either: core trims
+                // such a transaction at this close (a sender that sees the
+                // tip reach its bound rightly builds the next one now; found
+                // when the fake kept it one ledger longer and counted that
+                // send as a second transaction of the account).
+                if t.max_ledger == 0 || ledger + 1 < t.max_ledger {
+                    inner.queued.insert(account, index);
+                } else {
+                    inner.txs[index].state = TxState::Dropped;
+                }
                 continue;
             }
             let (sequence, max_ledger, lose, mut trap, nonce, creates) = {
