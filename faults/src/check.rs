@@ -363,8 +363,10 @@ pub struct Landed {
     /// The transaction's hash (for a fee bump, the inner transaction's:
     /// what the op's receipt names).
     pub hash: String,
-    /// Its source account: the signer.
+    /// Its source account: the signer, or a channel of the pool.
     pub source: String,
+    /// Who paid its fee: a fee bump's fee source, else its source.
+    pub fee_source: String,
     /// Its contract call's arguments (i128 as decimal text).
     pub args: Vec<String>,
 }
@@ -384,6 +386,9 @@ pub struct StellarHistory {
     /// authorisation (a channel's payout with an unsigned, forged, expired
     /// or replayed address entry).
     pub auth_failures: usize,
+    /// The pool's channel accounts, whose fees the signer pays
+    /// (`fee_payer = "signer"`).
+    pub channels: std::collections::HashSet<String>,
 }
 
 /// The Stellar promises as counts: at most once on the chain, exactly once
@@ -411,6 +416,8 @@ pub struct StellarReport {
     pub concurrent_sends: usize,
     pub bad_seqs: usize,
     pub auth_failures: usize,
+    /// Channel transactions that landed with the channel paying the fee.
+    pub paid_by_channel: usize,
     pub examples: Vec<String>,
 }
 
@@ -427,6 +434,7 @@ impl StellarReport {
             && self.concurrent_sends == 0
             && self.bad_seqs == 0
             && self.auth_failures == 0
+            && self.paid_by_channel == 0
     }
 
     fn note(&mut self, finding: String) {
@@ -460,6 +468,11 @@ impl StellarReport {
             ),
             ("bad sequences", self.bad_seqs, "0".to_owned()),
             ("authorisations that did not hold", self.auth_failures, "0".to_owned()),
+            (
+                "channel fees not paid by the signer",
+                self.paid_by_channel,
+                "0".to_owned(),
+            ),
         ];
         let mut table = comfy_table::Table::new();
         table.load_preset(comfy_table::presets::ASCII_MARKDOWN);
@@ -499,6 +512,13 @@ pub fn check_stellar(history: &StellarHistory) -> StellarReport {
         .len();
     let mut landed: HashMap<i64, Vec<&str>> = HashMap::new();
     for tx in &history.landed {
+        if history.channels.contains(&tx.fee_source) {
+            report.paid_by_channel += 1;
+            report.note(format!(
+                "{} from channel {} paid by {}",
+                tx.hash, tx.source, tx.fee_source
+            ));
+        }
         match tx.args.iter().find_map(|arg| by_amount.get(arg.as_str())) {
             Some(op) => landed.entry(*op).or_default().push(&tx.hash),
             None => {
@@ -859,6 +879,7 @@ mod tests {
                 .map(|a| Landed {
                     hash: format!("h{}", a.op),
                     source: "GSIGNER".to_owned(),
+                    fee_source: "GSIGNER".to_owned(),
                     args: vec!["ScVal::Address(..)".to_owned(), a.amount.clone()],
                 })
                 .collect(),
@@ -870,6 +891,7 @@ mod tests {
             concurrent_sends: 0,
             bad_seqs: 0,
             auth_failures: 0,
+            channels: std::collections::HashSet::from(["GCHANNEL".to_owned()]),
         }
     }
 
@@ -935,5 +957,18 @@ mod tests {
         let report = check_stellar(&history);
         assert!(!report.passed());
         assert_eq!(report.auth_failures, 1);
+    }
+
+    #[test]
+    fn a_channel_paying_its_own_fee_fails_a_pool_whose_signer_pays() {
+        // The vault sent a channel's transaction bare (not in the signer's
+        // fee bump): the channel, holding only its reserve, paid.
+        let mut history = stellar_clean();
+        history.landed[0].source = "GCHANNEL".to_owned();
+        assert!(check_stellar(&history).passed(), "the signer paid: {history:?}");
+        history.landed[0].fee_source = "GCHANNEL".to_owned();
+        let report = check_stellar(&history);
+        assert!(!report.passed());
+        assert_eq!(report.paid_by_channel, 1);
     }
 }

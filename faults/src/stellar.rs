@@ -149,7 +149,10 @@ first_sample_wait_ms = 0
             ));
         }
         let listed: Vec<String> = channels.iter().map(|c| format!("{c:?}")).collect();
-        text.push_str(&format!("[pools.payouts]\nchannels = [{}]\n", listed.join(", ")));
+        text.push_str(&format!(
+            "[pools.payouts]\nchannels = [{}]\nfee_payer = \"signer\"\n",
+            listed.join(", ")
+        ));
     }
     text
 }
@@ -257,6 +260,7 @@ impl FakeRpc {
                     .unwrap_or_default()
                     .to_owned(),
                 source: tx["source"].as_str().unwrap_or_default().to_owned(),
+                fee_source: tx["fee_source"].as_str().unwrap_or_default().to_owned(),
                 args: tx["args"]
                     .as_array()
                     .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
@@ -429,6 +433,7 @@ pub async fn run(plan: &StellarPlan, env: &Env, fake_rpc: &Path) -> anyhow::Resu
         concurrent_sends,
         bad_seqs,
         auth_failures,
+        channels: funded[accounts.len()..].iter().cloned().collect(),
     };
     outcome.elapsed = started.elapsed();
     let passed = crate::check::check_stellar(&outcome.history).passed();

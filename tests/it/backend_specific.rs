@@ -123,6 +123,17 @@ async fn sqlite_plain_sql_producers_get_lanes_and_cannot_rewrite_an_op() -> anyh
         .execute(queue.pool())
         .await;
     ensure!(rewrite.is_err(), "payload rewritten");
+    // A waiting op's one lane changes only with the re-deal's record.
+    let single: i64 = sqlx::query_scalar(
+        "INSERT INTO ops (outbox, kind, lanes, payload) VALUES ('actor', 'activitypub', '[\"A\"]', '{}') RETURNING id",
+    )
+    .fetch_one(queue.pool())
+    .await?;
+    let relaned = sqlx::query("UPDATE ops SET lanes = '[\"Z\"]' WHERE id = ?")
+        .bind(single)
+        .execute(queue.pool())
+        .await;
+    ensure!(relaned.is_err(), "lanes rewritten without a re-deal record");
     let bad = sqlx::query("INSERT INTO ops (outbox, kind, payload) VALUES ('a', 'k', 'not json')")
         .execute(queue.pool())
         .await;
@@ -157,6 +168,17 @@ async fn postgres_plain_sql_producers_get_lanes_a_notify_and_cannot_rewrite_an_o
         .execute(queue.pool())
         .await;
     ensure!(rewrite.is_err(), "payload rewritten");
+    // A waiting op's one lane changes only with the re-deal's record.
+    let single: i64 = sqlx::query_scalar(
+        "INSERT INTO ops (outbox, kind, lanes, payload) VALUES ('actor-x', 'activitypub', ARRAY['A'], '{}') RETURNING id",
+    )
+    .fetch_one(queue.pool())
+    .await?;
+    let relaned = sqlx::query("UPDATE ops SET lanes = ARRAY['Z'] WHERE id = $1")
+        .bind(single)
+        .execute(queue.pool())
+        .await;
+    ensure!(relaned.is_err(), "lanes rewritten without a re-deal record");
     Ok(())
 }
 

@@ -15,6 +15,7 @@ use laneway::queue::{Cas, Claimed, Completion, Enqueued, ExpireTo, Finish, Lease
 use crate::support::{ClaimRequest, QueueExt, TestDb};
 
 crate::on_both_backends!(
+    redeal_moves_only_a_waiting_op_with_one_lane_by_compare_and_set,
     enqueue_stores_every_field_and_the_payload_text_exactly,
     idempotency_key_returns_the_existing_op_forever,
     coalesce_key_declines_while_pending_and_frees_at_terminal,
@@ -325,6 +326,49 @@ async fn claim_ids_takes_only_ops_still_pending(db: TestDb) -> anyhow::Result<()
         .claim_ids(&[], &lease_spec("h2"), &LaneRules::default())
         .await?
         .is_empty());
+    Ok(())
+}
+
+/// A channel pool's re-deal: an op moves only while it waits (not claimed,
+/// no receipt) with exactly the one lane the move expects; its lane index
+/// follows, so listings by lane find it on its new channel.
+async fn redeal_moves_only_a_waiting_op_with_one_lane_by_compare_and_set(db: TestDb) -> anyhow::Result<()> {
+    use laneway::queue::Redeal;
+    let q = db.queue.as_ref();
+    let ids: Vec<i64> = q
+        .enqueue(&[op("o", &["GA"]), op("o", &["GA"]), op("o", &["GA", "GB"])])
+        .await?
+        .into_iter()
+        .map(Enqueued::id)
+        .collect();
+    let claimed = q.claim_ids(&[ids[1]], &lease_spec("h1"), &LaneRules::default()).await?;
+    ensure!(claimed.len() == 1);
+    let to_b = |id: i64| Redeal {
+        op: id,
+        from: "GA".to_owned(),
+        to: "GB".to_owned(),
+    };
+    let moved = q.redeal(&[to_b(ids[2]), to_b(ids[1]), to_b(ids[0])]).await?;
+    ensure!(moved == vec![ids[0]], "only the waiting one-lane op moves: {moved:?}");
+    ensure!(q.get(ids[0]).await?.context("op")?.lanes == ["GB"]);
+    ensure!(
+        q.get(ids[1]).await?.context("op")?.lanes == ["GA"],
+        "a claimed op keeps its lane"
+    );
+    ensure!(q.get(ids[2]).await?.context("op")?.lanes == ["GA", "GB"]);
+    let on = |lane: &str| OpFilter {
+        lane: Some(lane.to_owned()),
+        limit: 10,
+        ..OpFilter::default()
+    };
+    let on_b: Vec<i64> = q.list(&on("GB")).await?.iter().map(|o| o.id).collect();
+    let on_a: Vec<i64> = q.list(&on("GA")).await?.iter().map(|o| o.id).collect();
+    ensure!(
+        on_b.contains(&ids[0]) && !on_a.contains(&ids[0]),
+        "lane index: A {on_a:?}, B {on_b:?}"
+    );
+    // The move already made: its `from` no longer holds.
+    ensure!(q.redeal(&[to_b(ids[0])]).await?.is_empty());
     Ok(())
 }
 

@@ -173,6 +173,7 @@ fn write_state(fake: &FakeRpc, path: &std::path::Path) -> anyhow::Result<()> {
                     "hash": tx.hash,
                     "inner_hash": tx.inner_hash,
                     "source": fake_rpc::address(tx.source),
+                    "fee_source": fake_rpc::address(tx.fee_source),
                     "sequence": tx.sequence,
                     "function": tx.function,
                     "args": args,

@@ -1,10 +1,11 @@
 //! `laneway stellar channels …`: an operator's view of channel-account
-//! pools (which channel holds how many ops), new channel keys, and creating
-//! the channel accounts on chain from the pool's funder.
+//! pools (which channel holds how many ops), new channel keys, creating
+//! the channel accounts on chain from the pool's funder, and merging a
+//! retired, drained channel's account back into the funder.
 //!
-//! Retiring a channel is a config change (`pools.NAME.retired`, hot
+//! Marking a channel retired is a config change (`pools.NAME.retired`, hot
 //! reloaded): laneway never rewrites the operator's file. `list` says when
-//! a retired channel has drained and may leave `channels`.
+//! a retired channel has drained; `retire` then closes its account.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -45,6 +46,26 @@ pub enum ChannelsCommand {
     /// Create the pool's channel accounts that do not exist yet, in one
     /// transaction from the pool's funder.
     Fund(FundArgs),
+    /// Close a channel the config marks retired once no op is dealt to it:
+    /// its account is merged into the pool's funder (its balance returns).
+    Retire(RetireArgs),
+}
+
+/// `laneway stellar channels retire`
+#[derive(Debug, Args)]
+pub struct RetireArgs {
+    /// The pool.
+    #[arg(long)]
+    pub pool: String,
+    /// The channel's key id.
+    #[arg(long)]
+    pub key: String,
+    /// How long to wait for the merge to land, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub wait: u64,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `laneway stellar channels list`
@@ -101,6 +122,7 @@ pub(super) async fn run(config: &Config, command: StellarCommand, out: &mut dyn 
         StellarCommand::Channels(ChannelsCommand::List(args)) => list(config, &args, out).await,
         StellarCommand::Channels(ChannelsCommand::Create(args)) => create(config, &args, out),
         StellarCommand::Channels(ChannelsCommand::Fund(args)) => fund(config, &args, out).await,
+        StellarCommand::Channels(ChannelsCommand::Retire(args)) => retire(config, &args, out).await,
     }
 }
 
@@ -133,6 +155,22 @@ fn account_of(keys: &KeyStore, id: &str) -> Result<String, CliError> {
 /// Ops still dealt to a channel and not terminal, counted up to `CAP`.
 const CAP: u32 = 10_000;
 
+/// Ops dealt to the channel `account` that are not terminal (pending,
+/// in flight, or holding a receipt), counted up to [`CAP`] per state.
+async fn open_ops(queue: &dyn crate::queue::Queue, account: &str) -> Result<usize, CliError> {
+    let mut open = 0usize;
+    for status in [Status::Pending, Status::Submitted] {
+        let filter = OpFilter {
+            lane: Some(account.to_owned()),
+            status: Some(status),
+            limit: CAP,
+            ..OpFilter::default()
+        };
+        open += queue.list(&filter).await?.len();
+    }
+    Ok(open)
+}
+
 async fn list(config: &Config, args: &ListArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let queue = open_checked(config).await?;
     let mut rows = Vec::new();
@@ -143,16 +181,7 @@ async fn list(config: &Config, args: &ListArgs, out: &mut dyn Write) -> Result<(
         let keys = pool_keys(config, pool)?;
         for id in &pool.channels {
             let account = account_of(&keys, id)?;
-            let mut open = 0usize;
-            for status in [Status::Pending, Status::Submitted] {
-                let filter = OpFilter {
-                    lane: Some(account.clone()),
-                    status: Some(status),
-                    limit: CAP,
-                    ..OpFilter::default()
-                };
-                open += queue.list(&filter).await?.len();
-            }
+            let open = open_ops(queue.as_ref(), &account).await?;
             let retired = pool.retired.contains(id);
             rows.push(json!({
                 "pool": name, "key": id, "account": account,
@@ -326,15 +355,142 @@ fn public_of(keys: &KeyStore, id: &str) -> Result<[u8; 32], CliError> {
         .ok_or_else(|| CliError::Input(format!("[keys.{id}] is not a loaded ed25519 key")))
 }
 
-async fn fund(config: &Config, args: &FundArgs, out: &mut dyn Write) -> Result<(), CliError> {
-    let pool = pool(config, &args.pool)?;
-    let missing = |what: &str| CliError::Input(format!("pools.{}.{what} is not set; fund needs it", args.pool));
+/// The pool's RPC, through the plugins' egress guard, and its network id.
+fn connect(
+    config: &Config,
+    name: &str,
+    pool: &PoolConfig,
+    command: &str,
+) -> Result<(crate::oracle::StellarRpc, [u8; 32]), CliError> {
+    let missing = |what: &str| CliError::Input(format!("pools.{name}.{what} is not set; {command} needs it"));
     let url = pool.rpc_url.as_deref().ok_or_else(|| missing("rpc_url"))?;
     let passphrase = pool
         .network_passphrase
         .as_deref()
         .ok_or_else(|| missing("network_passphrase"))?;
-    let funder = pool.funder.as_deref().ok_or_else(|| missing("funder"))?;
+    let rpc = crate::oracle::StellarRpc::new(
+        url,
+        Duration::from_secs(10),
+        crate::config::rpc_egress(&format!("pools.{name}"), url, &config.plugins),
+    )
+    .map_err(rpc_err)?;
+    let network_id: [u8; 32] = {
+        use sha2::Digest as _;
+        sha2::Sha256::digest(passphrase.as_bytes()).into()
+    };
+    Ok((rpc, network_id))
+}
+
+/// The sequence number of each of these accounts that exists on chain.
+async fn sequences(rpc: &crate::oracle::StellarRpc, publics: &[[u8; 32]]) -> Result<BTreeMap<[u8; 32], i64>, CliError> {
+    let wanted = publics.iter().map(|p| account_key(*p)).collect::<Result<Vec<_>, _>>()?;
+    let entries = rpc
+        .call("getLedgerEntries", Some(json!({ "keys": wanted })))
+        .await
+        .map_err(rpc_err)?;
+    let mut sequences = BTreeMap::new();
+    for entry in entries["entries"].as_array().into_iter().flatten() {
+        let data = LedgerEntryData::from_xdr_base64(entry["xdr"].as_str().unwrap_or_default(), Limits::none())
+            .map_err(xdr_err)?;
+        if let LedgerEntryData::Account(account) = data {
+            let AccountId(PublicKey::PublicKeyTypeEd25519(Uint256(public))) = account.account_id;
+            sequences.insert(public, account.seq_num.0);
+        }
+    }
+    Ok(sequences)
+}
+
+/// A classic transaction from `source`, bounded by `wait` (10–300 s) so a
+/// lost one is provably dead and the command can simply be run again.
+fn classic(source: [u8; 32], sequence: i64, ops: Vec<Operation>, wait: u64) -> Result<Transaction, CliError> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    Ok(Transaction {
+        source_account: MuxedAccount::Ed25519(Uint256(source)),
+        fee: 100 * u32::try_from(ops.len()).unwrap_or(MAX_CHANNELS),
+        seq_num: SequenceNumber(sequence + 1),
+        cond: Preconditions::Time(TimeBounds {
+            min_time: TimePoint(0),
+            max_time: TimePoint(now + wait.clamp(10, 300)),
+        }),
+        memo: Memo::None,
+        operations: ops.try_into().map_err(xdr_err)?,
+        ext: TransactionExt::V0,
+    })
+}
+
+/// Signs `transaction` with `key`, sends it, and waits up to `wait`
+/// seconds for it to land; returns its hash. `what` names it in errors.
+async fn submit(
+    (rpc, network_id): &(crate::oracle::StellarRpc, [u8; 32]),
+    (keys, key, public): (&KeyStore, &str, [u8; 32]),
+    transaction: Transaction,
+    wait: u64,
+    what: &str,
+) -> Result<String, CliError> {
+    let hash = transaction.hash(*network_id).map_err(xdr_err)?;
+    let signature = keys
+        .sign(key, Algorithm::Ed25519, &hash)
+        .map_err(|e| CliError::Input(format!("signing with {key:?}: {e}")))?;
+    let envelope = TransactionEnvelope::Tx(TransactionV1Envelope {
+        tx: transaction,
+        signatures: vec![stellar_xdr::DecoratedSignature {
+            hint: stellar_xdr::SignatureHint([public[28], public[29], public[30], public[31]]),
+            signature: stellar_xdr::Signature(signature.try_into().map_err(xdr_err)?),
+        }]
+        .try_into()
+        .map_err(xdr_err)?,
+    })
+    .to_xdr_base64(Limits::none())
+    .map_err(xdr_err)?;
+    let hash_hex = hex::encode(hash);
+    let sent = rpc
+        .call("sendTransaction", Some(json!({ "transaction": envelope })))
+        .await
+        .map_err(rpc_err)?;
+    match sent["status"].as_str() {
+        Some("PENDING" | "DUPLICATE") => {}
+        status => {
+            return Err(CliError::Input(format!(
+                "the network did not take the {what} transaction {hash_hex}: {} {}",
+                status.unwrap_or("?"),
+                sent["errorResultXdr"].as_str().unwrap_or_default()
+            )))
+        }
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(wait.clamp(10, 300));
+    loop {
+        let found = rpc
+            .call("getTransaction", Some(json!({ "hash": hash_hex })))
+            .await
+            .map_err(rpc_err)?;
+        match found["status"].as_str() {
+            Some("SUCCESS") => return Ok(hash_hex),
+            Some("FAILED") => {
+                return Err(CliError::Input(format!(
+                    "{what} transaction {hash_hex} failed on chain: {}",
+                    found["resultXdr"].as_str().unwrap_or_default()
+                )))
+            }
+            _ if tokio::time::Instant::now() >= deadline => {
+                return Err(CliError::Input(format!(
+                    "{what} transaction {hash_hex} has not landed within {wait} s; run the command again once it \
+                     is past its time bound (it does only what is still undone)"
+                )))
+            }
+            _ => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
+async fn fund(config: &Config, args: &FundArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    let pool = pool(config, &args.pool)?;
+    let chain = connect(config, &args.pool, pool, "fund")?;
+    let funder = pool
+        .funder
+        .as_deref()
+        .ok_or_else(|| CliError::Input(format!("pools.{}.funder is not set; fund needs it", args.pool)))?;
     if args.starting_balance <= 0 {
         return Err(CliError::Input(
             "--starting-balance: expected a positive number of stroops".into(),
@@ -346,29 +502,10 @@ async fn fund(config: &Config, args: &FundArgs, out: &mut dyn Write) -> Result<(
     for id in &pool.channels {
         channels.push((id.clone(), public_of(&keys, id)?));
     }
-    let rpc = crate::oracle::StellarRpc::new(
-        url,
-        Duration::from_secs(10),
-        crate::config::rpc_egress(&format!("pools.{}", args.pool), url, &config.plugins),
-    )
-    .map_err(rpc_err)?;
-    let mut wanted = vec![account_key(funder_public)?];
-    for (_, public) in &channels {
-        wanted.push(account_key(*public)?);
-    }
-    let entries = rpc
-        .call("getLedgerEntries", Some(json!({ "keys": wanted })))
-        .await
-        .map_err(rpc_err)?;
-    let mut sequences: BTreeMap<[u8; 32], i64> = BTreeMap::new();
-    for entry in entries["entries"].as_array().into_iter().flatten() {
-        let data = LedgerEntryData::from_xdr_base64(entry["xdr"].as_str().unwrap_or_default(), Limits::none())
-            .map_err(xdr_err)?;
-        if let LedgerEntryData::Account(account) = data {
-            let AccountId(PublicKey::PublicKeyTypeEd25519(Uint256(public))) = account.account_id;
-            sequences.insert(public, account.seq_num.0);
-        }
-    }
+    let publics: Vec<[u8; 32]> = std::iter::once(funder_public)
+        .chain(channels.iter().map(|(_, p)| *p))
+        .collect();
+    let sequences = sequences(&chain.0, &publics).await?;
     let funder_sequence = sequences
         .get(&funder_public)
         .copied()
@@ -388,87 +525,15 @@ async fn fund(config: &Config, args: &FundArgs, out: &mut dyn Write) -> Result<(
             }),
         })
         .collect();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let fee = 100 * u32::try_from(ops.len()).unwrap_or(MAX_CHANNELS);
-    let transaction = Transaction {
-        source_account: MuxedAccount::Ed25519(Uint256(funder_public)),
-        fee,
-        seq_num: SequenceNumber(funder_sequence + 1),
-        // Bounded, so a lost transaction is provably dead and `fund` can
-        // simply be run again (it skips the accounts that exist).
-        cond: Preconditions::Time(TimeBounds {
-            min_time: TimePoint(0),
-            max_time: TimePoint(now + args.wait.clamp(10, 300)),
-        }),
-        memo: Memo::None,
-        operations: ops.try_into().map_err(xdr_err)?,
-        ext: TransactionExt::V0,
-    };
-    let network_id: [u8; 32] = {
-        use sha2::Digest as _;
-        sha2::Sha256::digest(passphrase.as_bytes()).into()
-    };
-    let hash = transaction.hash(network_id).map_err(xdr_err)?;
-    let signature = keys
-        .sign(funder, Algorithm::Ed25519, &hash)
-        .map_err(|e| CliError::Input(format!("signing with {funder:?}: {e}")))?;
-    let envelope = TransactionEnvelope::Tx(TransactionV1Envelope {
-        tx: transaction,
-        signatures: vec![stellar_xdr::DecoratedSignature {
-            hint: stellar_xdr::SignatureHint([
-                funder_public[28],
-                funder_public[29],
-                funder_public[30],
-                funder_public[31],
-            ]),
-            signature: stellar_xdr::Signature(signature.try_into().map_err(xdr_err)?),
-        }]
-        .try_into()
-        .map_err(xdr_err)?,
-    })
-    .to_xdr_base64(Limits::none())
-    .map_err(xdr_err)?;
-    let hash_hex = hex::encode(hash);
-    let sent = rpc
-        .call("sendTransaction", Some(json!({ "transaction": envelope })))
-        .await
-        .map_err(rpc_err)?;
-    match sent["status"].as_str() {
-        Some("PENDING" | "DUPLICATE") => {}
-        status => {
-            return Err(CliError::Input(format!(
-                "the network did not take the funding transaction {hash_hex}: {} {}",
-                status.unwrap_or("?"),
-                sent["errorResultXdr"].as_str().unwrap_or_default()
-            )))
-        }
-    }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(args.wait.clamp(10, 300));
-    loop {
-        let found = rpc
-            .call("getTransaction", Some(json!({ "hash": hash_hex })))
-            .await
-            .map_err(rpc_err)?;
-        match found["status"].as_str() {
-            Some("SUCCESS") => break,
-            Some("FAILED") => {
-                return Err(CliError::Input(format!(
-                    "funding transaction {hash_hex} failed on chain: {}",
-                    found["resultXdr"].as_str().unwrap_or_default()
-                )))
-            }
-            _ if tokio::time::Instant::now() >= deadline => {
-                return Err(CliError::Input(format!(
-                    "funding transaction {hash_hex} has not landed within {} s; run fund again once it is past its \
-                     time bound (it creates only the accounts still missing)",
-                    args.wait
-                )))
-            }
-            _ => tokio::time::sleep(Duration::from_millis(500)).await,
-        }
-    }
+    let transaction = classic(funder_public, funder_sequence, ops, args.wait)?;
+    let hash_hex = submit(
+        &chain,
+        (&keys, funder, funder_public),
+        transaction,
+        args.wait,
+        "funding",
+    )
+    .await?;
     let created: Vec<Value> = new
         .iter()
         .map(|(id, public)| json!({ "key": id, "account": stellar_strkey::ed25519::PublicKey(*public).to_string().as_str() }))
@@ -482,6 +547,89 @@ async fn fund(config: &Config, args: &FundArgs, out: &mut dyn Write) -> Result<(
         out,
         args.json,
         &json!({ "pool": args.pool, "transaction": hash_hex, "created": created }),
+        &note,
+    )
+}
+
+/// Merges a retired channel's account into the pool's funder, once no op is
+/// dealt to it. Refused, saying what to do, while the config still deals it
+/// ops or any op of it is open: an op whose channel account is gone could
+/// never be sent.
+async fn retire(config: &Config, args: &RetireArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    let pool = pool(config, &args.pool)?;
+    if !pool.channels.contains(&args.key) {
+        return Err(CliError::Input(format!(
+            "{:?} is not a channel of pools.{} (channels: {})",
+            args.key,
+            args.pool,
+            pool.channels.join(", ")
+        )));
+    }
+    let keys = pool_keys(config, pool)?;
+    let account = account_of(&keys, &args.key)?;
+    let queue = open_checked(config).await?;
+    let open = open_ops(queue.as_ref(), &account).await?;
+    if !pool.retired.contains(&args.key) {
+        return Err(CliError::Input(format!(
+            "channel {:?} is active: add it to pools.{}.retired first (the config hot-reloads; it then takes no new \
+             op and its {open} open ops drain), and run retire again once `laneway stellar channels list` shows it \
+             drained",
+            args.key, args.pool
+        )));
+    }
+    if open > 0 {
+        return Err(CliError::Input(format!(
+            "channel {:?} is retired but {open} ops dealt to it are still open; run retire again once `laneway \
+             stellar channels list` shows it drained",
+            args.key
+        )));
+    }
+    let chain = connect(config, &args.pool, pool, "retire")?;
+    let funder = pool
+        .funder
+        .as_deref()
+        .ok_or_else(|| CliError::Input(format!("pools.{}.funder is not set; retire merges into it", args.pool)))?;
+    let funder_public = public_of(&keys, funder)?;
+    let public = public_of(&keys, &args.key)?;
+    let sequences = sequences(&chain.0, &[public, funder_public]).await?;
+    let remove = format!(
+        "now remove {:?} from pools.{pool}.channels and pools.{pool}.retired (and its [keys.{key}] when nothing \
+         else uses it)",
+        args.key,
+        pool = args.pool,
+        key = args.key
+    );
+    let Some(&sequence) = sequences.get(&public) else {
+        let note = format!(
+            "channel {:?} has no account on chain (already merged?); {remove}",
+            args.key
+        );
+        return render::done(
+            out,
+            args.json,
+            &json!({ "pool": args.pool, "key": args.key, "account": account, "merged": false }),
+            &note,
+        );
+    };
+    if !sequences.contains_key(&funder_public) {
+        return Err(CliError::Input(format!(
+            "the funder {funder:?} has no account on this network to merge into"
+        )));
+    }
+    let merge = Operation {
+        source_account: None,
+        body: OperationBody::AccountMerge(MuxedAccount::Ed25519(Uint256(funder_public))),
+    };
+    let transaction = classic(public, sequence, vec![merge], args.wait)?;
+    let hash_hex = submit(&chain, (&keys, &args.key, public), transaction, args.wait, "merge").await?;
+    let note = format!(
+        "merged channel {:?} ({account}) into the funder {funder:?} in transaction {hash_hex}; {remove}",
+        args.key
+    );
+    render::done(
+        out,
+        args.json,
+        &json!({ "pool": args.pool, "key": args.key, "account": account, "merged": true, "transaction": hash_hex }),
         &note,
     )
 }

@@ -224,6 +224,24 @@ pub struct PoolConfig {
     /// The network passphrase for funding transactions.
     #[serde(default)]
     pub network_passphrase: Option<String>,
+    /// Who pays each transaction's fee: the channel that is its source, or
+    /// the kind's signer through a fee-bump envelope around every
+    /// transaction (the Stellar Disbursement Platform's way), so channels
+    /// need hold no more than their reserve.
+    #[serde(default)]
+    pub fee_payer: FeePayer,
+}
+
+/// `[pools.NAME] fee_payer`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FeePayer {
+    /// The channel pays its own transactions' fees.
+    #[default]
+    Channel,
+    /// The kind's signer pays, as the fee source of a fee bump around every
+    /// transaction.
+    Signer,
 }
 
 /// `[oracles.NAME]`: a fee oracle polling Stellar RPC.

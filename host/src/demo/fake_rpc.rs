@@ -115,6 +115,10 @@ pub struct Submitted {
     pub nonce: Option<i64>,
     /// Accounts its CreateAccount operations create.
     pub creates: Vec<[u8; 32]>,
+    /// The account its AccountMerge operation merges its source into.
+    pub merges_into: Option<[u8; 32]>,
+    /// Who pays its fee: a fee bump's fee source, else its source.
+    pub fee_source: [u8; 32],
     envelope: String,
     hide_for: u32,
     trap: bool,
@@ -323,6 +327,17 @@ impl FakeRpc {
             .collect()
     }
 
+    /// How many applied transactions each account paid the fee of.
+    pub fn fees_paid(&self) -> HashMap<[u8; 32], usize> {
+        let mut paid = HashMap::new();
+        for t in &self.lock().txs {
+            if matches!(t.state, TxState::Success { .. } | TxState::Failed { .. }) {
+                *paid.entry(t.fee_source).or_insert(0) += 1;
+            }
+        }
+        paid
+    }
+
     /// Sends that met another queued transaction of their account.
     pub fn concurrent_sends(&self) -> usize {
         self.lock().concurrent_sends
@@ -406,9 +421,17 @@ impl FakeRpc {
                 }
                 continue;
             }
-            let (sequence, max_ledger, lose, mut trap, nonce, creates) = {
+            let (sequence, max_ledger, lose, mut trap, nonce, creates, merges_into) = {
                 let t = &inner.txs[index];
-                (t.sequence, t.max_ledger, t.lose, t.trap, t.nonce, t.creates.clone())
+                (
+                    t.sequence,
+                    t.max_ledger,
+                    t.lose,
+                    t.trap,
+                    t.nonce,
+                    t.creates.clone(),
+                    t.merges_into,
+                )
             };
             let current = inner.accounts.get(&account).copied().unwrap_or_default();
             let valid = !lose && (max_ledger == 0 || ledger < max_ledger) && sequence == current + 1;
@@ -432,6 +455,15 @@ impl FakeRpc {
                     for account in &creates {
                         // A new account's sequence starts at its ledger.
                         inner.accounts.insert(*account, i64::from(ledger) << 32);
+                    }
+                }
+                // A merge into an account that does not exist fails; one
+                // that succeeds removes the source.
+                if let Some(into) = merges_into {
+                    if !inner.accounts.contains_key(&into) {
+                        trap = true;
+                    } else if !trap {
+                        inner.accounts.remove(&account);
                     }
                 }
                 if trap {
@@ -1039,6 +1071,14 @@ impl Inner {
                     _ => None,
                 })
                 .collect(),
+            merges_into: tx.operations.iter().find_map(|o| match &o.body {
+                OperationBody::AccountMerge(MuxedAccount::Ed25519(Uint256(into))) => Some(*into),
+                _ => None,
+            }),
+            fee_source: match bump.map(|b| &b.tx.fee_source) {
+                Some(MuxedAccount::Ed25519(Uint256(payer))) => *payer,
+                _ => source,
+            },
             lose: fault == Some(SendFault::AcceptThenLose),
             apply_at: match fault {
                 Some(SendFault::AcceptThen504 { apply_after } | SendFault::AcceptThenHangFor { apply_after }) => {

@@ -691,16 +691,23 @@ fn lane_rows(
             })
             .collect();
         let mut per_ledger: HashMap<u32, usize> = HashMap::new();
+        let mut paid_by_channels = 0usize;
         for t in fakes.rpc.landed() {
             if let (true, fake_rpc::TxState::Success { ledger }) = (publics.contains(&t.source), t.state) {
                 *per_ledger.entry(ledger).or_default() += 1;
+                paid_by_channels += usize::from(publics.contains(&t.fee_source));
             }
         }
         let landed: usize = per_ledger.values().sum();
+        let payer = if paid_by_channels == 0 {
+            "every fee paid by the signer in a fee bump".to_owned()
+        } else {
+            format!("{paid_by_channels} fees paid by the channels")
+        };
         if let (Some(first), Some(last)) = (per_ledger.keys().min(), per_ledger.keys().max()) {
             notes.push(format!(
                 "pool {name}: {landed} transactions from {} channels over ledgers {first}..={last} ({:.1} a ledger, \
-                 at most {} in one)",
+                 at most {} in one; {payer})",
                 publics.len(),
                 landed as f64 / f64::from(last - first + 1),
                 per_ledger.values().max().copied().unwrap_or(0)

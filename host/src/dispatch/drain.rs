@@ -387,7 +387,11 @@ impl Pass {
         if Instant::now() >= self.refresh_at || self.book.needs_refill() {
             // A trigger pending now is answered by this read.
             self.inner.slots.take_again(&outbox);
-            let prefix = self.inner.queue.scan(&outbox, None, window).await?;
+            let mut prefix = self.inner.queue.scan(&outbox, None, window).await?;
+            // Pool ops moved to other channels: read again what moved.
+            if super::redeal::redeal(&self.inner, &outbox, &prefix).await {
+                prefix = self.inner.queue.scan(&outbox, None, window).await?;
+            }
             let mut filling = Filling::new(prefix, window as usize);
             if filling.wants_more() && Instant::now() >= self.walk_at {
                 self.walk(&mut filling, window, poll).await?;

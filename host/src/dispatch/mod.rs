@@ -10,6 +10,7 @@ mod drain;
 mod handover;
 mod load;
 mod paused;
+mod redeal;
 mod share;
 pub mod slots;
 

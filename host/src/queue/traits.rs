@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use super::{
     ApiKey, AuditEntry, Backend, BookRow, Cas, Claimed, Completion, DeadLetterGroup, Depth, Enqueued, Expect, ExpireTo,
     HaltedSubject, HostShare, LaneHalt, Latency, LeaseSpec, NewApiKey, NewAuditEntry, NewOp, Occupant, OpFilter,
-    OutcomeCount, OutcomeEntry, Pause, PauseScope, PruneQuery, QueueError, QueueGauges, Record, SlotLease,
+    OutcomeCount, OutcomeEntry, Pause, PauseScope, PruneQuery, QueueError, QueueGauges, Record, Redeal, SlotLease,
     Subscription, Tombstone,
 };
 use crate::lanes::LaneRules;
@@ -112,6 +112,13 @@ pub trait DispatchStore: Send + Sync + std::fmt::Debug {
     /// Every op, in any outbox, that occupies one of `lanes`: in flight, or
     /// pending with a receipt in doubt.
     async fn occupants(&self, lanes: &[String]) -> Result<Vec<Occupant>, QueueError>;
+
+    /// Moves each op to its new lane if it is still pending with no receipt
+    /// and its one lane is still the move's `from` (a compare-and-set), and
+    /// records the move in `lane_redeals` in the same transaction; returns
+    /// the ops moved. Only a channel pool's ops are re-dealt (the caller's
+    /// rule): every other op's lanes never change after enqueue.
+    async fn redeal(&self, moves: &[Redeal]) -> Result<Vec<OpId>, QueueError>;
 
     /// Persists what the executor is about to do (e.g. a transaction hash)
     /// before it does it, under the current lease.

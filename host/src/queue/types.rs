@@ -166,6 +166,18 @@ pub struct BookRow {
     pub subject_halted: bool,
 }
 
+/// A pool op's channel re-dealt: the op moves from lane `from` to lane `to`
+/// while it waits with no receipt (nothing of it can be on chain).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Redeal {
+    /// The op.
+    pub op: OpId,
+    /// Its one lane now (a channel account).
+    pub from: String,
+    /// Its one lane after (another channel account of the pool).
+    pub to: String,
+}
+
 /// An op that occupies its lanes, in any outbox: in flight, or holding a
 /// receipt in doubt (the receipt rule of [`crate::lanes`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

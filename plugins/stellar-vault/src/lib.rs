@@ -152,6 +152,26 @@ impl Source {
     fn is_signer(&self, settings: &Settings) -> bool {
         self.key_id == settings.signer_key
     }
+
+    /// Who pays a transaction from this source, when not the source itself:
+    /// the signer, for a channel of a pool whose `fee_payer` is the signer.
+    fn fee_payer(&self, settings: &Settings) -> Result<Option<Self>, Outcome> {
+        match &settings.pool {
+            Some(pool) if pool.fee_payer == settings::FeePayer::Signer && !self.is_signer(settings) => {
+                Self::signer(settings).map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Who signs a fee bump of a receipt's transaction: its payer.
+    fn payer_of_receipt(settings: &Settings, receipt: &Receipt) -> Result<Self, Outcome> {
+        match &receipt.fee_key {
+            Some(key_id) if *key_id == settings.signer_key => Self::signer(settings),
+            Some(key_id) => Self::key(key_id),
+            None => Self::of_receipt(settings, receipt),
+        }
+    }
 }
 
 /// A transaction that was applied and failed: final.
@@ -262,8 +282,14 @@ fn wait(rpc: &mut Rpc, receipt: &Receipt, settings: &Settings) -> Fate {
 
 /// Confirmed under the transaction's (inner) hash, whatever envelope landed.
 fn landed(receipt: &Receipt, ledger: u64, hash: &str) -> Outcome {
+    let paid_by = receipt
+        .fee_key
+        .as_ref()
+        .filter(|_| receipt.bumps.first().is_some_and(|b| b.hash == hash));
     let detail = if hash == receipt.hash {
         format!("SUCCESS in ledger {ledger}")
+    } else if let Some(payer) = paid_by {
+        format!("SUCCESS in ledger {ledger} (fee paid by {payer} as {hash})")
     } else {
         format!("SUCCESS in ledger {ledger} (fee-bumped as {hash})")
     };
@@ -359,11 +385,22 @@ fn next_sequence(rpc: &mut Rpc, settings: &Settings, source: &Source) -> Result<
     let account_key = tx::account_key(source.public).map_err(|e| permanent(e, Some("xdr")))?;
     let entries = rpc.ledger_entries(&[account_key]).map_err(rpc_outcome)?;
     let Some(entry) = entries.first() else {
+        let account = tx::account_id(source.public);
+        // A channel not funded yet (or merged by `retire` under a config
+        // the host had not reloaded) is the operator's to fix: its ops
+        // wait rather than dead-letter a backlog.
+        if !source.is_signer(settings) {
+            return Err(retry(
+                format!(
+                    "channel account {account} does not exist on this network: fund it (`laneway stellar channels                      fund`), or cancel the ops dealt to it"
+                ),
+                Some("tx_no_account"),
+                Some(Duration::from_secs(60)),
+                false,
+            ));
+        }
         return Err(permanent(
-            format!(
-                "the source account {} does not exist on this network",
-                tx::account_id(source.public)
-            ),
+            format!("the source account {account} does not exist on this network"),
             Some("tx_no_account"),
         ));
     };
@@ -472,7 +509,8 @@ fn seal(
     let signature = signer::sign(&source.key_id, Algorithm::Ed25519, &hash)
         .map_err(|e| permanent(format!("signing failed: {e:?}"), Some("signer")))?;
     let envelope = tx::signed(transaction, source.public, signature).map_err(|e| permanent(e, Some("xdr")))?;
-    let receipt = Receipt {
+    let payer = source.fee_payer(settings)?;
+    let mut receipt = Receipt {
         hash: hex::encode(hash),
         envelope,
         max_ledger: bounds.max_ledger,
@@ -484,7 +522,14 @@ fn seal(
         first_ledger: Some(bounds.first_ledger),
         bumps: Vec::new(),
         source_key: (!source.is_signer(settings)).then(|| source.key_id.clone()),
+        fee_key: payer.as_ref().map(|p| p.key_id.clone()),
     };
+    // Paid by another account: every envelope sent is a fee bump it signs,
+    // the first at the transaction's own bid.
+    if let Some(payer) = payer {
+        let paid = fee_bump(settings, &receipt, &payer, inclusion_fee)?;
+        receipt.bumps.push(paid);
+    }
     checkpointed(receipt, inclusion_fee)
 }
 
@@ -803,22 +848,33 @@ fn refuse_newest_bump(mut receipt: Receipt) {
 }
 
 /// Wraps the receipt's transaction in a fee bump bidding `inclusion_fee`,
-/// signed by its source (the signer or the channel, who pays), and
-/// checkpoints it before it is sent.
+/// signed by whoever pays (its payer, else its source: the signer or the
+/// channel), and checkpoints it before it is sent.
 fn bump(settings: &Settings, mut receipt: Receipt, inclusion_fee: u64) -> Result<Receipt, Outcome> {
-    let source = Source::of_receipt(settings, &receipt)?;
-    let bump = tx::fee_bump(&receipt.envelope, source.public, inclusion_fee).map_err(|e| permanent(e, Some("xdr")))?;
+    let payer = Source::payer_of_receipt(settings, &receipt)?;
+    let bump = fee_bump(settings, &receipt, &payer, inclusion_fee)?;
+    receipt.bumps.push(bump);
+    checkpointed(receipt, inclusion_fee)
+}
+
+/// A fee bump of the receipt's transaction, paid and signed by `payer`.
+fn fee_bump(
+    settings: &Settings,
+    receipt: &Receipt,
+    payer: &Source,
+    inclusion_fee: u64,
+) -> Result<receipt::Bump, Outcome> {
+    let bump = tx::fee_bump(&receipt.envelope, payer.public, inclusion_fee).map_err(|e| permanent(e, Some("xdr")))?;
     let hash = tx::fee_bump_hash(&bump, &settings.network_passphrase).map_err(|e| permanent(e, Some("xdr")))?;
-    let signature = signer::sign(&source.key_id, Algorithm::Ed25519, &hash)
+    let signature = signer::sign(&payer.key_id, Algorithm::Ed25519, &hash)
         .map_err(|e| permanent(format!("signing failed: {e:?}"), Some("signer")))?;
-    let envelope = tx::signed_fee_bump(bump, source.public, signature).map_err(|e| permanent(e, Some("xdr")))?;
-    receipt.bumps.push(receipt::Bump {
+    let envelope = tx::signed_fee_bump(bump, payer.public, signature).map_err(|e| permanent(e, Some("xdr")))?;
+    Ok(receipt::Bump {
         hash: hex::encode(hash),
         envelope,
         inclusion_fee,
         refused: false,
-    });
-    checkpointed(receipt, inclusion_fee)
+    })
 }
 
 laneway_sdk::executor!(Vault);

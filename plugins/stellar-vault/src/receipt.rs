@@ -42,6 +42,12 @@ pub struct Receipt {
     /// source (its sequence was used), when it is not the kind's signer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_key: Option<String>,
+    /// The host key that pays the fee through a fee bump around every
+    /// envelope of this transaction (the pool's `fee_payer = "signer"`):
+    /// the bare transaction is never sent, and later bumps are signed by
+    /// the same payer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fee_key: Option<String>,
 }
 
 /// A fee-bump envelope around a receipt's transaction.
@@ -85,12 +91,14 @@ impl Receipt {
     }
 
     /// What to send (again): the newest fee bump the network did not
-    /// refuse, or the transaction.
+    /// refuse, or the transaction; when someone else pays its fee, never
+    /// the bare transaction (its source would pay), but the payer's first
+    /// bump again.
     pub fn latest_envelope(&self) -> &str {
-        self.bumps
-            .iter()
-            .rev()
-            .find(|b| !b.refused)
+        let newest = self.bumps.iter().rev().find(|b| !b.refused);
+        let paid_for = self.fee_key.as_ref().and_then(|_| self.bumps.first());
+        newest
+            .or(paid_for)
             .map_or(self.envelope.as_str(), |b| b.envelope.as_str())
     }
 
@@ -150,6 +158,7 @@ mod tests {
             first_ledger: Some(101),
             bumps,
             source_key: None,
+            fee_key: None,
         }
     }
 
@@ -159,6 +168,23 @@ mod tests {
         assert_eq!(r.hashes().collect::<Vec<_>>(), ["b2", "b1", "inner"]);
         assert_eq!(r.latest_envelope(), "envelope-b2");
         assert_eq!((r.bid(), r.paying()), (Some(1000), Some(1000)));
+    }
+
+    #[test]
+    fn a_transaction_paid_for_by_another_account_is_never_sent_bare() {
+        let mut r = receipt(vec![bump("paid", 100, false)]);
+        r.fee_key = Some("signer".to_owned());
+        assert_eq!(r.latest_envelope(), "envelope-paid");
+        r.bumps[0].refused = true;
+        assert_eq!(
+            r.latest_envelope(),
+            "envelope-paid",
+            "refused or not, the payer's bump is what is sent: the bare one would make its source pay"
+        );
+        r.bumps.push(bump("higher", 1000, false));
+        assert_eq!(r.latest_envelope(), "envelope-higher");
+        let parsed = Receipt::parse(&r.to_json()).expect("round trip");
+        assert_eq!(parsed.fee_key.as_deref(), Some("signer"));
     }
 
     #[test]

@@ -104,6 +104,21 @@ pub struct Pool {
     pub name: String,
     /// Each channel's `G…` account and its host key id.
     pub channels: std::collections::BTreeMap<String, String>,
+    /// Who pays a channel's transactions' fees.
+    #[serde(default)]
+    pub fee_payer: FeePayer,
+}
+
+/// `[pools.NAME] fee_payer`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FeePayer {
+    /// The channel, its transaction's source.
+    #[default]
+    Channel,
+    /// The kind's signer, as the fee source of a fee bump around every
+    /// transaction from a channel.
+    Signer,
 }
 
 fn default_bump_after_ledgers() -> u32 {

@@ -19,7 +19,7 @@ use crate::queue::policy::{
 };
 use crate::queue::{
     new_token, BookRow, Cas, Claimed, Completion, DispatchStore, ExpireTo, Finish, HostShare, LeaseSpec, Occupant,
-    QueueError, SlotLease,
+    QueueError, Redeal, SlotLease,
 };
 
 /// The status an op holds its lease in: what every lease compare-and-set
@@ -279,6 +279,66 @@ impl DispatchStore for Store {
             )
             .await?;
         Ok(cas(done))
+    }
+
+    async fn redeal(&self, moves: &[Redeal]) -> Result<Vec<OpId>, QueueError> {
+        if moves.is_empty() {
+            return Ok(Vec::new());
+        }
+        let now = Ts(self.now());
+        // In id order, as every multi-row writer locks, so two never wait
+        // on each other in a cycle.
+        let mut moves: Vec<&Redeal> = moves.iter().filter(|m| m.from != m.to).collect();
+        moves.sort_by_key(|m| m.op);
+        let mut tx = self.conns.write().await?;
+        let mut moved = Vec::new();
+        for m in moves {
+            let waiting = sqlx::query(sql::dispatch::LOCK_REDEALABLE)
+                .bind(m.op)
+                .bind(St(WAITING))
+                .bind(&m.from)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if waiting.is_none() {
+                continue;
+            }
+            sqlx::query(sql::dispatch::RECORD_REDEAL)
+                .bind(m.op)
+                .bind(&m.from)
+                .bind(&m.to)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+            let done = sqlx::query(sql::dispatch::REDEAL)
+                .bind(m.op)
+                .bind(&m.from)
+                .bind(&m.to)
+                .bind(now)
+                .bind(St(WAITING))
+                .execute(&mut *tx)
+                .await?;
+            if done.rows_affected() != 1 {
+                // Locked above: cannot happen; never commit a record of a
+                // move that was not made.
+                return Err(QueueError::InvalidOp(format!(
+                    "op {}: re-deal found the row moved on",
+                    m.op
+                )));
+            }
+            sqlx::query(sql::dispatch::DROP_OP_LANE)
+                .bind(m.op)
+                .bind(&m.from)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(sql::dispatch::ADD_OP_LANE)
+                .bind(m.op)
+                .bind(&m.to)
+                .execute(&mut *tx)
+                .await?;
+            moved.push(m.op);
+        }
+        tx.commit().await?;
+        Ok(moved)
     }
 
     async fn extend_leases(&self, leases: &[Lease], duration: Duration) -> Result<Vec<Cas>, QueueError> {

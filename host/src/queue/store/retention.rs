@@ -101,6 +101,7 @@ impl RetentionStore for Store {
         for statement in [
             sql::retention::DELETE_ATTEMPTS_OF_OPS,
             sql::retention::DELETE_LANES_OF_OPS,
+            sql::retention::DELETE_REDEALS_OF_OPS,
             sql::retention::DELETE_OUTCOMES_OF_OPS,
             sql::retention::DELETE_OPS,
         ] {

@@ -120,6 +120,28 @@ WHERE id = $6 AND status = $7 AND attempts = $8 AND lease_token = $9
 -- name: defer
 UPDATE ops SET next_attempt_at = $1, updated_at = $2 WHERE id = $3 AND status = $4
 
+-- A channel pool's op re-dealt another channel while it waits with no
+-- receipt (migration 20261204000001): the row locked first, skipping one a
+-- claim holds right now (it is about to leave the waiting ops anyway), so
+-- the record and the move see the same row; then the record the identity
+-- trigger asks for, the move, and the op's lane index.
+-- name: lock_redealable
+SELECT id FROM ops WHERE id = $1 AND status = $2 AND receipt IS NULL AND lanes = ARRAY[$3::text]
+FOR UPDATE SKIP LOCKED
+
+-- name: record_redeal
+INSERT INTO lane_redeals (op_id, from_lane, to_lane, redealt_at) VALUES ($1, $2, $3, $4)
+
+-- name: redeal
+UPDATE ops SET lanes = ARRAY[$3::text], updated_at = $4
+WHERE id = $1 AND status = $5 AND receipt IS NULL AND lanes = ARRAY[$2::text]
+
+-- name: drop_op_lane
+DELETE FROM op_lanes WHERE op_id = $1 AND lane = $2
+
+-- name: add_op_lane
+INSERT INTO op_lanes (lane, op_id) VALUES ($2, $1) ON CONFLICT DO NOTHING
+
 -- A skip scan over the (outbox, priority, id) index of pending ops: one seek
 -- per outbox rather than one row per waiting op, so the poll costs the same
 -- with a million ops waiting as with ten.

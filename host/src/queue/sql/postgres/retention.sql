@@ -42,6 +42,9 @@ DELETE FROM attempts WHERE op_id = ANY($1)
 -- name: delete_lanes_of_ops
 DELETE FROM op_lanes WHERE op_id = ANY($1)
 
+-- name: delete_redeals_of_ops
+DELETE FROM lane_redeals WHERE op_id = ANY($1)
+
 -- name: delete_outcomes_of_ops
 DELETE FROM outcomes WHERE op_id = ANY($1)
 
