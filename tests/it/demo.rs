@@ -65,23 +65,31 @@ async fn the_short_demo_reports_ordered_lanes_and_an_explained_dead_letter() -> 
         vault[2] == "8" && vault[4] == "0" && vault[5] == "✓ in order",
         "{vault:?}"
     );
-    // Referral payouts come from the pool's four channels, two each, the
-    // rewards key only authorising the calls (no lane of its own).
+    // Referral payouts come from the pool's four channels, the rewards key
+    // only authorising the calls (no lane of its own) and paying the fees.
+    // Dealt two each; an op waiting behind the channel whose first send was
+    // answered TRY_AGAIN_LATER may be re-dealt to a free one.
     ensure!(!lanes.contains_key("signer rewards"), "{report}");
+    let mut payouts = 0;
     for n in 1..=4 {
         let channel = lanes
             .get(&format!("channel payouts-{n} (pool payouts)"))
             .with_context(|| format!("channel payouts-{n}: {report}"))?;
         ensure!(
-            channel[2] == "2" && channel[4] == "0" && channel[5] == "✓ in order",
+            channel[2] != "0" && channel[4] == "0" && channel[5] == "✓ in order",
             "{channel:?}"
         );
+        payouts += channel[2].parse::<usize>()?;
     }
+    ensure!(payouts == 8, "{report}");
     let pool = report
         .lines()
         .find(|l| l.starts_with("pool payouts: 8 transactions from 4 channels"))
         .with_context(|| format!("no pool line: {report}"))?;
-    ensure!(pool.contains("a ledger"), "{pool}");
+    ensure!(
+        pool.contains("a ledger") && pool.contains("every fee paid by the signer"),
+        "{pool}"
+    );
 
     // Priorities on the shared signer: the critical withdrawals, enqueued
     // after the backlog started, land before the low rebalances.

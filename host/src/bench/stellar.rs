@@ -29,8 +29,9 @@ struct Burst {
 }
 
 /// `ops` payouts through `channels` channels (0: from the signer's own
-/// account), a ledger every `ledger`.
-async fn burst(channels: u8, ops: usize, ledger: Duration) -> anyhow::Result<Burst> {
+/// account), a ledger every `ledger`; with `signer_pays`, every channel
+/// transaction goes in a fee bump the signer pays.
+async fn burst(channels: u8, ops: usize, ledger: Duration, signer_pays: bool) -> anyhow::Result<Burst> {
     let dir = tempfile::tempdir()?;
     let fake = FakeRpc::default();
     let url = fake.serve().await?;
@@ -60,8 +61,9 @@ async fn burst(channels: u8, ops: usize, ledger: Duration) -> anyhow::Result<Bur
         String::new()
     } else {
         format!(
-            "[pools.payouts]\nchannels = [{}]\n[kinds.referral_payout]\npool = \"payouts\"\n",
-            channel_ids.join(", ")
+            "[pools.payouts]\nchannels = [{}]\nfee_payer = {:?}\n[kinds.referral_payout]\npool = \"payouts\"\n",
+            channel_ids.join(", "),
+            if signer_pays { "signer" } else { "channel" }
         )
     };
     let base = format!(
@@ -144,17 +146,17 @@ pub(super) async fn pools(quick: bool, ledger: Duration) -> anyhow::Result<()> {
     println!("| source | payouts | ledgers (first..last landed) | a ledger | of the ceiling | seconds | two in flight on one account | landed twice |");
     println!("|---|---|---|---|---|---|---|---|");
     let rounds: u32 = if quick { 4 } else { 10 };
-    for channels in [0u8, 1, 4, 8] {
+    for (channels, signer_pays) in [(0u8, false), (1, false), (4, false), (8, false), (8, true)] {
         let ops = usize::from(channels.max(1)) * usize::try_from(rounds).unwrap_or(10);
-        let b = burst(channels, ops, ledger).await?;
+        let b = burst(channels, ops, ledger, signer_pays).await?;
         let ceiling = f64::from(channels.max(1));
         let rate = b.landed as f64 / f64::from(b.span.max(1));
         println!(
             "| {} | {} | {} | {rate:.2} (most {}) | {:.0}% | {:.1} | {} | {} |",
-            if channels == 0 {
-                "the signer".to_owned()
-            } else {
-                format!("pool of {channels}")
+            match (channels, signer_pays) {
+                (0, _) => "the signer".to_owned(),
+                (n, false) => format!("pool of {n}"),
+                (n, true) => format!("pool of {n}, the signer paying (fee bumps)"),
             },
             b.landed,
             b.span,
