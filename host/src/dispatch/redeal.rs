@@ -60,11 +60,11 @@ pub(super) async fn redeal(inner: &Inner, outbox: &str, rows: &[BookRow]) -> boo
 async fn redeal_pool(inner: &Inner, pool: &Pool, waiting: &[&BookRow]) -> Result<usize, crate::queue::QueueError> {
     let accounts: Vec<String> = pool.channels.iter().map(|c| c.account.clone()).collect();
     let occupants = inner.queue.occupants(&accounts).await?;
-    let mut busy: HashMap<&str, bool> = HashMap::new();
+    // Each occupied channel, and whether a receipt in doubt holds it.
+    let mut occupied: HashMap<&str, bool> = HashMap::new();
     for o in &occupants {
         for lane in &o.lanes {
-            let held = busy.entry(lane.as_str()).or_insert(false);
-            *held |= o.in_doubt;
+            *occupied.entry(lane.as_str()).or_insert(false) |= o.in_doubt;
         }
     }
     let loads: Vec<ChannelLoad> = pool
@@ -73,8 +73,8 @@ async fn redeal_pool(inner: &Inner, pool: &Pool, waiting: &[&BookRow]) -> Result
         .map(|c| ChannelLoad {
             account: c.account.clone(),
             active: !c.retired,
-            held: busy.get(c.account.as_str()).copied().unwrap_or(false),
-            busy: busy.contains_key(c.account.as_str()),
+            held: occupied.get(c.account.as_str()).copied().unwrap_or(false),
+            busy: occupied.contains_key(c.account.as_str()),
             waiting: waiting
                 .iter()
                 .filter(|r| r.lanes.first() == Some(&c.account))
