@@ -355,6 +355,13 @@ fn public_of(keys: &KeyStore, id: &str) -> Result<[u8; 32], CliError> {
         .ok_or_else(|| CliError::Input(format!("[keys.{id}] is not a loaded ed25519 key")))
 }
 
+/// A pool setting `command` cannot do without.
+fn required<'a>(name: &str, key: &str, value: Option<&'a String>, command: &str) -> Result<&'a str, CliError> {
+    value
+        .map(String::as_str)
+        .ok_or_else(|| CliError::Input(format!("pools.{name}.{key} is not set; {command} needs it")))
+}
+
 /// The pool's RPC, through the plugins' egress guard, and its network id.
 fn connect(
     config: &Config,
@@ -362,12 +369,8 @@ fn connect(
     pool: &PoolConfig,
     command: &str,
 ) -> Result<(crate::oracle::StellarRpc, [u8; 32]), CliError> {
-    let missing = |what: &str| CliError::Input(format!("pools.{name}.{what} is not set; {command} needs it"));
-    let url = pool.rpc_url.as_deref().ok_or_else(|| missing("rpc_url"))?;
-    let passphrase = pool
-        .network_passphrase
-        .as_deref()
-        .ok_or_else(|| missing("network_passphrase"))?;
+    let url = required(name, "rpc_url", pool.rpc_url.as_ref(), command)?;
+    let passphrase = required(name, "network_passphrase", pool.network_passphrase.as_ref(), command)?;
     let rpc = crate::oracle::StellarRpc::new(
         url,
         Duration::from_secs(10),
@@ -487,10 +490,7 @@ async fn submit(
 async fn fund(config: &Config, args: &FundArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let pool = pool(config, &args.pool)?;
     let chain = connect(config, &args.pool, pool, "fund")?;
-    let funder = pool
-        .funder
-        .as_deref()
-        .ok_or_else(|| CliError::Input(format!("pools.{}.funder is not set; fund needs it", args.pool)))?;
+    let funder = required(&args.pool, "funder", pool.funder.as_ref(), "fund")?;
     if args.starting_balance <= 0 {
         return Err(CliError::Input(
             "--starting-balance: expected a positive number of stroops".into(),
@@ -585,10 +585,7 @@ async fn retire(config: &Config, args: &RetireArgs, out: &mut dyn Write) -> Resu
         )));
     }
     let chain = connect(config, &args.pool, pool, "retire")?;
-    let funder = pool
-        .funder
-        .as_deref()
-        .ok_or_else(|| CliError::Input(format!("pools.{}.funder is not set; retire merges into it", args.pool)))?;
+    let funder = required(&args.pool, "funder", pool.funder.as_ref(), "retire")?;
     let funder_public = public_of(&keys, funder)?;
     let public = public_of(&keys, &args.key)?;
     let sequences = sequences(&chain.0, &[public, funder_public]).await?;

@@ -29,11 +29,16 @@ pub(super) async fn redeal(inner: &Inner, outbox: &str, rows: &[BookRow]) -> boo
         return false;
     }
     let mut pools: BTreeMap<String, (Arc<Pool>, Vec<&BookRow>)> = BTreeMap::new();
+    // One registry lookup per kind, not per row.
+    let mut pool_of: HashMap<&str, Option<Arc<Pool>>> = HashMap::new();
     for row in rows {
         if row.in_flight || row.in_doubt {
             continue;
         }
-        let Some(pool) = inner.executors.pool_of(&row.kind) else {
+        let Some(pool) = pool_of
+            .entry(row.kind.as_str())
+            .or_insert_with(|| inner.executors.pool_of(&row.kind))
+        else {
             continue;
         };
         if pool.channel_of(&row.lanes).is_none() {

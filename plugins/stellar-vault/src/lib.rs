@@ -392,7 +392,8 @@ fn next_sequence(rpc: &mut Rpc, settings: &Settings, source: &Source) -> Result<
         if !source.is_signer(settings) {
             return Err(retry(
                 format!(
-                    "channel account {account} does not exist on this network: fund it (`laneway stellar channels                      fund`), or cancel the ops dealt to it"
+                    "channel account {account} does not exist on this network: fund it (`laneway stellar channels \
+                     fund`), or cancel the ops dealt to it"
                 ),
                 Some("tx_no_account"),
                 Some(Duration::from_secs(60)),

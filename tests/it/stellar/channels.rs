@@ -442,12 +442,7 @@ async fn a_pool_whose_signer_pays_sends_every_channel_transaction_in_a_fee_bump_
 /// answered 504) holds it until reconciled; ops enqueued meanwhile are
 /// dealt to the other channel instead of queueing behind it.
 async fn new_ops_are_dealt_around_a_channel_held_by_a_receipt_in_doubt(db: TestDb) -> anyhow::Result<()> {
-    let chain = Chain::start(100).await?;
-    let (pool, _) = chain.pool_layer(2, &["deposit"])?;
-    let host = Host::start(db.queue.clone(), chain.config("", &pool)?).await?;
-    chain
-        .fake
-        .inject(&[super::fake_rpc::SendFault::AcceptThen504 { apply_after: 8 }]);
+    let (chain, _, host) = two_channels_first_send_in_doubt(&db, 8).await?;
     let first = host.enqueue(&[vault_op("deposit", 1, 100, None)]).await?[0];
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let held = loop {
@@ -476,12 +471,7 @@ async fn new_ops_are_dealt_around_a_channel_held_by_a_receipt_in_doubt(db: TestD
 /// (the network took it and answered 504; it lands only 40 ledgers later)
 /// are re-dealt to the free channel and land from it while the doubt lasts.
 async fn ops_dealt_behind_a_channel_that_falls_into_doubt_move_to_a_free_one(db: TestDb) -> anyhow::Result<()> {
-    let chain = Chain::start(100).await?;
-    let (pool, channels) = chain.pool_layer(2, &["deposit"])?;
-    let host = Host::start(db.queue.clone(), chain.config("", &pool)?).await?;
-    chain
-        .fake
-        .inject(&[super::fake_rpc::SendFault::AcceptThen504 { apply_after: 40 }]);
+    let (chain, channels, host) = two_channels_first_send_in_doubt(&db, 40).await?;
     let ids = host.enqueue(&deposits(4, 400, 6)).await?;
     let mut dealt = BTreeMap::new();
     for id in &ids {
@@ -509,6 +499,22 @@ async fn ops_dealt_behind_a_channel_that_falls_into_doubt_move_to_a_free_one(db:
     ensure!(moved == 2, "the two ops dealt behind it moved: {moved}");
     ensure!(chain.fake.concurrent_sends() == 0 && chain.fake.bad_seqs() == 0);
     host.running.stop().await
+}
+
+/// A host whose deposits come from a pool of two channels, 100 ms ledgers;
+/// the first send is taken and answered 504, landing `apply_after` ledgers
+/// later (its channel is held in doubt meanwhile).
+async fn two_channels_first_send_in_doubt(
+    db: &TestDb,
+    apply_after: u32,
+) -> anyhow::Result<(Chain, Vec<[u8; 32]>, Host)> {
+    let chain = Chain::start(100).await?;
+    let (pool, channels) = chain.pool_layer(2, &["deposit"])?;
+    let host = Host::start(db.queue.clone(), chain.config("", &pool)?).await?;
+    chain
+        .fake
+        .inject(&[super::fake_rpc::SendFault::AcceptThen504 { apply_after }]);
+    Ok((chain, channels, host))
 }
 
 /// `n` deposits for user `user`, amounts from `from` on.
