@@ -657,7 +657,7 @@ impl Dispatcher {
                 .occupants(&accounts)
                 .await?
                 .into_iter()
-                .filter(|o| o.in_doubt)
+                .filter(crate::queue::Occupant::waits_in_doubt)
                 .flat_map(|o| o.lanes)
                 .filter(|lane| accounts.contains(lane))
                 .collect();

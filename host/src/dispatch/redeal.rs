@@ -18,7 +18,7 @@ use tracing::{debug, warn};
 
 use super::Inner;
 use crate::pool::{ChannelLoad, Pool};
-use crate::queue::BookRow;
+use crate::queue::{BookRow, Occupant};
 
 /// Moves this outbox's waiting pool ops where [`crate::pool::redeal`] says;
 /// whether any moved. A failure is logged and changes nothing: the ops stay
@@ -69,15 +69,24 @@ pub(super) async fn redeal(inner: &Inner, outbox: &str, rows: &[BookRow]) -> boo
 async fn redeal_pool(inner: &Inner, pool: &Pool, waiting: &[&BookRow]) -> Result<usize, crate::queue::QueueError> {
     let accounts: Vec<String> = pool.channels.iter().map(|c| c.account.clone()).collect();
     let occupants = inner.queue.occupants(&accounts).await?;
-    // Each occupied channel, and whether a receipt in doubt holds it.
+    let moves = crate::pool::redeal(&loads(pool, &occupants, waiting));
+    if moves.is_empty() {
+        return Ok(0);
+    }
+    Ok(inner.queue.redeal(&moves).await?.len())
+}
+
+/// Each channel of the pool as the planner sees it: busy while an op
+/// occupies it, held only while one waits in doubt (an op in flight has
+/// usually checkpointed its receipt already: that is not doubt).
+fn loads(pool: &Pool, occupants: &[Occupant], waiting: &[&BookRow]) -> Vec<ChannelLoad> {
     let mut occupied: HashMap<&str, bool> = HashMap::new();
-    for o in &occupants {
+    for o in occupants {
         for lane in &o.lanes {
-            *occupied.entry(lane.as_str()).or_insert(false) |= o.in_doubt;
+            *occupied.entry(lane.as_str()).or_insert(false) |= o.waits_in_doubt();
         }
     }
-    let loads: Vec<ChannelLoad> = pool
-        .channels
+    pool.channels
         .iter()
         .map(|c| ChannelLoad {
             account: c.account.clone(),
@@ -90,10 +99,68 @@ async fn redeal_pool(inner: &Inner, pool: &Pool, waiting: &[&BookRow]) -> Result
                 .map(|r| (r.priority, r.id))
                 .collect(),
         })
-        .collect();
-    let moves = crate::pool::redeal(&loads);
-    if moves.is_empty() {
-        return Ok(0);
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::Utc;
+
+    use super::*;
+    use crate::op::Priority;
+    use crate::pool::Channel;
+
+    fn occupant(id: i64, lane: &str, in_flight: bool, in_doubt: bool) -> Occupant {
+        Occupant {
+            id,
+            outbox: "o".to_owned(),
+            kind: "k".to_owned(),
+            priority: Priority::Normal,
+            lanes: vec![lane.to_owned()],
+            in_flight,
+            in_doubt,
+        }
     }
-    Ok(inner.queue.redeal(&moves).await?.len())
+
+    fn row(id: i64, lane: &str) -> BookRow {
+        BookRow {
+            id,
+            kind: "k".to_owned(),
+            priority: Priority::Normal,
+            lanes: vec![lane.to_owned()],
+            in_flight: false,
+            in_doubt: false,
+            next_attempt_at: Utc::now(),
+            budget_attempts: 0,
+            fee_bumps: 0,
+            created_at: Utc::now(),
+            subject_halted: false,
+        }
+    }
+
+    #[test]
+    fn a_channel_is_held_only_by_an_op_waiting_in_doubt_not_by_one_in_flight_with_its_receipt() {
+        let channel = |n: u8, retired: bool| Channel {
+            key: format!("c{n}"),
+            account: format!("G{n}"),
+            retired,
+        };
+        let pool = Pool::new("p", vec![channel(1, false), channel(2, false), channel(3, true)]);
+        let occupants = [
+            // A transaction checkpointed and sent, its attempt running.
+            occupant(1, "G1", true, true),
+            // One answered 504: pending until reconciled.
+            occupant(2, "G2", false, true),
+        ];
+        let rows = [row(5, "G1"), row(6, "G3")];
+        let waiting: Vec<&BookRow> = rows.iter().collect();
+        let seen: Vec<(bool, bool, bool, usize)> = loads(&pool, &occupants, &waiting)
+            .iter()
+            .map(|l| (l.active, l.busy, l.held, l.waiting.len()))
+            .collect();
+        assert_eq!(
+            seen,
+            [(true, true, false, 1), (true, true, true, 0), (false, false, false, 1)]
+        );
+    }
 }

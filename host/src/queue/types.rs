@@ -199,6 +199,14 @@ pub struct Occupant {
 }
 
 impl Occupant {
+    /// Pending with a receipt whose fate is unknown: it holds its lanes
+    /// until it is reconciled (up to a Stellar transaction's ledger bound).
+    /// An op in flight that has checkpointed a receipt is not this: its
+    /// attempt is still running and settles in the usual time.
+    pub fn waits_in_doubt(&self) -> bool {
+        self.in_doubt && !self.in_flight
+    }
+
     /// The op as the lane scheduler sees it: in flight, or waiting while it
     /// holds its lanes; its lanes take its kind's mode, and serial caps are
     /// recorded in `caps`.
