@@ -28,6 +28,8 @@ struct Burst {
     twice: usize,
     /// Transactions that landed from the first one's source account.
     from_first_source: usize,
+    /// Waiting ops the drain moved from one channel to another.
+    moved: i64,
 }
 
 /// How a burst is run.
@@ -128,6 +130,14 @@ async fn burst(shape: Shape, ops: usize, ledger: Duration) -> anyhow::Result<Bur
     let seconds = start.elapsed().as_secs_f64();
     dispatcher.shutdown();
     handle.await??;
+    let moved: i64 = {
+        let db = sqlx::SqlitePool::connect(&format!("sqlite://{}", dir.path().join("bench.db").display())).await?;
+        let n = sqlx::query_scalar("SELECT COUNT(*) FROM lane_redeals")
+            .fetch_one(&db)
+            .await?;
+        db.close().await;
+        n
+    };
     closer.abort();
     let mut per_ledger: BTreeMap<u32, usize> = BTreeMap::new();
     let landed = fake.landed();
@@ -160,6 +170,7 @@ async fn burst(shape: Shape, ops: usize, ledger: Duration) -> anyhow::Result<Bur
         concurrent: fake.concurrent_sends(),
         twice: amounts.len() - distinct,
         from_first_source,
+        moved,
     })
 }
 
@@ -168,8 +179,8 @@ pub(super) async fn pools(quick: bool, ledger: Duration) -> anyhow::Result<()> {
     println!(
         "\n## Stellar payouts through a channel pool: a ledger every {ledger:?}, one transaction per source account a ledger"
     );
-    println!("| source | payouts | ledgers (first..last landed) | a ledger | of the ceiling | seconds | two in flight on one account | landed twice |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| source | payouts | ledgers (first..last landed) | a ledger | of the ceiling | seconds | two in flight on one account | landed twice | moved between channels |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     let rounds: u32 = if quick { 4 } else { 10 };
     for (channels, signer_pays) in [(0u8, false), (1, false), (4, false), (8, false), (8, true)] {
         let ops = usize::from(channels.max(1)) * usize::try_from(rounds).unwrap_or(10);
@@ -182,7 +193,7 @@ pub(super) async fn pools(quick: bool, ledger: Duration) -> anyhow::Result<()> {
         let ceiling = f64::from(channels.max(1));
         let rate = b.landed as f64 / f64::from(b.span.max(1));
         println!(
-            "| {} | {} | {} | {rate:.2} (most {}) | {:.0}% | {:.1} | {} | {} |",
+            "| {} | {} | {} | {rate:.2} (most {}) | {:.0}% | {:.1} | {} | {} | {} |",
             match (channels, signer_pays) {
                 (0, _) => "the signer".to_owned(),
                 (n, false) => format!("pool of {n}"),
@@ -194,7 +205,8 @@ pub(super) async fn pools(quick: bool, ledger: Duration) -> anyhow::Result<()> {
             100.0 * rate / ceiling,
             b.seconds,
             b.concurrent,
-            b.twice
+            b.twice,
+            b.moved
         );
     }
     // One channel's first transaction in doubt (taken, answered 504, landing
@@ -212,12 +224,13 @@ pub(super) async fn pools(quick: bool, ledger: Duration) -> anyhow::Result<()> {
     let b = burst(shape, ops, ledger).await?;
     println!(
         "\npool of 8, one channel held in doubt for {hold} ledgers: {} payouts in {} ledgers ({rounds} with no \
-         doubt; dealt at enqueue only, at least {}), {} of them from the held channel; two in flight on one \
-         account {}, landed twice {}",
+         doubt; dealt at enqueue only, at least {}), {} of them from the held channel ({} moved between channels); two in flight \
+         on one account {}, landed twice {}",
         b.landed,
         b.span,
         hold + rounds - 1,
         b.from_first_source,
+        b.moved,
         b.concurrent,
         b.twice
     );

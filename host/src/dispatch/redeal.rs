@@ -1,9 +1,9 @@
 //! Re-dealing a drain's waiting pool ops across the pool's channels at each
 //! full read of its book, so an op takes any free channel rather than the
 //! one it was dealt at enqueue: the ops behind a channel a receipt in doubt
-//! holds, or on a retired one, move to free channels, an idle channel takes
-//! the pool's first waiting op, and backlogs level ([`crate::pool::redeal`]
-//! decides; the queue moves each op by compare-and-set and records it).
+//! holds, or on a retired one, move to free channels, and an idle channel
+//! takes the pool's first waiting op ([`crate::pool::redeal`] decides; the
+//! queue moves each op by compare-and-set and records it).
 //!
 //! Only this outbox's drain moves this outbox's ops, and only ops waiting
 //! with no receipt: nothing of them can be on chain, so which channel sends
