@@ -93,6 +93,20 @@ impl SqliteQueue {
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             .acquire_timeout(acquire)
+            // The one writer must never be handed out inside a transaction:
+            // sqlx counts a transaction as open until its ROLLBACK succeeds,
+            // and a ROLLBACK after SQLite already rolled back (as it does on
+            // I/O errors and a full disk) fails, leaving every later BEGIN
+            // refused ("begin_with at non-zero transaction depth", seen in
+            // CI). The ping runs after any rollback a dropped transaction
+            // queued; a connection still in a transaction then is closed and
+            // the next write opens a fresh one.
+            .after_release(|conn, _| {
+                Box::pin(async move {
+                    sqlx::Connection::ping(&mut *conn).await?;
+                    Ok(!sqlx::Connection::is_in_transaction(conn))
+                })
+            })
             .connect_with(writer_options)
             .await
             .map_err(unreachable)?;
