@@ -1,0 +1,156 @@
+//! Tests of SQLite's group committer (`sqlite/group.rs`), kept out of the
+//! dialect's directory: they drive its private `apply_rounds` against a
+//! scratch database file.
+
+use std::time::Duration;
+
+use super::*;
+use crate::clock::SystemClock;
+use crate::lanes::LaneRules;
+use crate::queue::{Enqueued, LeaseSpec, NewOp, OpStore};
+
+/// A queue on a scratch file, and the ids of `n` pending ops.
+async fn scratch_queue(dir: &std::path::Path, n: usize) -> anyhow::Result<(SqliteQueue, Vec<OpId>)> {
+    let url = format!("sqlite://{}", dir.join("q.db").display());
+    let config = crate::queue::DatabaseConfig {
+        url,
+        max_connections: 2,
+        connect_timeout_ms: 5_000,
+        sqlite: crate::queue::SqliteConfig {
+            synchronous: crate::queue::Synchronous::Full,
+            busy_timeout_ms: 5_000,
+            watch_ms: 0,
+        },
+    };
+    let queue = SqliteQueue::open(&config, crate::queue::Limits::default(), Arc::new(SystemClock)).await?;
+    queue.migrate().await?;
+    let ops: Vec<NewOp> = (0..n).map(|_| NewOp::new("o", "k", "{}")).collect();
+    let ids = queue
+        .enqueue(&ops)
+        .await?
+        .into_iter()
+        .map(|e| match e {
+            Enqueued::Created(id) | Enqueued::Existing(id) | Enqueued::AlreadyPending(id) => id,
+        })
+        .collect::<Vec<_>>();
+    Ok((queue, ids))
+}
+
+/// Every later write of `op` aborts (a trigger).
+async fn refuse_writes_of(queue: &SqliteQueue, op: OpId) -> anyhow::Result<()> {
+    sqlx::query(&format!(
+        "CREATE TRIGGER refuse BEFORE UPDATE ON ops WHEN OLD.id = {op} BEGIN SELECT RAISE(ABORT, 'refused'); END"
+    ))
+    .execute(queue.pool())
+    .await?;
+    Ok(())
+}
+
+fn round(ids: &[OpId]) -> Round {
+    Round {
+        completions: Vec::new(),
+        ids: ids.to_vec(),
+        follows: Vec::new(),
+        lease: LeaseSpec {
+            owner: "test".to_owned(),
+            duration: Duration::from_secs(60),
+        },
+        rules: LaneRules::default(),
+    }
+}
+
+async fn status(queue: &SqliteQueue, op: OpId) -> anyhow::Result<String> {
+    Ok(sqlx::query_scalar("SELECT status FROM ops WHERE id = ?1")
+        .bind(op)
+        .fetch_one(queue.pool())
+        .await?)
+}
+
+#[tokio::test]
+async fn a_group_applied_as_one_claims_for_every_round_in_one_commit() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (queue, ids) = scratch_queue(dir.path(), 3).await?;
+    let results = apply_rounds(&queue, &[round(&ids[..1]), round(&ids[1..])]).await;
+    let claimed: Vec<Vec<OpId>> = results
+        .into_iter()
+        .map(|r| r.map(|(_, claims)| claims.iter().map(|c| c.op.id).collect()))
+        .collect::<Result<_, _>>()?;
+    assert_eq!(claimed, [ids[..1].to_vec(), ids[1..].to_vec()]);
+    for id in ids {
+        assert_eq!(status(&queue, id).await?, "submitted");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_failing_round_of_a_group_fails_alone_and_the_others_commit() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (queue, ids) = scratch_queue(dir.path(), 3).await?;
+    refuse_writes_of(&queue, ids[1]).await?;
+    let results = apply_rounds(&queue, &[round(&ids[..1]), round(&ids[1..2]), round(&ids[2..])]).await;
+    assert!(results[0].is_ok(), "{:?}", results[0]);
+    assert!(results[1].is_err(), "the refused round fails: {:?}", results[1]);
+    assert!(results[2].is_ok(), "{:?}", results[2]);
+    assert_eq!(status(&queue, ids[0]).await?, "submitted");
+    assert_eq!(status(&queue, ids[1]).await?, "pending");
+    assert_eq!(status(&queue, ids[2]).await?, "submitted");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_lone_failing_round_changes_nothing_not_even_its_settles() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (queue, ids) = scratch_queue(dir.path(), 3).await?;
+    let claimed = match apply_rounds(&queue, &[round(&ids[..1])]).await.pop() {
+        Some(Ok((_, mut claims))) => claims.pop().ok_or_else(|| anyhow::anyhow!("nothing claimed"))?,
+        other => anyhow::bail!("the first claim failed: {other:?}"),
+    };
+    refuse_writes_of(&queue, ids[2]).await?;
+    // The settle applies, then the claim of the refused op aborts.
+    let now = chrono::Utc::now();
+    let settle = Completion {
+        lease: claimed.lease,
+        finish: crate::queue::Finish::Confirm { receipt: None },
+        attempt: crate::op::AttemptRecord {
+            started_at: now,
+            finished_at: now,
+            class: crate::op::AttemptClass::Confirmed,
+            detail: None,
+            fee: None,
+            error: None,
+        },
+    };
+    let mut failing = round(&ids[1..]);
+    failing.completions.push(settle.clone());
+    let results = apply_rounds(&queue, &[failing]).await;
+    assert!(results[0].is_err(), "{:?}", results[0]);
+    // The round is one transaction: its settle and its other claim are
+    // undone with it.
+    assert_eq!(status(&queue, ids[0]).await?, "submitted");
+    assert_eq!(status(&queue, ids[1]).await?, "pending");
+    assert_eq!(status(&queue, ids[2]).await?, "pending");
+    // The writer is usable afterwards, and the settle still applies.
+    let mut retry = round(&ids[1..2]);
+    retry.completions.push(settle);
+    let results = apply_rounds(&queue, &[retry]).await;
+    assert!(results[0].is_ok(), "{:?}", results[0]);
+    assert_eq!(status(&queue, ids[0]).await?, "confirmed");
+    assert_eq!(status(&queue, ids[1]).await?, "submitted");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_writer_left_inside_a_transaction_is_replaced_not_reused() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (queue, ids) = scratch_queue(dir.path(), 1).await?;
+    // SQLite ends the transaction (as it does itself on an I/O error or
+    // a full disk), so the ROLLBACK sqlx sends when it is dropped fails
+    // and sqlx still counts it open.
+    let mut tx = queue.conns.write().await?;
+    sqlx::query("ROLLBACK").execute(&mut *tx).await?;
+    drop(tx);
+    let results = apply_rounds(&queue, &[round(&ids)]).await;
+    assert!(results[0].is_ok(), "the next write works: {:?}", results[0]);
+    assert_eq!(status(&queue, ids[0]).await?, "submitted");
+    Ok(())
+}
