@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::*;
 use crate::clock::SystemClock;
 use crate::lanes::LaneRules;
-use crate::queue::{Enqueued, LeaseSpec, NewOp, OpStore};
+use crate::queue::{LeaseSpec, NewOp, OpStore};
 
 /// A queue on a scratch file, and the ids of `n` pending ops.
 async fn scratch_queue(dir: &std::path::Path, n: usize) -> anyhow::Result<(SqliteQueue, Vec<OpId>)> {
@@ -25,14 +25,7 @@ async fn scratch_queue(dir: &std::path::Path, n: usize) -> anyhow::Result<(Sqlit
     let queue = SqliteQueue::open(&config, crate::queue::Limits::default(), Arc::new(SystemClock)).await?;
     queue.migrate().await?;
     let ops: Vec<NewOp> = (0..n).map(|_| NewOp::new("o", "k", "{}")).collect();
-    let ids = queue
-        .enqueue(&ops)
-        .await?
-        .into_iter()
-        .map(|e| match e {
-            Enqueued::Created(id) | Enqueued::Existing(id) | Enqueued::AlreadyPending(id) => id,
-        })
-        .collect::<Vec<_>>();
+    let ids = queue.enqueue(&ops).await?.iter().map(|e| e.id()).collect();
     Ok((queue, ids))
 }
 
@@ -59,11 +52,18 @@ fn round(ids: &[OpId]) -> Round {
     }
 }
 
-async fn status(queue: &SqliteQueue, op: OpId) -> anyhow::Result<String> {
-    Ok(sqlx::query_scalar("SELECT status FROM ops WHERE id = ?1")
-        .bind(op)
-        .fetch_one(queue.pool())
-        .await?)
+/// Each op's status, in the order of `ops`.
+async fn statuses(queue: &SqliteQueue, ops: &[OpId]) -> anyhow::Result<Vec<String>> {
+    let mut out = Vec::with_capacity(ops.len());
+    for op in ops {
+        out.push(
+            sqlx::query_scalar("SELECT status FROM ops WHERE id = ?1")
+                .bind(op)
+                .fetch_one(queue.pool())
+                .await?,
+        );
+    }
+    Ok(out)
 }
 
 #[tokio::test]
@@ -76,9 +76,7 @@ async fn a_group_applied_as_one_claims_for_every_round_in_one_commit() -> anyhow
         .map(|r| r.map(|(_, claims)| claims.iter().map(|c| c.op.id).collect()))
         .collect::<Result<_, _>>()?;
     assert_eq!(claimed, [ids[..1].to_vec(), ids[1..].to_vec()]);
-    for id in ids {
-        assert_eq!(status(&queue, id).await?, "submitted");
-    }
+    assert_eq!(statuses(&queue, &ids).await?, ["submitted"; 3]);
     Ok(())
 }
 
@@ -91,9 +89,7 @@ async fn a_failing_round_of_a_group_fails_alone_and_the_others_commit() -> anyho
     assert!(results[0].is_ok(), "{:?}", results[0]);
     assert!(results[1].is_err(), "the refused round fails: {:?}", results[1]);
     assert!(results[2].is_ok(), "{:?}", results[2]);
-    assert_eq!(status(&queue, ids[0]).await?, "submitted");
-    assert_eq!(status(&queue, ids[1]).await?, "pending");
-    assert_eq!(status(&queue, ids[2]).await?, "submitted");
+    assert_eq!(statuses(&queue, &ids).await?, ["submitted", "pending", "submitted"]);
     Ok(())
 }
 
@@ -126,16 +122,13 @@ async fn a_lone_failing_round_changes_nothing_not_even_its_settles() -> anyhow::
     assert!(results[0].is_err(), "{:?}", results[0]);
     // The round is one transaction: its settle and its other claim are
     // undone with it.
-    assert_eq!(status(&queue, ids[0]).await?, "submitted");
-    assert_eq!(status(&queue, ids[1]).await?, "pending");
-    assert_eq!(status(&queue, ids[2]).await?, "pending");
+    assert_eq!(statuses(&queue, &ids).await?, ["submitted", "pending", "pending"]);
     // The writer is usable afterwards, and the settle still applies.
     let mut retry = round(&ids[1..2]);
     retry.completions.push(settle);
     let results = apply_rounds(&queue, &[retry]).await;
     assert!(results[0].is_ok(), "{:?}", results[0]);
-    assert_eq!(status(&queue, ids[0]).await?, "confirmed");
-    assert_eq!(status(&queue, ids[1]).await?, "submitted");
+    assert_eq!(statuses(&queue, &ids[..2]).await?, ["confirmed", "submitted"]);
     Ok(())
 }
 
@@ -151,6 +144,6 @@ async fn a_writer_left_inside_a_transaction_is_replaced_not_reused() -> anyhow::
     drop(tx);
     let results = apply_rounds(&queue, &[round(&ids)]).await;
     assert!(results[0].is_ok(), "the next write works: {:?}", results[0]);
-    assert_eq!(status(&queue, ids[0]).await?, "submitted");
+    assert_eq!(statuses(&queue, &ids).await?, ["submitted"]);
     Ok(())
 }
