@@ -52,6 +52,7 @@ crate::on_both_backends!(
     a_lane_hold_that_cannot_be_written_fails_the_settle,
     an_expired_lease_records_its_attempt_the_same_way_everywhere,
     retried_dead_letters_come_back_in_the_order_asked,
+    rounds_queued_behind_a_commit_apply_together_and_a_failing_one_fails_alone,
 );
 
 fn op(outbox: &str, lanes: &[&str]) -> NewOp {
@@ -1458,4 +1459,128 @@ async fn retried_dead_letters_come_back_in_the_order_asked(db: TestDb) -> anyhow
     let retried = q.retry_dead_letters(&asked).await?;
     ensure!(retried == vec![ids[2], ids[0], ids[1]], "{retried:?}");
     Ok(())
+}
+
+/// The host's committer (`queue/committer.rs`): rounds that arrive while a
+/// commit runs are applied in the next transaction together; when one of
+/// them fails, it fails alone and the others still commit. The commit is
+/// held up from outside (SQLite: another writer; PostgreSQL: a row lock on
+/// the op the first round settles) so the later rounds queue behind it.
+async fn rounds_queued_behind_a_commit_apply_together_and_a_failing_one_fails_alone(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let rules = LaneRules::default();
+    let first = enqueue_one(q, op("a", &["La"])).await?;
+    let ids = [
+        enqueue_one(q, op("b", &["Lb"])).await?,
+        enqueue_one(q, op("c", &["Lc"])).await?,
+        enqueue_one(q, op("d", &["Ld"])).await?,
+    ];
+    let lease = q
+        .claim_ids(&[first], &lease_spec("h"), &rules)
+        .await?
+        .first()
+        .context("claimed")?
+        .lease;
+    db.tamper(
+        &[&format!(
+            "CREATE TRIGGER refuse BEFORE UPDATE ON ops WHEN OLD.id = {} BEGIN SELECT RAISE(ABORT, 'refused'); END",
+            ids[1]
+        )],
+        &[
+            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused'; END $$",
+            &format!(
+                "CREATE TRIGGER refuse BEFORE UPDATE ON ops FOR EACH ROW WHEN (OLD.id = {}) EXECUTE FUNCTION refuse()",
+                ids[1]
+            ),
+        ],
+    )
+    .await?;
+    let blocker = Blocker::hold(&db, first).await?;
+    let settle = {
+        let queue = db.queue.clone();
+        let done = confirm(&db, lease);
+        tokio::spawn(async move {
+            queue
+                .settle_then_claim(&[done], &[], &[], &lease_spec("h"), &LaneRules::default())
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let rounds: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let queue = db.queue.clone();
+            let id = *id;
+            tokio::spawn(async move {
+                queue
+                    .settle_then_claim(&[], &[id], &[], &lease_spec("h"), &LaneRules::default())
+                    .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    ensure!(!settle.is_finished(), "the first round committed while held up");
+    blocker.release().await?;
+    let (settled, _) = settle.await??;
+    ensure!(settled == vec![Cas::Applied], "{settled:?}");
+    let mut results = Vec::new();
+    for round in rounds {
+        results.push(round.await?);
+    }
+    let claimed = |r: &Result<(Vec<Cas>, Vec<Claimed>), QueueError>| match r {
+        Ok((_, claims)) => Some(claims.iter().map(|c| c.op.id).collect::<Vec<_>>()),
+        Err(_) => None,
+    };
+    ensure!(
+        results.iter().map(claimed).collect::<Vec<_>>() == vec![Some(vec![ids[0]]), None, Some(vec![ids[2]])],
+        "{results:?}"
+    );
+    let mut statuses = Vec::new();
+    for id in [first, ids[0], ids[1], ids[2]] {
+        statuses.push(q.get(id).await?.context("op")?.status);
+    }
+    ensure!(
+        statuses == [Status::Confirmed, Status::Submitted, Status::Pending, Status::Submitted],
+        "{statuses:?}"
+    );
+    Ok(())
+}
+
+/// A writer outside the queue that holds up its next commit: SQLite's
+/// write lock, or PostgreSQL's row lock on one op.
+enum Blocker {
+    Sqlite(sqlx::SqliteConnection),
+    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
+}
+
+impl Blocker {
+    async fn hold(db: &TestDb, op: i64) -> anyhow::Result<Self> {
+        use sqlx::Connection;
+        Ok(match &db.kind {
+            crate::support::TestBackend::Sqlite(_) => {
+                let path = db.sqlite_path().context("sqlite file")?;
+                let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display())).await?;
+                sqlx::query("BEGIN IMMEDIATE").execute(&mut conn).await?;
+                Self::Sqlite(conn)
+            }
+            crate::support::TestBackend::Postgres(q) => {
+                let mut tx = q.pool().begin().await?;
+                sqlx::query("SELECT id FROM ops WHERE id = $1 FOR UPDATE")
+                    .bind(op)
+                    .execute(&mut *tx)
+                    .await?;
+                Self::Postgres(tx)
+            }
+        })
+    }
+
+    async fn release(self) -> anyhow::Result<()> {
+        match self {
+            Self::Sqlite(mut conn) => {
+                sqlx::query("ROLLBACK").execute(&mut conn).await?;
+            }
+            Self::Postgres(tx) => tx.rollback().await?,
+        }
+        Ok(())
+    }
 }

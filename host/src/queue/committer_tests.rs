@@ -1,12 +1,15 @@
-//! Tests of SQLite's group committer (`sqlite/group.rs`), kept out of the
-//! dialect's directory: they drive its private `apply_rounds` against a
-//! scratch database file.
+//! Tests of the host's committer (`committer.rs`) on SQLite, kept out of the
+//! dialect's directory: they drive its `apply_rounds` against a scratch
+//! database file.
 
 use std::time::Duration;
 
+use super::committer::apply_rounds;
 use super::*;
 use crate::clock::SystemClock;
 use crate::lanes::LaneRules;
+use crate::op::OpId;
+use crate::queue::Completion;
 use crate::queue::{LeaseSpec, NewOp, OpStore};
 
 /// A queue on a scratch file, and the ids of `n` pending ops.

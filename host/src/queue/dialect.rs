@@ -66,8 +66,9 @@ pub trait Dialect: Clone + std::fmt::Debug + Send + Sync + 'static {
 
     /// Hands a round to the dialect's own committer and waits for its
     /// result, or gives it back (`Err`) for the store to apply in a
-    /// transaction of its own. SQLite's group committer applies the rounds
-    /// of every drain that arrive while a commit runs in the next one.
+    /// transaction of its own. The host's committer (`committer.rs`, both
+    /// dialects) applies the rounds of every drain that arrive while a
+    /// commit runs in the next one.
     async fn hand_off(&self, round: Round) -> Result<RoundResult, Round>;
 
     /// Of `lanes`, those another transaction is claiming right now, to be

@@ -5,13 +5,20 @@
 //! with `SQLITE_BUSY` when another connection commits in between, whatever
 //! the busy timeout); a separate read-only pool serves reads. WAL journal,
 //! `synchronous=FULL` by default, `busy_timeout` set on every connection.
-//! What only SQLite does lives here: the group committer (`group`), the
-//! watcher that wakes a host on other processes' commits (`watch`), and the
-//! settle of a batch as one JSON parameter (`settle`).
+//! What only SQLite does lives here: the watcher that wakes a host on other
+//! processes' commits (`watch`) and the settle of a batch as one JSON
+//! parameter (`settle`).
 
-mod group;
 mod settle;
 mod watch;
+
+// The host's committer, compiled against this dialect as the store is.
+#[allow(clippy::duplicate_mod)]
+#[path = "../committer.rs"]
+mod committer;
+#[cfg(test)]
+#[path = "../committer_tests.rs"]
+mod committer_tests;
 
 // The store's one source, compiled against this dialect (see `dialect.rs`):
 // loading it once per dialect is the point, not a slip.
@@ -44,7 +51,7 @@ type Row = sqlx::sqlite::SqliteRow;
 static MIGRATOR: Migrator = sqlx::migrate!("../migrations/sqlite");
 
 /// SQLite's connections: the one writer, the readers, and what the
-/// wake-up watcher and the group committer need.
+/// wake-up watcher and the committer need.
 #[derive(Debug, Clone)]
 pub struct Conns {
     writer: SqlitePool,
@@ -52,8 +59,8 @@ pub struct Conns {
     /// How the wake-up watcher connects, and how often it looks.
     watch_options: Arc<SqliteConnectOptions>,
     watch: Duration,
-    /// The group committer's inbox (`None` in the committer's own copy).
-    group: Option<group::Inbox>,
+    /// The committer's inbox (`None` in the committer's own copy).
+    group: Option<committer::Inbox>,
 }
 
 impl SqliteQueue {
@@ -124,7 +131,8 @@ impl SqliteQueue {
             group: None,
         };
         let committer = Self::new(conns.clone(), limits, clock.clone());
-        let inbox = group::start(committer);
+        // One writer: a second committer would only wait at BEGIN IMMEDIATE.
+        let inbox = committer::start(committer, 1);
         Ok(Self::new(
             Conns {
                 group: Some(inbox),

@@ -32,7 +32,7 @@ const WAITING: Status = Transition::Claim.from();
 impl Store {
     /// Settles, then claims what is still claimable, inside `conn`'s
     /// transaction: the body of [`DispatchStore::settle_then_claim`], for
-    /// one round or (SQLite's group committer) several as one.
+    /// one round or (the host's committer) several as one.
     pub(crate) async fn apply_round(&self, conn: &mut Conn, round: &Round) -> RoundResult {
         let now = self.now();
         let settled = Conns::settle(&mut *conn, &round.completions, now).await?;

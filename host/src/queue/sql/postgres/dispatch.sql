@@ -178,6 +178,12 @@ SELECT (SELECT count(*) FROM hosts) AS hosts,
     (SELECT count(*) FROM drain_slots WHERE lease_until >= $1) AS slots,
     (SELECT count(*) FROM drain_slots WHERE lease_until >= $1 AND owner = $2) AS mine
 
--- none: savepoint: no group committer; each drain's round is a transaction of its own
--- none: rollback_to_savepoint: as savepoint
--- none: release_savepoint: as savepoint
+-- The committer's savepoints (one per round, or one for the merged rounds).
+-- name: savepoint
+SAVEPOINT rounds
+
+-- name: rollback_to_savepoint
+ROLLBACK TO SAVEPOINT rounds
+
+-- name: release_savepoint
+RELEASE SAVEPOINT rounds

@@ -167,7 +167,7 @@ SELECT (SELECT count(*) FROM hosts) AS hosts,
     (SELECT count(*) FROM drain_slots WHERE lease_until >= $1) AS slots,
     (SELECT count(*) FROM drain_slots WHERE lease_until >= $1 AND owner = $2) AS mine
 
--- The group committer's savepoints (one per round, or one for the merged rounds).
+-- The committer's savepoints (one per round, or one for the merged rounds).
 -- name: savepoint
 SAVEPOINT rounds
 

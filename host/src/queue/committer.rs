@@ -1,13 +1,18 @@
-//! The group committer: SQLite has one writer, so the rounds of every drain
-//! that arrive while a transaction runs are applied together in the next
-//! one, and one commit serves them all.
+//! The host's committer: the rounds of every drain that arrive while a
+//! transaction runs are applied together in the next one, as one settle and
+//! one claim, and one commit serves them all (River's batch completer, with
+//! the claims of the freed lanes in the same transaction). Compiled once per
+//! dialect, as `store/` is: SQLite has one writer, so grouping is how its
+//! throughput grows with the drains; PostgreSQL would otherwise run one small
+//! transaction per drain round, each paying its own statements and commit.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::{sql, Conn, SqliteQueue};
+use super::store::Store;
+use super::{sql, Conn};
 use crate::op::OpId;
 use crate::queue::dialect::{Dialect, Round, RoundResult};
 use crate::queue::{Claimed, Completion, QueueError};
@@ -32,17 +37,25 @@ impl Inbox {
     }
 }
 
-/// Starts the committer on `queue` (whose own copy has no inbox, so it
-/// applies rounds itself).
-pub fn start(queue: SqliteQueue) -> Inbox {
+/// Starts `workers` committers on `queue` (whose own copy has no inbox, so
+/// it applies rounds itself), taking turns at the inbox: each takes every
+/// round waiting when it is free.
+pub fn start(queue: Store, workers: usize) -> Inbox {
     let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(run(queue, rx));
+    let rx = Arc::new(tokio::sync::Mutex::new(rx));
+    for _ in 0..workers.max(1) {
+        tokio::spawn(run(queue.clone(), rx.clone()));
+    }
     Inbox(Arc::new(tx))
 }
 
-async fn run(queue: SqliteQueue, mut inbox: mpsc::UnboundedReceiver<Waiting>) {
+async fn run(queue: Store, inbox: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Waiting>>>) {
     let mut waiting: Vec<Waiting> = Vec::with_capacity(GROUP_MAX);
-    while inbox.recv_many(&mut waiting, GROUP_MAX).await > 0 {
+    loop {
+        let taken = inbox.lock().await.recv_many(&mut waiting, GROUP_MAX).await;
+        if taken == 0 {
+            return;
+        }
         let (rounds, replies): (Vec<Round>, Vec<_>) = waiting.drain(..).unzip();
         let results = apply_rounds(&queue, &rounds).await;
         for (reply, result) in replies.into_iter().zip(results) {
@@ -52,9 +65,10 @@ async fn run(queue: SqliteQueue, mut inbox: mpsc::UnboundedReceiver<Waiting>) {
     }
 }
 
-/// Applies rounds in one transaction. BEGIN IMMEDIATE serializes every
-/// writer of the file, in this process and others, so the occupants a claim
-/// reads cannot change before it commits.
+/// Applies rounds in one transaction. On SQLite, BEGIN IMMEDIATE serializes
+/// every writer of the file, in this process and others, so the occupants a
+/// claim reads cannot change before it commits; on PostgreSQL the claim's
+/// row locks and advisory lane locks do that against other hosts.
 ///
 /// The rounds are first applied as one: one settle statement for all their
 /// completions, one claim for all their ids (one lane check over every op
@@ -67,7 +81,7 @@ async fn run(queue: SqliteQueue, mut inbox: mpsc::UnboundedReceiver<Waiting>) {
 /// (SQLite rolled the whole transaction back, as it does on I/O errors), no
 /// later round runs and nothing is committed, so no round is reported failed
 /// while its changes stand.
-async fn apply_rounds(queue: &SqliteQueue, rounds: &[Round]) -> Vec<RoundResult> {
+pub(super) async fn apply_rounds(queue: &Store, rounds: &[Round]) -> Vec<RoundResult> {
     let failed = |e: &QueueError| QueueError::Database(sqlx::Error::Protocol(format!("group commit: {e}")));
     let fail_all = |e: &QueueError| rounds.iter().map(|_| Err(failed(e))).collect::<Vec<_>>();
     let mut tx = match queue.conns.write().await {
@@ -98,11 +112,7 @@ async fn apply_rounds(queue: &SqliteQueue, rounds: &[Round]) -> Vec<RoundResult>
 /// when they cannot be (they claim under different leases or rules, or a
 /// statement failed and was rolled back), or an error of the savepoint
 /// itself, which leaves the transaction unusable.
-async fn apply_merged(
-    queue: &SqliteQueue,
-    tx: &mut Conn,
-    rounds: &[Round],
-) -> Result<Option<Vec<RoundResult>>, QueueError> {
+async fn apply_merged(queue: &Store, tx: &mut Conn, rounds: &[Round]) -> Result<Option<Vec<RoundResult>>, QueueError> {
     let Some(first) = rounds.first() else {
         return Ok(Some(Vec::new()));
     };
@@ -133,7 +143,7 @@ async fn apply_merged(
 
 /// One round inside its savepoint: the round's own result, or an error of
 /// the savepoint itself, which leaves the transaction unusable.
-async fn apply_one(queue: &SqliteQueue, tx: &mut Conn, round: &Round) -> Result<RoundResult, QueueError> {
+async fn apply_one(queue: &Store, tx: &mut Conn, round: &Round) -> Result<RoundResult, QueueError> {
     sqlx::query(sql::dispatch::SAVEPOINT).execute(&mut *tx).await?;
     let applied = queue.apply_round(&mut *tx, round).await;
     if applied.is_err() {
@@ -168,7 +178,3 @@ fn split_rounds(rounds: &[Round], settled: Vec<crate::queue::Cas>, claimed: Vec<
         .map(|(round, claims)| Ok((settled.by_ref().take(round.completions.len()).collect(), claims)))
         .collect()
 }
-
-#[cfg(test)]
-#[path = "../committer_tests.rs"]
-mod tests;
