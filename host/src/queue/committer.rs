@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
 use super::store::Store;
-use super::{sql, Conn};
+use super::{sql, Conn, Conns};
 use crate::op::OpId;
 use crate::queue::dialect::{Dialect, Round, RoundResult};
 use crate::queue::{Claimed, Completion, QueueError};
@@ -37,10 +37,29 @@ impl Inbox {
     }
 }
 
+/// The store on `conns` with `workers` committers started on a copy of it
+/// (whose own `group` stays `None`, so it applies rounds itself).
+pub(super) fn open(
+    conns: Conns,
+    limits: crate::queue::Limits,
+    clock: Arc<dyn crate::clock::Clock>,
+    workers: usize,
+) -> Store {
+    let inbox = start(Store::new(conns.clone(), limits, clock.clone()), workers);
+    Store::new(
+        Conns {
+            group: Some(inbox),
+            ..conns
+        },
+        limits,
+        clock,
+    )
+}
+
 /// Starts `workers` committers on `queue` (whose own copy has no inbox, so
 /// it applies rounds itself), taking turns at the inbox: each takes every
 /// round waiting when it is free.
-pub fn start(queue: Store, workers: usize) -> Inbox {
+fn start(queue: Store, workers: usize) -> Inbox {
     let (tx, rx) = mpsc::unbounded_channel();
     let rx = Arc::new(tokio::sync::Mutex::new(rx));
     for _ in 0..workers.max(1) {

@@ -101,16 +101,7 @@ impl PgQueue {
                 url: redact_url(&config.url),
                 source,
             })?;
-        let conns = Conns { pool, group: None };
-        let inbox = committer::start(Self::new(conns.clone(), limits, clock.clone()), COMMITTERS);
-        Ok(Self::new(
-            Conns {
-                group: Some(inbox),
-                ..conns
-            },
-            limits,
-            clock,
-        ))
+        Ok(committer::open(Conns { pool, group: None }, limits, clock, COMMITTERS))
     }
 
     /// The pool, for callers' own tables and for `LISTEN`.

@@ -130,17 +130,8 @@ impl SqliteQueue {
             watch: Duration::from_millis(config.sqlite.watch_ms),
             group: None,
         };
-        let committer = Self::new(conns.clone(), limits, clock.clone());
         // One writer: a second committer would only wait at BEGIN IMMEDIATE.
-        let inbox = committer::start(committer, 1);
-        Ok(Self::new(
-            Conns {
-                group: Some(inbox),
-                ..conns
-            },
-            limits,
-            clock,
-        ))
+        Ok(committer::open(conns, limits, clock, 1))
     }
 
     /// The writer pool (one connection), for callers that keep their own
