@@ -53,6 +53,7 @@ crate::on_both_backends!(
     an_expired_lease_records_its_attempt_the_same_way_everywhere,
     retried_dead_letters_come_back_in_the_order_asked,
     rounds_queued_behind_a_commit_apply_together_and_a_failing_one_fails_alone,
+    a_batch_sharing_large_payloads_reads_each_back_exactly,
 );
 
 fn op(outbox: &str, lanes: &[&str]) -> NewOp {
@@ -1583,4 +1584,32 @@ impl Blocker {
         }
         Ok(())
     }
+}
+
+/// Large payloads are stored once by hash, and once per batch (a fan-out's
+/// recipients share one): every op still reads back its own text.
+async fn a_batch_sharing_large_payloads_reads_each_back_exactly(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let big = |tag: &str| format!(r#"{{"type":"Create","content":"{}"}}"#, tag.repeat(2048));
+    let payloads = [big("a"), big("b"), big("a"), big("a"), big("b")];
+    let batch: Vec<NewOp> = payloads
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut op = NewOp::new("fan", "activitypub", p.clone());
+            op.lanes = vec![format!("inbox-{i}")];
+            op
+        })
+        .collect();
+    let ids: Vec<i64> = q.enqueue(&batch).await?.iter().map(|e| e.id()).collect();
+    ensure!(ids.len() == payloads.len(), "{ids:?}");
+    for (id, payload) in ids.iter().zip(&payloads) {
+        let op = q.get(*id).await?.context("op")?;
+        ensure!(&op.payload == payload, "op {id} read back another payload");
+    }
+    // A second batch with a payload already stored.
+    let again = q.enqueue(&batch[..1]).await?;
+    let op = q.get(again[0].id()).await?.context("op")?;
+    ensure!(op.payload == payloads[0]);
+    Ok(())
 }

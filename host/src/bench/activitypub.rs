@@ -136,7 +136,9 @@ impl ApHost {
             "id": format!("https://bench.example/activities/{n}"),
             "type": "Create",
             "actor": "https://bench.example/actor",
-            "object": { "type": "Note", "content": format!("note {n}") },
+            // About 2 KB, as a real Create with its note's HTML is: past
+            // `queue.shared_payload_bytes`, so a fan-out stores it once.
+            "object": { "type": "Note", "content": format!("<p>note {n}: {}</p>", "lorem ipsum ".repeat(160)) },
         });
         self.dispatcher
             .fan_out(&FanOut {

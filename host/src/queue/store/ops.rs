@@ -30,8 +30,11 @@ impl Store {
         Conns::lock_outboxes(&mut *conn, &outboxes).await?;
         let now = self.now();
         let mut results = Vec::with_capacity(checked.len());
+        // A fan-out's ops share one payload: it is written once per batch,
+        // not once per recipient.
+        let mut stored = std::collections::HashSet::new();
         for op in &checked {
-            results.push(insert_one(conn, op, now, self.limits.shared_payload_bytes).await?);
+            results.push(insert_one(conn, op, now, self.limits.shared_payload_bytes, &mut stored).await?);
         }
         Ok(results)
     }
@@ -42,15 +45,19 @@ async fn insert_one(
     op: &NewOp,
     now: DateTime<Utc>,
     shared_from: usize,
+    stored: &mut std::collections::HashSet<String>,
 ) -> Result<Enqueued, QueueError> {
     let due = op.not_before.map_or(now, |t| t.max(now));
     let (payload, payload_ref) = match shared_payload(&op.payload, shared_from) {
         Some(hash) => {
-            sqlx::query(sql::ops::INSERT_PAYLOAD)
-                .bind(&hash)
-                .bind(&op.payload)
-                .execute(&mut *conn)
-                .await?;
+            if !stored.contains(&hash) {
+                sqlx::query(sql::ops::INSERT_PAYLOAD)
+                    .bind(&hash)
+                    .bind(&op.payload)
+                    .execute(&mut *conn)
+                    .await?;
+                stored.insert(hash.clone());
+            }
             ("null", Some(hash))
         }
         None => (op.payload.as_str(), None),
