@@ -1469,19 +1469,15 @@ async fn retried_dead_letters_come_back_in_the_order_asked(db: TestDb) -> anyhow
 /// the op the first round settles) so the later rounds queue behind it.
 async fn rounds_queued_behind_a_commit_apply_together_and_a_failing_one_fails_alone(db: TestDb) -> anyhow::Result<()> {
     let q = db.queue.as_ref();
-    let rules = LaneRules::default();
     let first = enqueue_one(q, op("a", &["La"])).await?;
     let ids = [
         enqueue_one(q, op("b", &["Lb"])).await?,
         enqueue_one(q, op("c", &["Lc"])).await?,
         enqueue_one(q, op("d", &["Ld"])).await?,
     ];
-    let lease = q
-        .claim_ids(&[first], &lease_spec("h"), &rules)
-        .await?
-        .first()
-        .context("claimed")?
-        .lease;
+    // Claims go in enqueue order: this is `first`.
+    let lease = claim_one(q).await?.lease;
+    ensure!(lease.op_id == first, "claimed {lease:?}");
     db.tamper(
         &[&format!(
             "CREATE TRIGGER refuse BEFORE UPDATE ON ops WHEN OLD.id = {} BEGIN SELECT RAISE(ABORT, 'refused'); END",

@@ -50,13 +50,13 @@ async fn insert_one(
     let due = op.not_before.map_or(now, |t| t.max(now));
     let (payload, payload_ref) = match shared_payload(&op.payload, shared_from) {
         Some(hash) => {
-            if !stored.contains(&hash) {
+            // A failed insert fails the whole batch, so marking it first is safe.
+            if stored.insert(hash.clone()) {
                 sqlx::query(sql::ops::INSERT_PAYLOAD)
                     .bind(&hash)
                     .bind(&op.payload)
                     .execute(&mut *conn)
                     .await?;
-                stored.insert(hash.clone());
             }
             ("null", Some(hash))
         }
