@@ -54,6 +54,7 @@ crate::on_both_backends!(
     retried_dead_letters_come_back_in_the_order_asked,
     rounds_queued_behind_a_commit_apply_together_and_a_failing_one_fails_alone,
     a_batch_sharing_large_payloads_reads_each_back_exactly,
+    a_batch_stores_what_one_by_one_stores_and_answers_conflicts_the_same,
 );
 
 fn op(outbox: &str, lanes: &[&str]) -> NewOp {
@@ -1607,5 +1608,104 @@ async fn a_batch_sharing_large_payloads_reads_each_back_exactly(db: TestDb) -> a
     let again = q.enqueue(&batch[..1]).await?;
     let op = q.get(again[0].id()).await?.context("op")?;
     ensure!(op.payload == payloads[0]);
+    Ok(())
+}
+
+/// A batch long enough to go as one statement stores each op exactly as
+/// enqueuing it alone does, with ids ascending in the batch's order; a
+/// batch with any conflict (an existing key, a pending coalesce key, a key
+/// twice in the batch) is answered op by op as before, and one refused by
+/// the database writes nothing.
+async fn a_batch_stores_what_one_by_one_stores_and_answers_conflicts_the_same(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let now = laneway::clock::Clock::now(&db.clock);
+    let variants = |outbox: &str| -> Vec<NewOp> {
+        (0..6)
+            .map(|i| {
+                // White space and key order are the producer's.
+                let mut op = NewOp::new(outbox, "activitypub", format!("{{ \"n\": {i},  \"a\": [true, null] }}"));
+                op.priority = [Priority::Low, Priority::Critical, Priority::Normal][i % 3];
+                op.lanes = match i {
+                    0 => Vec::new(),
+                    1 => vec!["https://b.example/inbox".into(), "https://c.example/inbox".into()],
+                    _ => vec![format!("lane-\u{e9}-\"{i}\"")],
+                };
+                op.idempotency_key = (i % 2 == 0).then(|| format!("idem-{i}"));
+                op.coalesce_key = (i == 3).then(|| "announce:3".to_owned());
+                op.subject = (i == 4).then(|| "user-7".to_owned());
+                op.correlation_id = (i == 5).then(|| "urn:ledger:5".to_owned());
+                // Microseconds: stored as each backend stores a time.
+                op.not_before = (i == 2).then(|| now + Span::microseconds(1_234_567));
+                op
+            })
+            .collect()
+    };
+    let mut alone = Vec::new();
+    for op in variants("one-by-one") {
+        alone.push(enqueue_one(q, op).await?);
+    }
+    let batch = q.enqueue(&variants("batch")).await?;
+    let ids: Vec<i64> = batch
+        .iter()
+        .map(|e| match e {
+            Enqueued::Created(id) => Ok(*id),
+            other => Err(anyhow::anyhow!("expected created ops, got {other:?}")),
+        })
+        .collect::<anyhow::Result<_>>()?;
+    ensure!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "ids not in the batch's order: {ids:?}"
+    );
+    for (one, many) in alone.iter().zip(&ids) {
+        let (mut one, mut many) = (q.get(*one).await?.context("op")?, q.get(*many).await?.context("op")?);
+        ensure!(many.outbox == "batch", "{many:?}");
+        (one.id, one.outbox, many.id, many.outbox) = (0, String::new(), 0, String::new());
+        ensure!(
+            one == many,
+            "stored differently:\n one by one {one:?}\n in a batch {many:?}"
+        );
+    }
+    // Conflicts: an existing key and a pending coalesce key; then a key
+    // twice in one batch.
+    let mut conflicted: Vec<NewOp> = variants("batch").into_iter().take(4).collect();
+    conflicted[1].idempotency_key = Some("new-1".into());
+    conflicted[2].idempotency_key = Some("new-2".into());
+    conflicted[3] = op("batch", &["L"]);
+    conflicted[3].coalesce_key = Some("announce:3".into());
+    let answered = q.enqueue(&conflicted).await?;
+    ensure!(answered[0] == Enqueued::Existing(ids[0]), "{answered:?}");
+    ensure!(
+        matches!(answered[1], Enqueued::Created(n) if n > ids[5]),
+        "{answered:?}"
+    );
+    ensure!(
+        matches!(answered[2], Enqueued::Created(n) if n > answered[1].id()),
+        "{answered:?}"
+    );
+    ensure!(answered[3] == Enqueued::AlreadyPending(ids[3]), "{answered:?}");
+    let mut twice: Vec<NewOp> = (0..4).map(|i| op("batch", &[&format!("t{i}")])).collect();
+    twice[1].idempotency_key = Some("twice".into());
+    twice[3].idempotency_key = Some("twice".into());
+    let answered = q.enqueue(&twice).await?;
+    ensure!(
+        matches!(answered[..], [Enqueued::Created(a), Enqueued::Created(b), Enqueued::Created(c), Enqueued::Existing(d)]
+            if a < b && b < c && d == b),
+        "{answered:?}"
+    );
+    let all = OpFilter {
+        limit: 100,
+        ..OpFilter::default()
+    };
+    ensure!(q.list(&all).await?.len() == 17, "{:?}", q.list(&all).await?);
+    // The database refuses one op of a batch (an internal kind in a
+    // producer's outbox): nothing of the batch is written.
+    let mut refused = variants("refused");
+    for (i, op) in refused.iter_mut().enumerate() {
+        op.idempotency_key = Some(format!("refused-{i}"));
+        op.coalesce_key = None;
+    }
+    refused[4].kind = "outcome_webhook".into();
+    ensure!(q.enqueue(&refused).await.is_err());
+    ensure!(q.list(&all).await?.len() == 17);
     Ok(())
 }

@@ -29,15 +29,120 @@ impl Store {
         outboxes.dedup();
         Conns::lock_outboxes(&mut *conn, &outboxes).await?;
         let now = self.now();
-        let mut results = Vec::with_capacity(checked.len());
         // A fan-out's ops share one payload: it is written once per batch,
         // not once per recipient.
         let mut stored = std::collections::HashSet::new();
+        if checked.len() >= BATCH_FROM {
+            if let Some(results) =
+                insert_batch(conn, &checked, now, self.limits.shared_payload_bytes, &mut stored).await?
+            {
+                return Ok(results);
+            }
+        }
+        let mut results = Vec::with_capacity(checked.len());
         for op in &checked {
             results.push(insert_one(conn, op, now, self.limits.shared_payload_bytes, &mut stored).await?);
         }
         Ok(results)
     }
+}
+
+/// Batches at least this long are first tried as one statement (a fan-out:
+/// 5,000 inserts one by one took 0.6-0.8 s on SQLite, most of it per
+/// statement rather than per row).
+const BATCH_FROM: usize = 4;
+
+/// Writes an op's shared payload once per batch; the payload and reference
+/// its row stores.
+async fn store_payload<'a>(
+    conn: &mut Conn,
+    op: &'a NewOp,
+    shared_from: usize,
+    stored: &mut std::collections::HashSet<String>,
+) -> Result<(&'a str, Option<String>), QueueError> {
+    match shared_payload(&op.payload, shared_from) {
+        Some(hash) => {
+            // A failed insert fails the whole batch, so marking it first is safe.
+            if stored.insert(hash.clone()) {
+                sqlx::query(sql::ops::INSERT_PAYLOAD)
+                    .bind(&hash)
+                    .bind(&op.payload)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            Ok(("null", Some(hash)))
+        }
+        None => Ok((op.payload.as_str(), None)),
+    }
+}
+
+/// The batch inserted by one statement, inside a savepoint: every op
+/// created, in order; or `None`, with nothing of the statement left, when
+/// any op conflicted (an idempotency or coalesce key, a tombstone), for
+/// [`insert_one`] to answer op by op.
+async fn insert_batch(
+    conn: &mut Conn,
+    ops: &[NewOp],
+    now: DateTime<Utc>,
+    shared_from: usize,
+    stored: &mut std::collections::HashSet<String>,
+) -> Result<Option<Vec<Enqueued>>, QueueError> {
+    let mut rows = Vec::with_capacity(ops.len());
+    for op in ops {
+        let (payload, payload_ref) = store_payload(conn, op, shared_from, stored).await?;
+        let due = op.not_before.map_or(now, |t| t.max(now));
+        rows.push(serde_json::json!([
+            op.outbox,
+            op.kind,
+            op.priority.rank(),
+            serde_json::to_string(&op.lanes).map_err(|e| QueueError::InvalidOp(e.to_string()))?,
+            payload,
+            op.idempotency_key,
+            op.coalesce_key,
+            op.subject,
+            op.correlation_id,
+            due.timestamp_micros(),
+            payload_ref,
+        ]));
+    }
+    sqlx::query(sql::ops::SAVEPOINT_BATCH).execute(&mut *conn).await?;
+    let inserted: Result<Vec<i64>, sqlx::Error> = sqlx::query_scalar(sql::ops::INSERT_OPS)
+        .bind(serde_json::Value::Array(rows).to_string())
+        .bind(Ts(now))
+        .fetch_all(&mut *conn)
+        .await;
+    let mut ids = match inserted {
+        Ok(ids) if ids.len() == ops.len() => ids,
+        Ok(_) => {
+            sqlx::query(sql::ops::ROLLBACK_TO_SAVEPOINT_BATCH)
+                .execute(&mut *conn)
+                .await?;
+            sqlx::query(sql::ops::RELEASE_SAVEPOINT_BATCH)
+                .execute(&mut *conn)
+                .await?;
+            return Ok(None);
+        }
+        Err(e) => {
+            // Best effort: the caller's transaction is left as it was before
+            // the batch, and the statement's own error is the one reported.
+            if sqlx::query(sql::ops::ROLLBACK_TO_SAVEPOINT_BATCH)
+                .execute(&mut *conn)
+                .await
+                .is_ok()
+            {
+                let _ = sqlx::query(sql::ops::RELEASE_SAVEPOINT_BATCH).execute(&mut *conn).await;
+            }
+            return Err(e.into());
+        }
+    };
+    sqlx::query(sql::ops::RELEASE_SAVEPOINT_BATCH)
+        .execute(&mut *conn)
+        .await?;
+    // Inserted in the batch's order, so their ids ascend in it (SQLite's
+    // rowids, PostgreSQL's insert trigger): RETURNING's own order is not
+    // promised.
+    ids.sort_unstable();
+    Ok(Some(ids.into_iter().map(Enqueued::Created).collect()))
 }
 
 async fn insert_one(
@@ -48,20 +153,7 @@ async fn insert_one(
     stored: &mut std::collections::HashSet<String>,
 ) -> Result<Enqueued, QueueError> {
     let due = op.not_before.map_or(now, |t| t.max(now));
-    let (payload, payload_ref) = match shared_payload(&op.payload, shared_from) {
-        Some(hash) => {
-            // A failed insert fails the whole batch, so marking it first is safe.
-            if stored.insert(hash.clone()) {
-                sqlx::query(sql::ops::INSERT_PAYLOAD)
-                    .bind(&hash)
-                    .bind(&op.payload)
-                    .execute(&mut *conn)
-                    .await?;
-            }
-            ("null", Some(hash))
-        }
-        None => (op.payload.as_str(), None),
-    };
+    let (payload, payload_ref) = store_payload(conn, op, shared_from, stored).await?;
     // A conflicting op can reach a terminal state between the insert and the
     // look-up that explains the conflict; then the insert is simply retried.
     for _ in 0..3 {

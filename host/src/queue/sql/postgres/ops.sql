@@ -23,6 +23,32 @@ INSERT INTO ops (outbox, kind, priority, lanes, payload, idempotency_key, coales
     next_attempt_at, created_at, updated_at, payload_ref)
 VALUES ($1, $2, $3, $4, $5::json, $6, $7, $8, $9, $10, $11, $11, $12) ON CONFLICT DO NOTHING RETURNING id
 
+-- A batch as one statement: one JSON array of rows, each
+-- [outbox, kind, priority, lanes (JSON text), payload, idempotency key,
+-- coalesce key, subject, correlation id, due (Unix microseconds),
+-- payload ref], inserted in array order, so the ids the insert trigger
+-- takes ascend in it. A row that conflicts (or a tombstone skips) returns
+-- no id; the store then rolls the batch back and inserts op by op, which
+-- explains each conflict.
+-- name: insert_ops
+INSERT INTO ops (outbox, kind, priority, lanes, payload, idempotency_key, coalesce_key, subject, correlation_id,
+    next_attempt_at, created_at, updated_at, payload_ref)
+SELECT r.v ->> 0, r.v ->> 1, (r.v ->> 2)::smallint, ARRAY(SELECT l.e FROM json_array_elements_text((r.v ->> 3)::json) WITH ORDINALITY AS l(e, i)
+        ORDER BY l.i),
+    (r.v ->> 4)::json, r.v ->> 5, r.v ->> 6, r.v ->> 7, r.v ->> 8,
+    'epoch'::timestamptz + (r.v ->> 9)::bigint * interval '1 microsecond', $2, $2, r.v ->> 10
+FROM json_array_elements($1::json) WITH ORDINALITY AS r(v, n) ORDER BY r.n
+ON CONFLICT DO NOTHING RETURNING id
+
+-- name: savepoint_batch
+SAVEPOINT batch
+
+-- name: rollback_to_savepoint_batch
+ROLLBACK TO SAVEPOINT batch
+
+-- name: release_savepoint_batch
+RELEASE SAVEPOINT batch
+
 -- name: op_by_idempotency_key
 SELECT id FROM ops WHERE outbox = $1 AND idempotency_key = $2
 

@@ -18,6 +18,30 @@ INSERT INTO ops (outbox, kind, priority, lanes, payload, idempotency_key, coales
     next_attempt_at, created_at, updated_at, payload_ref)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12) ON CONFLICT DO NOTHING RETURNING id
 
+-- A batch as one statement: one JSON array of rows, each
+-- [outbox, kind, priority, lanes (JSON text), payload, idempotency key,
+-- coalesce key, subject, correlation id, due (Unix microseconds),
+-- payload ref], inserted in array order, so their ids ascend in it. A row
+-- that conflicts (or a tombstone skips) returns no id; the store then
+-- rolls the batch back and inserts op by op, which explains each conflict.
+-- (The ORDER BY also settles SQLite's parse of INSERT … SELECT … ON CONFLICT.)
+-- name: insert_ops
+INSERT INTO ops (outbox, kind, priority, lanes, payload, idempotency_key, coalesce_key, subject, correlation_id,
+    next_attempt_at, created_at, updated_at, payload_ref)
+SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7,
+    value ->> 8, (value ->> 9) / 1000, $2, $2, value ->> 10
+FROM json_each($1) ORDER BY key
+ON CONFLICT DO NOTHING RETURNING id
+
+-- name: savepoint_batch
+SAVEPOINT batch
+
+-- name: rollback_to_savepoint_batch
+ROLLBACK TO batch
+
+-- name: release_savepoint_batch
+RELEASE batch
+
 -- name: op_by_idempotency_key
 SELECT id FROM ops WHERE outbox = $1 AND idempotency_key = $2
 
