@@ -54,9 +54,32 @@ async fn a_host_reads_its_own_notes_at_once_and_another_hosts_within_the_cache_t
         there.get(plugin, host, "scheme").await?.as_deref() == Some("cavage"),
         "read again from the database after the TTL"
     );
-    // Claims are not cached: of two hosts one wins, at once.
+    // Claims: of two hosts one wins, at once (a compare-and-set in the
+    // database).
     let ttl = Duration::from_secs(60);
     ensure!(here.claim(plugin, host, "knock", ttl).await? && !there.claim(plugin, host, "knock", ttl).await?);
+    // Of many asking on one host at once, one takes it.
+    let asks = (0..20).map(|_| here.claim(plugin, "new.example", "knock", ttl));
+    let taken = futures::future::join_all(asks)
+        .await
+        .into_iter()
+        .collect::<Result<Vec<bool>, _>>()?;
+    ensure!(taken.iter().filter(|t| **t).count() == 1, "{taken:?}");
+    // A claim a host knows is held (its own, or another's until it ends)
+    // is refused there without asking the database again: with the record
+    // gone, a third host takes it, but neither of these two does.
+    db.queue
+        .delete_record("claim:ap", "mastodon.example\u{1f}knock", laneway::queue::Expect::Any)
+        .await?;
+    ensure!(!here.claim(plugin, host, "knock", ttl).await? && !there.claim(plugin, host, "knock", ttl).await?);
+    let third = QueueNotes::new(db.queue.clone(), std::sync::Arc::new(NoteCache::default()));
+    ensure!(third.claim(plugin, host, "knock", ttl).await?);
+    // A short claim lapses here as in the database.
+    let short = Duration::from_millis(200);
+    ensure!(here.claim(plugin, host, "brief", short).await?);
+    ensure!(!here.claim(plugin, host, "brief", short).await?);
+    tokio::time::sleep(short + Duration::from_millis(100)).await;
+    ensure!(here.claim(plugin, host, "brief", short).await?);
     Ok(())
 }
 
