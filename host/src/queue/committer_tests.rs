@@ -1,16 +1,22 @@
 //! Tests of the host's committer (`committer.rs`) on SQLite, kept out of the
-//! dialect's directory: they drive its `apply_rounds` against a scratch
+//! dialect's directory: they drive its `apply_group` against a scratch
 //! database file.
 
 use std::time::Duration;
 
-use super::committer::apply_rounds;
+use super::committer::apply_group;
 use super::*;
 use crate::clock::SystemClock;
 use crate::lanes::LaneRules;
 use crate::op::OpId;
+use crate::queue::dialect::RecordPut;
 use crate::queue::Completion;
-use crate::queue::{LeaseSpec, NewOp, OpStore};
+use crate::queue::{Cas, Expect, LeaseSpec, NewOp, OpStore, RecordStore};
+
+/// Rounds alone, applied as one group commit.
+async fn apply_rounds(queue: &SqliteQueue, rounds: &[Round]) -> Vec<RoundResult> {
+    apply_group(queue, rounds, &[]).await.0
+}
 
 /// A queue on a scratch file, and the ids of `n` pending ops.
 async fn scratch_queue(dir: &std::path::Path, n: usize) -> anyhow::Result<(SqliteQueue, Vec<OpId>)> {
@@ -148,5 +154,51 @@ async fn a_writer_left_inside_a_transaction_is_replaced_not_reused() -> anyhow::
     let results = apply_rounds(&queue, &[round(&ids)]).await;
     assert!(results[0].is_ok(), "the next write works: {:?}", results[0]);
     assert_eq!(statuses(&queue, &ids).await?, ["submitted"]);
+    Ok(())
+}
+
+fn put(key: &str, expect: Expect) -> RecordPut {
+    RecordPut {
+        namespace: "note:ap".to_owned(),
+        key: key.to_owned(),
+        value: format!("\"{key}\""),
+        expect,
+    }
+}
+
+#[tokio::test]
+async fn record_writes_ride_in_a_group_commit_and_a_failing_one_fails_alone() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (queue, ids) = scratch_queue(dir.path(), 2).await?;
+    queue.put_record("note:ap", "taken", "1", Expect::Any).await?;
+    sqlx::query("CREATE TRIGGER refuse_note BEFORE INSERT ON records WHEN NEW.key = 'bad' BEGIN SELECT RAISE(ABORT, 'refused'); END")
+        .execute(queue.pool())
+        .await?;
+    let puts = [
+        put("a", Expect::Absent),
+        put("bad", Expect::Any),
+        put("taken", Expect::Absent),
+        put("b", Expect::Any),
+    ];
+    let (rounds, written) = apply_group(&queue, &[round(&ids)], &puts).await;
+    assert!(rounds[0].is_ok(), "{:?}", rounds[0]);
+    assert!(matches!(written[0], Ok(Cas::Applied)), "{:?}", written[0]);
+    assert!(written[1].is_err(), "the refused write fails: {:?}", written[1]);
+    assert!(
+        matches!(written[2], Ok(Cas::Stale)),
+        "a lost compare-and-set is not an error: {:?}",
+        written[2]
+    );
+    assert!(matches!(written[3], Ok(Cas::Applied)), "{:?}", written[3]);
+    assert_eq!(statuses(&queue, &ids).await?, ["submitted"; 2]);
+    for (key, value) in [
+        ("a", Some("\"a\"")),
+        ("bad", None),
+        ("taken", Some("1")),
+        ("b", Some("\"b\"")),
+    ] {
+        let stored = queue.record("note:ap", key).await?.map(|r| r.value);
+        assert_eq!(stored.as_deref(), value, "{key}");
+    }
     Ok(())
 }

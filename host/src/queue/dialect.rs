@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::{Database, Pool, Transaction};
 
-use super::{Backend, Cas, Claimed, Completion, LeaseSpec, QueueError, Subscription};
+use super::{Backend, Cas, Claimed, Completion, Expect, LeaseSpec, QueueError, Subscription};
 use crate::lanes::LaneRules;
 use crate::op::OpId;
 
@@ -36,6 +36,21 @@ pub struct Round {
 
 /// What a round's settles and claim came to.
 pub type RoundResult = Result<(Vec<Cas>, Vec<Claimed>), QueueError>;
+
+/// A shared record's write (`RecordStore::put_record`), handed to the
+/// committer like a round: a plugin's note or claim written in the next
+/// group commit rather than in a transaction of its own beside it.
+#[derive(Debug, Clone)]
+pub struct RecordPut {
+    /// The record's namespace.
+    pub namespace: String,
+    /// Its key.
+    pub key: String,
+    /// The JSON text to store.
+    pub value: String,
+    /// What the write expects to find.
+    pub expect: Expect,
+}
 
 /// What one database does its own way.
 #[async_trait]
@@ -70,6 +85,9 @@ pub trait Dialect: Clone + std::fmt::Debug + Send + Sync + 'static {
     /// dialects) applies the rounds of every drain that arrive while a
     /// commit runs in the next one.
     async fn hand_off(&self, round: Round) -> Result<RoundResult, Round>;
+
+    /// Hands a record write to the committer likewise, or gives it back.
+    async fn hand_off_put(&self, put: RecordPut) -> Result<Result<Cas, QueueError>, RecordPut>;
 
     /// Of `lanes`, those another transaction is claiming right now, to be
     /// left for the next round (PostgreSQL: advisory try-locks; SQLite has

@@ -34,7 +34,7 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 
-use super::dialect::{Dialect, Round, RoundResult};
+use super::dialect::{Dialect, RecordPut, Round, RoundResult};
 use super::policy::lane_lock_key;
 use super::{redact_url, Backend, Cas, Completion, DatabaseConfig, Limits, QueueError, Subscription};
 use crate::clock::Clock;
@@ -163,6 +163,13 @@ impl Dialect for Conns {
         match &self.group {
             Some(inbox) => Ok(inbox.submit(round).await),
             None => Err(round),
+        }
+    }
+
+    async fn hand_off_put(&self, put: RecordPut) -> Result<Result<Cas, QueueError>, RecordPut> {
+        match &self.group {
+            Some(inbox) => Ok(inbox.put(put).await),
+            None => Err(put),
         }
     }
 

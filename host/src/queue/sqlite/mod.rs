@@ -37,7 +37,7 @@ use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Sqlite, Transaction};
 
-use super::dialect::{Dialect, Round, RoundResult};
+use super::dialect::{Dialect, RecordPut, Round, RoundResult};
 use super::{redact_url, Backend, Cas, Completion, DatabaseConfig, Limits, QueueError, Subscription, Synchronous};
 use crate::clock::Clock;
 
@@ -201,6 +201,13 @@ impl Dialect for Conns {
         match &self.group {
             Some(inbox) => Ok(inbox.submit(round).await),
             None => Err(round),
+        }
+    }
+
+    async fn hand_off_put(&self, put: RecordPut) -> Result<Result<Cas, QueueError>, RecordPut> {
+        match &self.group {
+            Some(inbox) => Ok(inbox.put(put).await),
+            None => Err(put),
         }
     }
 

@@ -4,11 +4,32 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::{reader, record_from_row, sql, Store};
+use super::{reader, record_from_row, sql, Conn, Store};
 use crate::queue::codec::{get, List, Ts};
-use crate::queue::dialect::Dialect;
+use crate::queue::dialect::{Dialect, RecordPut};
 use crate::queue::policy::{cas, chrono_duration};
 use crate::queue::{Cas, Expect, QueueError, Record, RecordStore};
+
+impl Store {
+    /// A record write inside `conn`'s transaction: the committer's, or one
+    /// of its own.
+    pub(crate) async fn apply_put(&self, conn: &mut Conn, put: &RecordPut) -> Result<Cas, QueueError> {
+        let (statement, version) = match put.expect {
+            Expect::Absent => (sql::records::INSERT_RECORD, None),
+            Expect::Version(v) => (sql::records::UPDATE_RECORD, Some(v)),
+            Expect::Any => (sql::records::UPSERT_RECORD, None),
+        };
+        let mut query = sqlx::query(statement)
+            .bind(&put.namespace)
+            .bind(&put.key)
+            .bind(&put.value)
+            .bind(Ts(self.now()));
+        if let Some(version) = version {
+            query = query.bind(version);
+        }
+        Ok(cas(query.execute(&mut *conn).await?.rows_affected()))
+    }
+}
 
 #[async_trait]
 impl RecordStore for Store {
@@ -44,20 +65,21 @@ impl RecordStore for Store {
     }
 
     async fn put_record(&self, namespace: &str, key: &str, value: &str, expect: Expect) -> Result<Cas, QueueError> {
-        let (statement, version) = match expect {
-            Expect::Absent => (sql::records::INSERT_RECORD, None),
-            Expect::Version(v) => (sql::records::UPDATE_RECORD, Some(v)),
-            Expect::Any => (sql::records::UPSERT_RECORD, None),
+        let put = RecordPut {
+            namespace: namespace.to_owned(),
+            key: key.to_owned(),
+            value: value.to_owned(),
+            expect,
         };
-        let mut query = sqlx::query(statement)
-            .bind(namespace)
-            .bind(key)
-            .bind(value)
-            .bind(Ts(self.now()));
-        if let Some(version) = version {
-            query = query.bind(version);
+        match self.conns.hand_off_put(put).await {
+            Ok(done) => done,
+            Err(put) => {
+                let mut tx = self.conns.write().await?;
+                let done = self.apply_put(&mut tx, &put).await?;
+                tx.commit().await?;
+                Ok(done)
+            }
         }
-        Ok(cas(self.write_one(query).await?))
     }
 
     async fn delete_record(&self, namespace: &str, key: &str, expect: Expect) -> Result<Cas, QueueError> {
