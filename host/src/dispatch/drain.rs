@@ -285,7 +285,12 @@ impl Pass {
                     _ => break,
                 }
             }
-            let deadline = [Some(next_renew), wake_at, grace_deadline, Some(self.refresh_at)]
+            // A stopping pass reads nothing more, so its refresh time stays
+            // in the past: waiting for it would spin through the whole grace
+            // period (the slow fediverse bench: a core busy for the ten
+            // seconds its hanging requests took to time out).
+            let refresh = (!stopping).then_some(self.refresh_at);
+            let deadline = [Some(next_renew), wake_at, grace_deadline, refresh]
                 .into_iter()
                 .flatten()
                 .min()

@@ -709,3 +709,49 @@ async fn a_plain_sql_insert_by_another_connection_wakes_the_dispatcher(db: TestD
     ensure!(exec.delivered().len() == 1);
     Ok(())
 }
+
+/// CPU time this thread has run, from the kernel's scheduler statistics.
+fn thread_cpu() -> anyhow::Result<Duration> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat")?;
+    let ns: u64 = stat.split_whitespace().next().context("schedstat")?.parse()?;
+    Ok(Duration::from_nanos(ns))
+}
+
+/// A host waiting out its shutdown grace for a hung op sleeps: with every
+/// task on one thread, that thread's CPU over the grace is a sliver of it (a
+/// stopping pass once spun on a refresh time it never moved, a core busy for
+/// as long as hung requests took to time out).
+#[test]
+fn a_host_waiting_out_its_shutdown_grace_sleeps() -> anyhow::Result<()> {
+    std::thread::spawn(|| -> anyhow::Result<()> {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        runtime.block_on(async {
+            let db = crate::support::sqlite_live().await?;
+            let exec = Scripted::new(0);
+            let config = "[dispatch]\nshutdown_grace_ms = 1500\n";
+            let op_ids = ids(db.queue.enqueue(&[to("o", "https://a.example/i", 1)]).await?);
+            exec.script(op_ids[0], [Step::Sleep(Duration::from_secs(30)), Step::Ok]);
+            let running =
+                Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?).await?;
+            running.dispatcher.trigger("o");
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while exec.started().is_empty() {
+                ensure!(tokio::time::Instant::now() < deadline, "not started");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let (cpu, wall) = (thread_cpu()?, std::time::Instant::now());
+            running.stop().await?;
+            let (cpu, wall) = (thread_cpu()? - cpu, wall.elapsed());
+            ensure!(
+                wall >= Duration::from_millis(1400),
+                "stopped before the grace ran out: {wall:?}"
+            );
+            ensure!(cpu * 5 < wall, "{cpu:?} of CPU over a {wall:?} stop");
+            let back = db.queue.get(op_ids[0]).await?.context("op")?;
+            ensure!(back.status == Status::Pending, "{back:?}");
+            Ok(())
+        })
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the test thread panicked"))?
+}
