@@ -228,23 +228,15 @@ async fn apply_sorted_puts(queue: &Store, tx: &mut Conn, puts: &[RecordPut]) -> 
         }
     }
     if written.len() == puts.len() {
-        sqlx::query(sql::dispatch::RELEASE_SAVEPOINT).execute(&mut *tx).await?;
+        end_savepoint(tx, true).await?;
         return Ok(written);
     }
-    sqlx::query(sql::dispatch::ROLLBACK_TO_SAVEPOINT)
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query(sql::dispatch::RELEASE_SAVEPOINT).execute(&mut *tx).await?;
+    end_savepoint(tx, false).await?;
     let mut written = Vec::with_capacity(puts.len());
     for put in puts {
         sqlx::query(sql::dispatch::SAVEPOINT).execute(&mut *tx).await?;
         let done = queue.apply_put(&mut *tx, put).await;
-        if done.is_err() {
-            sqlx::query(sql::dispatch::ROLLBACK_TO_SAVEPOINT)
-                .execute(&mut *tx)
-                .await?;
-        }
-        sqlx::query(sql::dispatch::RELEASE_SAVEPOINT).execute(&mut *tx).await?;
+        end_savepoint(tx, done.is_ok()).await?;
         written.push(done);
     }
     Ok(written)
@@ -273,13 +265,10 @@ async fn apply_merged(queue: &Store, tx: &mut Conn, rounds: &[Round]) -> Result<
     };
     sqlx::query(sql::dispatch::SAVEPOINT).execute(&mut *tx).await?;
     let Ok((settled, claimed)) = queue.apply_round(&mut *tx, &merged).await else {
-        sqlx::query(sql::dispatch::ROLLBACK_TO_SAVEPOINT)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(sql::dispatch::RELEASE_SAVEPOINT).execute(&mut *tx).await?;
+        end_savepoint(tx, false).await?;
         return Ok(None);
     };
-    sqlx::query(sql::dispatch::RELEASE_SAVEPOINT).execute(&mut *tx).await?;
+    end_savepoint(tx, true).await?;
     Ok(Some(split_rounds(rounds, settled, claimed)))
 }
 
@@ -288,13 +277,20 @@ async fn apply_merged(queue: &Store, tx: &mut Conn, rounds: &[Round]) -> Result<
 async fn apply_one(queue: &Store, tx: &mut Conn, round: &Round) -> Result<RoundResult, QueueError> {
     sqlx::query(sql::dispatch::SAVEPOINT).execute(&mut *tx).await?;
     let applied = queue.apply_round(&mut *tx, round).await;
-    if applied.is_err() {
+    end_savepoint(tx, applied.is_ok()).await?;
+    Ok(applied)
+}
+
+/// Ends the open savepoint, keeping its writes or undoing them. An error
+/// here leaves the transaction unusable.
+async fn end_savepoint(tx: &mut Conn, keep: bool) -> Result<(), QueueError> {
+    if !keep {
         sqlx::query(sql::dispatch::ROLLBACK_TO_SAVEPOINT)
             .execute(&mut *tx)
             .await?;
     }
     sqlx::query(sql::dispatch::RELEASE_SAVEPOINT).execute(&mut *tx).await?;
-    Ok(applied)
+    Ok(())
 }
 
 /// Hands each round its share of a merged application: its settles in
