@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::store::Store;
-use super::{sql, Conn, Conns};
+use super::store::{begin_savepoint, end_savepoint, Store};
+use super::{Conn, Conns};
 use crate::op::OpId;
 use crate::queue::dialect::{Dialect, RecordPut, Round, RoundResult};
 use crate::queue::{Cas, Claimed, Completion, QueueError};
@@ -199,42 +199,39 @@ pub(super) async fn apply_group(
 /// writes to one key keep their order), one result per write in the order
 /// given.
 async fn apply_puts(queue: &Store, tx: &mut Conn, puts: &[RecordPut]) -> Result<Vec<PutResult>, QueueError> {
-    let mut order: Vec<usize> = (0..puts.len()).collect();
-    order.sort_by(|a, b| (&puts[*a].namespace, &puts[*a].key).cmp(&(&puts[*b].namespace, &puts[*b].key)));
-    let sorted: Vec<RecordPut> = order.iter().map(|i| puts[*i].clone()).collect();
-    let mut results: Vec<Option<PutResult>> = puts.iter().map(|_| None).collect();
-    for (i, result) in order.into_iter().zip(apply_sorted_puts(queue, tx, &sorted).await?) {
-        results[i] = Some(result);
-    }
-    Ok(results
-        .into_iter()
-        .map(|r| r.unwrap_or_else(|| Err(closed())))
-        .collect())
+    let mut sorted: Vec<(usize, &RecordPut)> = puts.iter().enumerate().collect();
+    sorted.sort_by(|(_, a), (_, b)| (&a.namespace, &a.key).cmp(&(&b.namespace, &b.key)));
+    let in_order: Vec<&RecordPut> = sorted.iter().map(|(_, put)| *put).collect();
+    let written = apply_sorted_puts(queue, tx, &in_order).await?;
+    let mut results: Vec<(usize, PutResult)> = sorted.iter().map(|(i, _)| *i).zip(written).collect();
+    results.sort_by_key(|(i, _)| *i);
+    Ok(results.into_iter().map(|(_, result)| result).collect())
 }
 
 /// Record writes inside one savepoint; if one fails, each again in a
 /// savepoint of its own, so its failure is its own. An error of a
 /// savepoint itself leaves the transaction unusable.
-async fn apply_sorted_puts(queue: &Store, tx: &mut Conn, puts: &[RecordPut]) -> Result<Vec<PutResult>, QueueError> {
-    if puts.is_empty() {
+async fn apply_sorted_puts(queue: &Store, tx: &mut Conn, puts: &[&RecordPut]) -> Result<Vec<PutResult>, QueueError> {
+    let count = puts.len();
+    if count == 0 {
         return Ok(Vec::new());
     }
-    sqlx::query(sql::dispatch::SAVEPOINT).execute(&mut *tx).await?;
-    let mut written = Vec::with_capacity(puts.len());
+    begin_savepoint(tx).await?;
+    let mut written = Vec::with_capacity(count);
     for put in puts {
         match queue.apply_put(&mut *tx, put).await {
             Ok(done) => written.push(Ok(done)),
             Err(_) => break,
         }
     }
-    if written.len() == puts.len() {
+    if written.len() == count {
         end_savepoint(tx, true).await?;
         return Ok(written);
     }
     end_savepoint(tx, false).await?;
-    let mut written = Vec::with_capacity(puts.len());
+    let mut written = Vec::with_capacity(count);
     for put in puts {
-        sqlx::query(sql::dispatch::SAVEPOINT).execute(&mut *tx).await?;
+        begin_savepoint(tx).await?;
         let done = queue.apply_put(&mut *tx, put).await;
         end_savepoint(tx, done.is_ok()).await?;
         written.push(done);
@@ -263,7 +260,7 @@ async fn apply_merged(queue: &Store, tx: &mut Conn, rounds: &[Round]) -> Result<
         lease: first.lease.clone(),
         rules: first.rules.clone(),
     };
-    sqlx::query(sql::dispatch::SAVEPOINT).execute(&mut *tx).await?;
+    begin_savepoint(tx).await?;
     let Ok((settled, claimed)) = queue.apply_round(&mut *tx, &merged).await else {
         end_savepoint(tx, false).await?;
         return Ok(None);
@@ -275,22 +272,10 @@ async fn apply_merged(queue: &Store, tx: &mut Conn, rounds: &[Round]) -> Result<
 /// One round inside its savepoint: the round's own result, or an error of
 /// the savepoint itself, which leaves the transaction unusable.
 async fn apply_one(queue: &Store, tx: &mut Conn, round: &Round) -> Result<RoundResult, QueueError> {
-    sqlx::query(sql::dispatch::SAVEPOINT).execute(&mut *tx).await?;
+    begin_savepoint(tx).await?;
     let applied = queue.apply_round(&mut *tx, round).await;
     end_savepoint(tx, applied.is_ok()).await?;
     Ok(applied)
-}
-
-/// Ends the open savepoint, keeping its writes or undoing them. An error
-/// here leaves the transaction unusable.
-async fn end_savepoint(tx: &mut Conn, keep: bool) -> Result<(), QueueError> {
-    if !keep {
-        sqlx::query(sql::dispatch::ROLLBACK_TO_SAVEPOINT)
-            .execute(&mut *tx)
-            .await?;
-    }
-    sqlx::query(sql::dispatch::RELEASE_SAVEPOINT).execute(&mut *tx).await?;
-    Ok(())
 }
 
 /// Hands each round its share of a merged application: its settles in

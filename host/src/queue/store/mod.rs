@@ -57,6 +57,26 @@ impl Store {
     }
 }
 
+/// Opens a savepoint: a part of `conn`'s transaction that can fail alone.
+pub(crate) async fn begin_savepoint(conn: &mut Conn) -> Result<(), QueueError> {
+    sqlx::query(sql::dispatch::SAVEPOINT).execute(&mut *conn).await?;
+    Ok(())
+}
+
+/// Ends the open savepoint, keeping its writes or undoing them. An error
+/// here leaves the transaction unusable.
+pub(crate) async fn end_savepoint(conn: &mut Conn, keep: bool) -> Result<(), QueueError> {
+    if !keep {
+        sqlx::query(sql::dispatch::ROLLBACK_TO_SAVEPOINT)
+            .execute(&mut *conn)
+            .await?;
+    }
+    sqlx::query(sql::dispatch::RELEASE_SAVEPOINT)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
 /// An op read with the `op_columns` block.
 pub(crate) fn op_from_row(row: &Row) -> Result<Op, QueueError> {
     let id: OpId = get(row, 0, "id")?;

@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::QueryBuilder;
 
-use super::{attempt_class, ops_from_rows, reader, sql, Conn, Conns, Store};
+use super::{attempt_class, begin_savepoint, end_savepoint, ops_from_rows, reader, sql, Conn, Conns, Store};
 use crate::op::{Attempt, AttemptRecord, Op, OpId, Priority, Status};
 use crate::queue::codec::{get, Lanes, List, Rank, St, Ts};
 use crate::queue::dialect::Dialect;
@@ -105,39 +105,28 @@ async fn insert_batch(
             payload_ref,
         ]));
     }
-    sqlx::query(sql::ops::SAVEPOINT_BATCH).execute(&mut *conn).await?;
+    begin_savepoint(conn).await?;
     let inserted: Result<Vec<i64>, sqlx::Error> = sqlx::query_scalar(sql::ops::INSERT_OPS)
         .bind(serde_json::Value::Array(rows).to_string())
         .bind(Ts(now))
         .fetch_all(&mut *conn)
         .await;
     let mut ids = match inserted {
-        Ok(ids) if ids.len() == ops.len() => ids,
-        Ok(_) => {
-            sqlx::query(sql::ops::ROLLBACK_TO_SAVEPOINT_BATCH)
-                .execute(&mut *conn)
-                .await?;
-            sqlx::query(sql::ops::RELEASE_SAVEPOINT_BATCH)
-                .execute(&mut *conn)
-                .await?;
-            return Ok(None);
+        Ok(ids) => {
+            let all = ids.len() == ops.len();
+            end_savepoint(conn, all).await?;
+            if !all {
+                return Ok(None);
+            }
+            ids
         }
         Err(e) => {
             // Best effort: the caller's transaction is left as it was before
             // the batch, and the statement's own error is the one reported.
-            if sqlx::query(sql::ops::ROLLBACK_TO_SAVEPOINT_BATCH)
-                .execute(&mut *conn)
-                .await
-                .is_ok()
-            {
-                let _ = sqlx::query(sql::ops::RELEASE_SAVEPOINT_BATCH).execute(&mut *conn).await;
-            }
+            let _ = end_savepoint(conn, false).await;
             return Err(e.into());
         }
     };
-    sqlx::query(sql::ops::RELEASE_SAVEPOINT_BATCH)
-        .execute(&mut *conn)
-        .await?;
     // Inserted in the batch's order, so their ids ascend in it (SQLite's
     // rowids, PostgreSQL's insert trigger): RETURNING's own order is not
     // promised.

@@ -40,15 +40,6 @@ SELECT r.v ->> 0, r.v ->> 1, (r.v ->> 2)::smallint, ARRAY(SELECT l.e FROM json_a
 FROM json_array_elements($1::json) WITH ORDINALITY AS r(v, n) ORDER BY r.n
 ON CONFLICT DO NOTHING RETURNING id
 
--- name: savepoint_batch
-SAVEPOINT batch
-
--- name: rollback_to_savepoint_batch
-ROLLBACK TO SAVEPOINT batch
-
--- name: release_savepoint_batch
-RELEASE SAVEPOINT batch
-
 -- name: op_by_idempotency_key
 SELECT id FROM ops WHERE outbox = $1 AND idempotency_key = $2
 

@@ -167,7 +167,8 @@ SELECT (SELECT count(*) FROM hosts) AS hosts,
     (SELECT count(*) FROM drain_slots WHERE lease_until >= $1) AS slots,
     (SELECT count(*) FROM drain_slots WHERE lease_until >= $1 AND owner = $2) AS mine
 
--- The committer's savepoints (one per round, or one for the merged rounds).
+-- Savepoints: a part of a transaction that can fail alone (the committer's
+-- rounds and record writes, an enqueue's batch).
 -- name: savepoint
 SAVEPOINT rounds
 

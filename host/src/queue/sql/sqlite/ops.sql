@@ -33,15 +33,6 @@ SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->
 FROM json_each($1) ORDER BY key
 ON CONFLICT DO NOTHING RETURNING id
 
--- name: savepoint_batch
-SAVEPOINT batch
-
--- name: rollback_to_savepoint_batch
-ROLLBACK TO batch
-
--- name: release_savepoint_batch
-RELEASE batch
-
 -- name: op_by_idempotency_key
 SELECT id FROM ops WHERE outbox = $1 AND idempotency_key = $2
 
