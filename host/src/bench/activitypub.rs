@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use chrono::{DateTime, Utc};
 use rsa::pkcs8::EncodePrivateKey as _;
 
 use crate::clock::SystemClock;
@@ -18,12 +19,13 @@ use crate::queue::prelude::*;
 use crate::runtime::host::PluginHost;
 
 /// What one inbox server saw: requests being answered now, the most at
-/// once, and how many it answered.
+/// once, how many it answered, and when each arrived and was answered.
 #[derive(Default)]
 struct Load {
     now: AtomicUsize,
     most: AtomicUsize,
     served: AtomicUsize,
+    times: std::sync::Mutex<Vec<(DateTime<Utc>, DateTime<Utc>)>>,
 }
 
 /// Starts one inbox server answering 202 after `delay`, or never (`None`:
@@ -34,6 +36,7 @@ async fn serve(load: Arc<Load>, delay: Option<Duration>) -> anyhow::Result<Strin
         axum::routing::post(move || {
             let load = load.clone();
             async move {
+                let arrived = Utc::now();
                 let now = load.now.fetch_add(1, Ordering::SeqCst) + 1;
                 load.most.fetch_max(now, Ordering::SeqCst);
                 match delay {
@@ -41,6 +44,9 @@ async fn serve(load: Arc<Load>, delay: Option<Duration>) -> anyhow::Result<Strin
                     None => std::future::pending::<()>().await,
                 }
                 load.now.fetch_sub(1, Ordering::SeqCst);
+                if let Ok(mut times) = load.times.lock() {
+                    times.push((arrived, Utc::now()));
+                }
                 load.served.fetch_add(1, Ordering::SeqCst);
                 axum::http::StatusCode::ACCEPTED
             }
@@ -164,20 +170,65 @@ impl ApHost {
     }
 }
 
+/// Where a lane's cycle goes, from the attempts the database recorded and
+/// the times the inbox servers saw, request by request: the plugin's work
+/// before its request arrives (instance, signature, connection), the inbox,
+/// the plugin's work after the answer, and the host's turn from one
+/// attempt's end to the next attempt's start on the same lane (settle,
+/// claim, commit, spawn). Each lane is one inbox server, in lane order.
+async fn cycle(queue: &dyn Queue, inboxes: &[(String, Arc<Load>)]) -> anyhow::Result<String> {
+    let mut stages: [Vec<i64>; 4] = Default::default();
+    for (inbox, load) in inboxes {
+        let filter = crate::queue::OpFilter {
+            lane: Some(inbox.clone()),
+            limit: 100_000,
+            ..Default::default()
+        };
+        let mut attempts = Vec::new();
+        for op in queue.list(&filter).await? {
+            if let Some(first) = queue.attempts(op.id).await?.into_iter().next() {
+                attempts.push((op.id, first.record.started_at, first.record.finished_at));
+            }
+        }
+        attempts.sort_by_key(|a| a.0);
+        let mut seen = load.times.lock().map(|t| t.clone()).unwrap_or_default();
+        seen.sort();
+        let us = |a: DateTime<Utc>, b: DateTime<Utc>| (b - a).num_microseconds().unwrap_or(0);
+        for (k, ((_, started, finished), (arrived, answered))) in attempts.iter().zip(&seen).enumerate() {
+            stages[0].push(us(*started, *arrived));
+            stages[1].push(us(*arrived, *answered));
+            stages[2].push(us(*answered, *finished));
+            if let Some((_, next, _)) = attempts.get(k + 1) {
+                stages[3].push(us(*finished, *next));
+            }
+        }
+    }
+    let mut out = String::new();
+    for samples in &mut stages {
+        samples.sort_unstable();
+        let at = |p: f64| samples.get(((samples.len().max(1) - 1) as f64 * p) as usize).copied().unwrap_or(0);
+        out.push_str(&format!(" {:.1} / {:.1} |", at(0.5) as f64 / 1000.0, at(0.9) as f64 / 1000.0));
+    }
+    Ok(out)
+}
+
 /// `ops` deliveries (activities fanned out to `inboxes` inbox servers that
 /// answer in `delay`), on SQLite and on PostgreSQL.
 pub(super) async fn fan_out(ops: usize, inboxes: usize, delay: Duration) -> anyhow::Result<()> {
     println!(
         "\n## ActivityPub end to end: {ops} deliveries to {inboxes} inbox servers answering in {delay:?}, RSA-2048 signed"
     );
-    println!("| store | ops/s | in flight at the inboxes (mean) | CPU per op (inboxes included) |");
-    println!("|---|---|---|---|");
+    println!("| store | ops/s | in flight at the inboxes (mean) | CPU per op (inboxes included) | a lane's cycle, ms p50 / p90: plugin before its request | at the inbox | plugin after the answer | host from attempt to attempt |");
+    println!("|---|---|---|---|---|---|---|---|");
     for backend in ["sqlite", "postgres"] {
         let loads: Vec<Arc<Load>> = (0..inboxes).map(|_| Arc::new(Load::default())).collect();
         let mut recipients = Vec::with_capacity(inboxes);
+        let mut lanes = Vec::with_capacity(inboxes);
         for (i, load) in loads.iter().enumerate() {
             let base = serve(load.clone(), Some(delay)).await?;
-            recipients.push(Recipient::parse(&format!("{base}/users/u{i}/inbox")));
+            let inbox = format!("{base}/users/u{i}/inbox");
+            recipients.push(Recipient::parse(&inbox));
+            lanes.push((inbox, load.clone()));
         }
         let host = ApHost::start(backend, "").await?;
         let activities = ops.div_ceil(inboxes);
@@ -199,9 +250,10 @@ pub(super) async fn fan_out(ops: usize, inboxes: usize, delay: Duration) -> anyh
         }
         let seconds = start.elapsed().as_secs_f64();
         let cpu = cpu_time() - cpu0;
+        let cycle = cycle(host.queue.as_ref(), &lanes).await?;
         host.stop().await?;
         println!(
-            "| {backend} | {:.0} | {:.1} | {:.2} ms |",
+            "| {backend} | {:.0} | {:.1} | {:.2} ms |{cycle}",
             total as f64 / seconds,
             in_flight as f64 / samples.max(1) as f64,
             cpu.as_secs_f64() * 1000.0 / total as f64
