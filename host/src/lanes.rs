@@ -243,6 +243,37 @@ pub fn schedule(candidates: &[Candidate], elsewhere: &[Candidate], caps: &Caps) 
     started
 }
 
+/// Leaves out, while a drain builds its candidates, the ops that cannot
+/// change what [`schedule`] starts. Offered in dispatch order, an op that
+/// neither occupies nor holds a lane (not in flight, no receipt in doubt)
+/// and whose lanes are all strict and all blocked by ops offered before it
+/// can neither start (rule 2) nor block a lane that is not blocked already
+/// (rule 3). A drain's book holds up to its window of ops, most of them
+/// queued behind the head of their lane; without them a round's schedule
+/// costs the lanes' heads, not the whole book (the ActivityPub bench: 50
+/// lanes, 1,000 ops in the book, the schedule 15% of the host's CPU).
+#[derive(Debug, Default)]
+pub struct Behind<'a> {
+    blocked: HashSet<&'a str>,
+}
+
+impl<'a> Behind<'a> {
+    /// Offers the next op in dispatch order: `true` if it can be left out.
+    /// `strict`: every lane of the op is strict (one that is not blocks
+    /// nothing here, so it is kept); `occupies`: it is in flight or holds a
+    /// receipt in doubt.
+    pub fn hides(&mut self, lanes: &'a [String], strict: bool, occupies: bool) -> bool {
+        if !strict {
+            return false;
+        }
+        if !occupies && !lanes.is_empty() && lanes.iter().all(|l| self.blocked.contains(l.as_str())) {
+            return true;
+        }
+        self.blocked.extend(lanes.iter().map(String::as_str));
+        false
+    }
+}
+
 /// The destination host an op's cap counts against: its first URL lane's
 /// authority (the breaker's and destination health's key too).
 fn destination(c: &Candidate) -> Option<&str> {
@@ -571,6 +602,25 @@ mod tests {
                 let here = ops.iter().filter(|c| c.state == OpState::InFlight || started.contains(&c.id)).count();
                 prop_assert!(here <= cap.max(before));
             }
+        }
+
+        /// Leaving out what [`Behind`] hides never changes what starts.
+        #[test]
+        fn ops_behind_their_lanes_change_nothing((ops, elsewhere, caps) in arb_candidates()) {
+            let mut order: Vec<&Candidate> = ops.iter().collect();
+            order.sort_by_key(|c| key(c));
+            let names: Vec<Vec<String>> = order.iter().map(|c| c.lanes.iter().map(|l| l.name.clone()).collect()).collect();
+            let mut behind = Behind::default();
+            let kept: Vec<Candidate> = order
+                .iter()
+                .zip(&names)
+                .filter(|(c, names)| {
+                    let strict = c.lanes.iter().all(|l| l.mode == LaneMode::Strict);
+                    !behind.hides(names, strict, c.state == OpState::InFlight || c.in_doubt)
+                })
+                .map(|(c, _)| (*c).clone())
+                .collect();
+            prop_assert_eq!(schedule(&kept, &elsewhere, &caps), schedule(&ops, &elsewhere, &caps));
         }
 
         /// Liveness: a ready op that did not start was held back by a rule.

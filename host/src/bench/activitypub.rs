@@ -206,8 +206,17 @@ async fn cycle(queue: &dyn Queue, inboxes: &[(String, Arc<Load>)]) -> anyhow::Re
     let mut out = String::new();
     for samples in &mut stages {
         samples.sort_unstable();
-        let at = |p: f64| samples.get(((samples.len().max(1) - 1) as f64 * p) as usize).copied().unwrap_or(0);
-        out.push_str(&format!(" {:.1} / {:.1} |", at(0.5) as f64 / 1000.0, at(0.9) as f64 / 1000.0));
+        let at = |p: f64| {
+            samples
+                .get(((samples.len().max(1) - 1) as f64 * p) as usize)
+                .copied()
+                .unwrap_or(0)
+        };
+        out.push_str(&format!(
+            " {:.1} / {:.1} |",
+            at(0.5) as f64 / 1000.0,
+            at(0.9) as f64 / 1000.0
+        ));
     }
     Ok(out)
 }

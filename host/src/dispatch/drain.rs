@@ -686,8 +686,13 @@ impl Pass {
         }
         {
             let breakers = self.inner.breakers();
+            let mut behind = lanes::Behind::default();
             for entry in self.book.entries().filter(|e| !leaving.contains(&e.row.id)) {
                 let row = &entry.row;
+                let strict = rules.of(&row.kind).mode == LaneMode::Strict;
+                if behind.hides(&row.lanes, strict, row.in_flight || row.in_doubt) {
+                    continue;
+                }
                 let state = if entry.parked || !self.book.in_reach(row) {
                     OpState::Waiting
                 } else {

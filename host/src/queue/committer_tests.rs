@@ -4,14 +4,27 @@
 
 use std::time::Duration;
 
-use super::committer::apply_group;
+use super::committer::{apply_group_on, fail_all};
 use super::*;
 use crate::clock::SystemClock;
 use crate::lanes::LaneRules;
 use crate::op::OpId;
 use crate::queue::dialect::RecordPut;
+use crate::queue::dialect::RoundResult;
 use crate::queue::Completion;
 use crate::queue::{Cas, Expect, LeaseSpec, NewOp, OpStore, RecordStore};
+
+/// The committer's group commit on a writer from the pool.
+async fn apply_group(
+    queue: &SqliteQueue,
+    rounds: &[Round],
+    puts: &[RecordPut],
+) -> (Vec<RoundResult>, Vec<Result<Cas, QueueError>>) {
+    match queue.conns.writer().await {
+        Ok(mut writer) => apply_group_on(queue, &mut writer, rounds, puts).await.0,
+        Err(e) => fail_all(rounds, puts, &e),
+    }
+}
 
 /// Rounds alone, applied as one group commit.
 async fn apply_rounds(queue: &SqliteQueue, rounds: &[Round]) -> Vec<RoundResult> {
@@ -200,5 +213,31 @@ async fn record_writes_ride_in_a_group_commit_and_a_failing_one_fails_alone() ->
         let stored = queue.record("note:ap", key).await?.map(|r| r.value);
         assert_eq!(stored.as_deref(), value, "{key}");
     }
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_committer_gives_its_writer_back_when_nothing_waits() -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let dir = tempfile::tempdir()?;
+    let (queue, ids) = scratch_queue(dir.path(), 40).await?;
+    let inbox = queue.conns.group.clone().context("the queue has a committer")?;
+    // Rounds that arrive together: the committer keeps its writer from one
+    // group to the next while they wait.
+    let sent: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let (inbox, round) = (inbox.clone(), round(&[*id]));
+            tokio::spawn(async move { inbox.submit(round).await })
+        })
+        .collect();
+    for round in sent {
+        let (_, claimed) = round.await??;
+        assert_eq!(claimed.len(), 1);
+    }
+    assert_eq!(statuses(&queue, &ids).await?, vec!["submitted"; ids.len()]);
+    // Idle: the writer is back in its pool for every other writer.
+    let writer = tokio::time::timeout(Duration::from_secs(2), queue.conns.writer()).await;
+    assert!(matches!(writer, Ok(Ok(_))), "the idle committer still holds the writer");
     Ok(())
 }

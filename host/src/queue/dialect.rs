@@ -12,6 +12,7 @@ use std::collections::HashSet;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use sqlx::pool::PoolConnection;
 use sqlx::{Database, Pool, Transaction};
 
 use super::{Backend, Cas, Claimed, Completion, Expect, LeaseSpec, QueueError, Subscription};
@@ -65,6 +66,13 @@ pub trait Dialect: Clone + std::fmt::Debug + Send + Sync + 'static {
     /// writer connection, so a transaction that reads before it writes is
     /// never refused for a commit in between).
     async fn write(&self) -> Result<Transaction<'static, Self::Db>, QueueError>;
+
+    /// How [`Dialect::write`] begins a transaction (`None`: a plain `BEGIN`).
+    const BEGIN: Option<&'static str>;
+
+    /// The connection write transactions run on, from its pool: the
+    /// committer keeps one across group commits while work waits.
+    async fn writer(&self) -> Result<PoolConnection<Self::Db>, QueueError>;
 
     /// The pool reads go to (SQLite: read-only connections beside the writer).
     fn read(&self) -> &Pool<Self::Db>;

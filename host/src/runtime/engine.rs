@@ -68,6 +68,8 @@ fn compile_cache(runtime: &RuntimeConfig) -> Option<wasmtime::Cache> {
     }
 }
 
+const KEEP_RESIDENT: usize = 2 << 20;
+
 fn pooling(runtime: &RuntimeConfig) -> PoolingAllocationConfig {
     let mut pool = PoolingAllocationConfig::new();
     let n = runtime.max_instances;
@@ -79,7 +81,10 @@ fn pooling(runtime: &RuntimeConfig) -> PoolingAllocationConfig {
         .max_memories_per_component(2)
         .max_tables_per_component(4)
         .max_memory_size(MAX_PLUGIN_MEMORY)
-        .max_component_instance_size(4 << 20);
+        .max_component_instance_size(4 << 20)
+        .linear_memory_keep_resident(KEEP_RESIDENT)
+        .table_keep_resident(KEEP_RESIDENT)
+        .pagemap_scan(wasmtime::Enabled::Auto);
     pool
 }
 

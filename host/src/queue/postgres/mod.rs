@@ -140,6 +140,12 @@ impl Dialect for Conns {
         Ok(self.pool.begin().await?)
     }
 
+    const BEGIN: Option<&'static str> = None;
+
+    async fn writer(&self) -> Result<sqlx::pool::PoolConnection<Postgres>, QueueError> {
+        Ok(self.pool.acquire().await?)
+    }
+
     fn read(&self) -> &PgPool {
         &self.pool
     }

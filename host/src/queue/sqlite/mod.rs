@@ -160,7 +160,13 @@ impl Dialect for Conns {
     const BACKEND: Backend = Backend::Sqlite;
 
     async fn write(&self) -> Result<Transaction<'static, Sqlite>, QueueError> {
-        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
+        Ok(Transaction::begin(self.writer().await?, Self::BEGIN.map(Into::into)).await?)
+    }
+
+    const BEGIN: Option<&'static str> = Some("BEGIN IMMEDIATE");
+
+    async fn writer(&self) -> Result<sqlx::pool::PoolConnection<Sqlite>, QueueError> {
+        Ok(self.writer.acquire().await?)
     }
 
     fn read(&self) -> &SqlitePool {
