@@ -325,13 +325,20 @@ pub(super) async fn slow_fediverse(inboxes: usize) -> anyhow::Result<()> {
     }
     let seconds = start.elapsed().as_secs_f64();
     let held = hung.iter().map(|l| l.most.load(Ordering::SeqCst)).max().unwrap_or(0);
+    let held_all: usize = hung.iter().map(|l| l.most.load(Ordering::SeqCst)).sum();
     let ideal = live_total as f64 * delay.as_secs_f64() / capacity as f64;
-    println!("| live inboxes delivered | time (of which the fan-out's enqueue) | ideal (live × 0.2 s ÷ {capacity} in flight) | ratio | most a hanging server held (cap {cap}) |");
-    println!("|---|---|---|---|---|");
+    // The permits the hanging servers hold (within their cap) for the whole
+    // run are not the live inboxes': the best this host can do is the
+    // enqueue, then the live inboxes over the permits left.
+    let bound = enqueued + live_total as f64 * delay.as_secs_f64() / capacity.saturating_sub(held_all).max(1) as f64;
+    println!("| live inboxes delivered | time (of which the fan-out's enqueue) | ideal (live × 0.2 s ÷ {capacity} in flight) | ratio | most a hanging server held (cap {cap}) | bound with the hanging servers' {held_all} permits held: enqueue + live × 0.2 s ÷ {} | time / bound |", capacity.saturating_sub(held_all));
+    println!("|---|---|---|---|---|---|---|");
     println!(
-        "| {} of {live_total} | {seconds:.2} s ({enqueued:.2} s) | {ideal:.2} s | {:.2}x (target <= 1.3x) | {held} |",
+        "| {} of {live_total} | {seconds:.2} s ({enqueued:.2} s) | {ideal:.2} s | {:.2}x (target <= 1.3x) | {held} | {bound:.2} s ({:.2}x of ideal) | {:.2}x |",
         served(),
-        seconds / ideal
+        seconds / ideal,
+        bound / ideal,
+        seconds / bound
     );
     host.stop().await?;
     Ok(())
