@@ -239,7 +239,8 @@ pub async fn run(args: DemoArgs, out: &mut dyn Write) -> Result<(), DemoError> {
 
     let ops = ops_of(&node, &ledger.order).await?;
     let pools = node.dispatcher.config().pools.clone();
-    let (lanes, notes) = lane_rows(&pools, &ops, &ledger, &fakes, &keys, size.activities);
+    let redealt = redealt_ops(&dir).await?;
+    let (lanes, notes) = lane_rows(&pools, &ops, &ledger, &fakes, &keys, size.activities, &redealt);
     let kinds = kind_rows(&node, &ops).await?;
     writeln!(out, "\nLanes\n{}", report::lanes_table(&lanes)).map_err(io("output"))?;
     for line in notes {
@@ -585,6 +586,23 @@ async fn ops_of(node: &Node, ids: &[OpId]) -> Result<Vec<Op>, DemoError> {
 
 /// The lane table's rows, and for each signer the kinds in the order they
 /// landed on chain (where a CRITICAL withdrawal overtaking the backlog shows).
+/// The ops a pool's drain re-dealt to another channel, from the demo's
+/// database (its `lane_redeals` records).
+async fn redealt_ops(dir: &Path) -> Result<HashSet<OpId>, DemoError> {
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(dir.join("laneway.db"))
+        .read_only(true);
+    let db = sqlx::SqlitePool::connect_with(options)
+        .await
+        .map_err(QueueError::from)?;
+    let ids: Vec<OpId> = sqlx::query_scalar("SELECT DISTINCT op_id FROM lane_redeals")
+        .fetch_all(&db)
+        .await
+        .map_err(QueueError::from)?;
+    db.close().await;
+    Ok(ids.into_iter().collect())
+}
+
 fn lane_rows(
     pools: &std::collections::BTreeMap<String, crate::config::PoolConfig>,
     ops: &[Op],
@@ -592,6 +610,7 @@ fn lane_rows(
     fakes: &Fakes,
     keys: &HashMap<String, DemoKey>,
     activities: u64,
+    redealt: &HashSet<OpId>,
 ) -> (Vec<LaneRow>, Vec<String>) {
     let mut notes = Vec::new();
     let enqueued: HashMap<OpId, usize> = ledger.order.iter().enumerate().map(|(i, id)| (*id, i)).collect();
@@ -650,6 +669,7 @@ fn lane_rows(
                         sequence: tx.sequence,
                         priority: op.priority,
                         enqueued: enqueued.get(&op.id).copied().unwrap_or(usize::MAX),
+                        redealt: channel_of.contains_key(id.as_str()) && redealt.contains(&op.id),
                     });
                     match kinds.last_mut() {
                         Some((kind, n)) if *kind == op.kind => *n += 1,
@@ -679,7 +699,13 @@ fn lane_rows(
                 }
             })
             .collect();
-        notes.push(format!("{role} landed: {}", runs.join(" → ")));
+        let moved = chain.iter().filter(|l| l.redealt).count();
+        let moved = if moved == 0 {
+            String::new()
+        } else {
+            format!(" ({moved} re-dealt to it from a channel that could not send them; they keep the pool's order)")
+        };
+        notes.push(format!("{role} landed: {}{moved}", runs.join(" → ")));
     }
     for (name, pool) in pools {
         let publics: HashSet<[u8; 32]> = pool

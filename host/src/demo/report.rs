@@ -91,11 +91,17 @@ pub struct Landed {
     pub priority: Priority,
     /// The op's place in enqueue order.
     pub enqueued: usize,
+    /// It was re-dealt to this channel from another: a pool's waiting op
+    /// takes any free channel, so it keeps the pool's order, not the order
+    /// of ops dealt to its new channel before it moved (some of which may
+    /// have started already).
+    pub redealt: bool,
 }
 
 /// The lane rule on one signer: sequence numbers with no gap and no
 /// reuse (one transaction in flight at a time), and within a priority tier
-/// enqueue order (a higher tier may overtake a lower one; that is the point).
+/// enqueue order (a higher tier may overtake a lower one; that is the point)
+/// among the ops dealt to it (a pool's re-dealt ops are left out of the order).
 pub fn signer_order(landed: &[Landed]) -> Order {
     if landed.is_empty() {
         return Order::Nothing;
@@ -111,7 +117,7 @@ pub fn signer_order(landed: &[Landed]) -> Order {
     for tier in Priority::ALL {
         let order: Vec<usize> = landed
             .iter()
-            .filter(|l| l.priority == tier)
+            .filter(|l| l.priority == tier && !l.redealt)
             .map(|l| l.enqueued)
             .collect();
         if order.windows(2).any(|w| w[1] < w[0]) {
@@ -251,6 +257,7 @@ mod tests {
             sequence,
             priority,
             enqueued,
+            redealt: false,
         }
     }
 
@@ -285,6 +292,13 @@ mod tests {
         assert!(matches!(signer_order(&gap), Order::Broken(_)));
         let fifo = [landed(11, Priority::Normal, 1), landed(12, Priority::Normal, 0)];
         assert!(matches!(signer_order(&fifo), Order::Broken(_)));
+        // A pool's op re-dealt to the channel after a later one started
+        // there keeps the pool's order, not the channel's; a gap still counts.
+        let mut moved = [landed(11, Priority::Normal, 1), landed(12, Priority::Normal, 0)];
+        moved[1].redealt = true;
+        assert_eq!(signer_order(&moved), Order::Kept);
+        moved[1].sequence = 13;
+        assert!(matches!(signer_order(&moved), Order::Broken(_)));
         assert_eq!(signer_order(&[]), Order::Nothing);
     }
 }
