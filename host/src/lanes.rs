@@ -258,6 +258,13 @@ pub struct Behind<'a> {
 }
 
 impl<'a> Behind<'a> {
+    /// Room for the lanes of `ops` ops without growing.
+    pub fn with_capacity(ops: usize) -> Self {
+        Self {
+            blocked: HashSet::with_capacity(ops),
+        }
+    }
+
     /// Offers the next op in dispatch order: `true` if it can be left out.
     /// `strict`: every lane of the op is strict (one that is not blocks
     /// nothing here, so it is kept); `occupies`: it is in flight or holds a

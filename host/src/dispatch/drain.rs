@@ -690,10 +690,19 @@ impl Pass {
         }
         {
             let breakers = self.inner.breakers();
-            let mut behind = lanes::Behind::default();
+            let mut behind = lanes::Behind::with_capacity(self.book.len());
+            // The book's rows are mostly of one kind: its rule once.
+            let mut rule: Option<(&str, bool)> = None;
             for entry in self.book.entries().filter(|e| !leaving.contains(&e.row.id)) {
                 let row = &entry.row;
-                let strict = rules.of(&row.kind).mode == LaneMode::Strict;
+                let strict = match rule {
+                    Some((kind, strict)) if kind == row.kind => strict,
+                    _ => {
+                        let strict = rules.of(&row.kind).mode == LaneMode::Strict;
+                        rule = Some((&row.kind, strict));
+                        strict
+                    }
+                };
                 if behind.hides(&row.lanes, strict, row.in_flight || row.in_doubt) {
                     continue;
                 }
