@@ -533,18 +533,11 @@ async fn metrics_after_a_workload_carry_the_seed_names_and_labels(db: TestDb) ->
     exec.script(ids[1], [Step::Retry, Step::Ok]);
     exec.script(ids[2], [Step::Permanent]);
     settle(served.queue.as_ref(), Duration::from_secs(10)).await?;
-    let text = served
-        .http
-        .get(format!("{}/metrics", served.base))
-        .send()
-        .await?
-        .text()
-        .await?;
-    let lines = text.lines().map(|l| Ok(l.to_owned()));
-    let scrape = prometheus_parse::Scrape::parse(lines).context("parse /metrics")?;
-    let samples = |name: &'static str| scrape.samples.iter().filter(move |s| s.metric == name);
-    let ops_total = |outcome: &str| -> f64 {
-        samples("outbox_ops_total")
+    fn outcomes(scrape: &prometheus_parse::Scrape, outcome: &str) -> f64 {
+        scrape
+            .samples
+            .iter()
+            .filter(|s| s.metric == "outbox_ops_total")
             .filter(|s| s.labels.get("kind") == Some("activitypub") && s.labels.get("priority") == Some("normal"))
             .filter(|s| s.labels.get("outcome") == Some(outcome))
             .map(|s| match s.value {
@@ -552,7 +545,33 @@ async fn metrics_after_a_workload_carry_the_seed_names_and_labels(db: TestDb) ->
                 _ => 0.0,
             })
             .sum()
+    }
+    // A drain counts a settle once its commit lands back with it, a moment
+    // after the rows `settle` reads have changed: scrape until the three
+    // settles are counted, or the deadline passes and the checks say what
+    // is missing.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let (text, scrape) = loop {
+        let text = served
+            .http
+            .get(format!("{}/metrics", served.base))
+            .send()
+            .await?
+            .text()
+            .await?;
+        let lines = text.lines().map(|l| Ok(l.to_owned()));
+        let scrape = prometheus_parse::Scrape::parse(lines).context("parse /metrics")?;
+        let counted = ["confirmed", "failed"]
+            .iter()
+            .map(|o| outcomes(&scrape, o))
+            .sum::<f64>();
+        if counted >= 3.0 || std::time::Instant::now() > deadline {
+            break (text, scrape);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     };
+    let samples = |name: &'static str| scrape.samples.iter().filter(move |s| s.metric == name);
+    let ops_total = |outcome: &str| outcomes(&scrape, outcome);
     ensure!(
         ops_total("confirmed") == 2.0,
         "confirmed: {}\n{text}",

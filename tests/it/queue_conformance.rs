@@ -372,6 +372,9 @@ async fn redeal_moves_only_a_waiting_op_with_one_lane_by_compare_and_set(db: Tes
     );
     // The move already made: its `from` no longer holds.
     ensure!(q.redeal(&[to_b(ids[0])]).await?.is_empty());
+    let redealt = q.redealt(&ids).await?;
+    ensure!(redealt == vec![ids[0]], "the moves are on record: {redealt:?}");
+    ensure!(q.redealt(&[]).await?.is_empty());
     Ok(())
 }
 

@@ -239,7 +239,13 @@ pub async fn run(args: DemoArgs, out: &mut dyn Write) -> Result<(), DemoError> {
 
     let ops = ops_of(&node, &ledger.order).await?;
     let pools = node.dispatcher.config().pools.clone();
-    let redealt = redealt_ops(&dir).await?;
+    let redealt: HashSet<OpId> = node
+        .dispatcher
+        .queue()
+        .redealt(&ledger.order)
+        .await?
+        .into_iter()
+        .collect();
     let (lanes, notes) = lane_rows(&pools, &ops, &ledger, &fakes, &keys, size.activities, &redealt);
     let kinds = kind_rows(&node, &ops).await?;
     writeln!(out, "\nLanes\n{}", report::lanes_table(&lanes)).map_err(io("output"))?;
@@ -586,23 +592,6 @@ async fn ops_of(node: &Node, ids: &[OpId]) -> Result<Vec<Op>, DemoError> {
 
 /// The lane table's rows, and for each signer the kinds in the order they
 /// landed on chain (where a CRITICAL withdrawal overtaking the backlog shows).
-/// The ops a pool's drain re-dealt to another channel, from the demo's
-/// database (its `lane_redeals` records).
-async fn redealt_ops(dir: &Path) -> Result<HashSet<OpId>, DemoError> {
-    let options = sqlx::sqlite::SqliteConnectOptions::new()
-        .filename(dir.join("laneway.db"))
-        .read_only(true);
-    let db = sqlx::SqlitePool::connect_with(options)
-        .await
-        .map_err(QueueError::from)?;
-    let ids: Vec<OpId> = sqlx::query_scalar("SELECT DISTINCT op_id FROM lane_redeals")
-        .fetch_all(&db)
-        .await
-        .map_err(QueueError::from)?;
-    db.close().await;
-    Ok(ids.into_iter().collect())
-}
-
 fn lane_rows(
     pools: &std::collections::BTreeMap<String, crate::config::PoolConfig>,
     ops: &[Op],

@@ -41,6 +41,10 @@ pub trait OpStore: Send + Sync + std::fmt::Debug {
     /// An op's attempt history, oldest first.
     async fn attempts(&self, id: OpId) -> Result<Vec<Attempt>, QueueError>;
 
+    /// Which of `ids` a channel pool's drain re-dealt to another channel
+    /// (their moves are recorded in `lane_redeals`), in id order.
+    async fn redealt(&self, ids: &[OpId]) -> Result<Vec<OpId>, QueueError>;
+
     /// Ops matching a filter.
     async fn list(&self, filter: &OpFilter) -> Result<Vec<Op>, QueueError>;
 

@@ -236,6 +236,17 @@ impl OpStore for Store {
         Ok(ops_from_rows(&mut conn, row.as_slice()).await?.pop())
     }
 
+    async fn redealt(&self, ids: &[OpId]) -> Result<Vec<OpId>, QueueError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = reader(&self.conns).await?;
+        Ok(sqlx::query_scalar(sql::ops::REDEALT)
+            .bind(List(ids.to_vec()))
+            .fetch_all(&mut *conn)
+            .await?)
+    }
+
     async fn attempts(&self, id: OpId) -> Result<Vec<Attempt>, QueueError> {
         let mut conn = reader(&self.conns).await?;
         let rows = sqlx::query(sql::ops::ATTEMPTS_OF_OP)

@@ -57,6 +57,9 @@ SELECT hash, body::text AS body FROM payloads WHERE hash = ANY($1)
 -- name: op_by_id
 SELECT {{op_columns}} FROM ops WHERE ops.id = $1
 
+-- name: redealt
+SELECT DISTINCT op_id FROM lane_redeals WHERE op_id = ANY($1) ORDER BY op_id
+
 -- name: attempts_of_op
 SELECT op_id, attempt, started_at, finished_at, outcome, detail, fee, error FROM attempts
 WHERE op_id = $1 ORDER BY attempt
