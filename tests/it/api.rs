@@ -511,6 +511,19 @@ async fn a_bulk_recover_of_ten_thousand_dead_letters_is_spread_and_audited(db: T
     served.running.stop().await
 }
 
+/// The host's `/metrics` page, as text and parsed.
+async fn scrape_metrics(served: &Served) -> anyhow::Result<(String, prometheus_parse::Scrape)> {
+    let text = served
+        .http
+        .get(format!("{}/metrics", served.base))
+        .send()
+        .await?
+        .text()
+        .await?;
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).context("parse /metrics")?;
+    Ok((text, scrape))
+}
+
 async fn metrics_after_a_workload_carry_the_seed_names_and_labels(db: TestDb) -> anyhow::Result<()> {
     let exec = Scripted::new(0);
     let served = Served::start(&db, &exec, "[kinds.activitypub]\nmax_attempts = 2\n").await?;
@@ -552,15 +565,7 @@ async fn metrics_after_a_workload_carry_the_seed_names_and_labels(db: TestDb) ->
     // is missing.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     let (text, scrape) = loop {
-        let text = served
-            .http
-            .get(format!("{}/metrics", served.base))
-            .send()
-            .await?
-            .text()
-            .await?;
-        let lines = text.lines().map(|l| Ok(l.to_owned()));
-        let scrape = prometheus_parse::Scrape::parse(lines).context("parse /metrics")?;
+        let (text, scrape) = scrape_metrics(&served).await?;
         let counted = ["confirmed", "failed"]
             .iter()
             .map(|o| outcomes(&scrape, o))
@@ -1059,14 +1064,7 @@ async fn the_plugin_routes_show_digests_and_a_refused_reload_changes_nothing(db:
         entries.iter().filter(|e| e.action == "plugins.reload").count() == 2,
         "{entries:?}"
     );
-    let text = served
-        .http
-        .get(format!("{}/metrics", served.base))
-        .send()
-        .await?
-        .text()
-        .await?;
-    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).context("parse")?;
+    let (text, scrape) = scrape_metrics(&served).await?;
     let value = |name: &str, label: &str, want: &str| -> f64 {
         scrape
             .samples
