@@ -168,6 +168,10 @@ pub(crate) struct Book {
     cut: HashMap<String, Key>,
     halted_lanes: Vec<String>,
     elsewhere: Vec<Occupant>,
+    /// Ops the last full read kept.
+    filled: usize,
+    /// The last schedule left permits it could have used unused.
+    idle_permits: bool,
 }
 
 impl Book {
@@ -183,6 +187,8 @@ impl Book {
             cut: HashMap::new(),
             halted_lanes: Vec::new(),
             elsewhere: Vec::new(),
+            filled: 0,
+            idle_permits: false,
         }
     }
 
@@ -197,6 +203,14 @@ impl Book {
         self.halted_lanes = halted_lanes;
         self.elsewhere = elsewhere;
         self.add(filling.rows);
+        self.filled = self.entries.len();
+        self.idle_permits = false;
+    }
+
+    /// Whether the last schedule left permits unused that it could have
+    /// taken (it started fewer ops than it was allowed).
+    pub fn permits_idle(&mut self, idle: bool) {
+        self.idle_permits = idle;
     }
 
     /// Replaces everything with a plain read of the first ops in dispatch
@@ -251,9 +265,15 @@ impl Book {
     }
 
     /// The outbox had more ops than the book read, and the book has since
-    /// emptied below half its capacity: a full read should refill it.
+    /// emptied below half its capacity, or lost an eighth of what the read
+    /// kept while permits go unused (ops to destinations that have not
+    /// answered yet wait behind their one request, so a book of new servers
+    /// holds too few that may start): a full read should refill it. The
+    /// eighth bounds the reads to one per that many ops gone.
     pub fn needs_refill(&self) -> bool {
-        self.bound.is_some() && self.entries.len() < self.capacity / 2
+        let gone = self.filled.saturating_sub(self.entries.len());
+        self.bound.is_some()
+            && (self.entries.len() < self.capacity / 2 || (self.idle_permits && gone >= (self.capacity / 8).max(1)))
     }
 
     /// The ops in dispatch order.
@@ -477,6 +497,28 @@ mod tests {
             !small.needs_refill(),
             "a book that never overflowed has seen everything"
         );
+    }
+
+    #[test]
+    fn a_truncated_book_with_idle_permits_asks_for_a_refill_after_an_eighth_left() {
+        let mut book = Book::new(16);
+        book.reset(
+            (1..=16)
+                .map(|i| row(i, Priority::Normal, &[&format!("l{i}")]))
+                .collect(),
+            vec![],
+            vec![],
+        );
+        book.permits_idle(true);
+        assert!(!book.needs_refill(), "nothing left: a read would find the same ops");
+        book.claimed(1);
+        book.settled(1, &Finish::Confirm { receipt: None }, true);
+        assert!(!book.needs_refill(), "one op gone is not an eighth");
+        book.claimed(2);
+        book.settled(2, &Finish::Confirm { receipt: None }, true);
+        assert!(book.needs_refill(), "an eighth gone while permits idle");
+        book.permits_idle(false);
+        assert!(!book.needs_refill(), "every permit used: the book is enough");
     }
 
     #[test]
