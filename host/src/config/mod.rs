@@ -143,11 +143,6 @@ pub struct DestinationsConfig {
     /// Ops one laneway host keeps in flight to one destination host at
     /// most, so slow or hung servers cannot hold every permit.
     pub max_in_flight: usize,
-    /// The same cap for a destination host that has not answered this
-    /// laneway host lately (first contact, or its last attempt failed):
-    /// until one of its requests is answered, a server that hangs holds
-    /// this many permits, not `max_in_flight`.
-    pub max_in_flight_unanswered: usize,
 }
 
 impl DestinationsConfig {
@@ -837,21 +832,6 @@ mod tests {
             vec!["database.max_connections", "database.url", "queue.lease_ms"],
             "{err}"
         );
-    }
-
-    #[test]
-    fn the_unanswered_destination_cap_is_one_to_the_full_cap() {
-        for bad in [
-            "[destinations]\nmax_in_flight_unanswered = 0\n",
-            "[destinations]\nmax_in_flight = 4\nmax_in_flight_unanswered = 5\n",
-        ] {
-            let err = from_toml_str(bad).unwrap_err();
-            let paths: Vec<&str> = err.problems().iter().map(|p| p.path.as_str()).collect();
-            assert_eq!(paths, vec!["destinations.max_in_flight_unanswered"], "{err}");
-        }
-        let config = from_toml_str("[destinations]\nmax_in_flight = 4\nmax_in_flight_unanswered = 4\n").unwrap();
-        assert_eq!(config.destinations.max_in_flight_unanswered, 4);
-        assert_eq!(from_toml_str("").unwrap().destinations.max_in_flight_unanswered, 1);
     }
 
     #[test]

@@ -160,15 +160,6 @@ pub(super) fn validate(config: &Config) -> Vec<Problem> {
     if d.max_in_flight == 0 {
         bad("destinations.max_in_flight", "expected at least 1".to_owned());
     }
-    if d.max_in_flight_unanswered == 0 || d.max_in_flight_unanswered > d.max_in_flight.max(1) {
-        bad(
-            "destinations.max_in_flight_unanswered",
-            format!(
-                "expected 1 to destinations.max_in_flight ({}), got {}",
-                d.max_in_flight, d.max_in_flight_unanswered
-            ),
-        );
-    }
     if d.rate_burst == 0 {
         bad("destinations.rate_burst", "expected at least 1".to_owned());
     }

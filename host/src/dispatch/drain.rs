@@ -692,14 +692,11 @@ impl Pass {
                     .saturating_sub(self.running.len() + self.claiming.len()),
             )
         };
-        let (destination_load, answered) = self.inner.destination_load.snapshot();
         let mut caps = Caps {
             global: Some(config.dispatch.outbox_max_in_flight),
             starts: Some(starts),
             per_destination: Some(config.destinations.max_in_flight),
-            destination_load,
-            per_unanswered_destination: Some(config.destinations.max_in_flight_unanswered),
-            answered,
+            destination_load: self.inner.destination_load.snapshot(),
             ..Caps::default()
         };
         for (name, kind) in &config.kinds {
@@ -1545,11 +1542,6 @@ async fn execute(
             }
         }
     };
-    // Before the hold is given back: the next schedule that sees this
-    // destination's count fall sees its cap as this attempt left it.
-    if let (Some(dest), Some(failed)) = (destination.as_deref(), outcome.destination_failed()) {
-        inner.destination_load.heard(dest, !failed, std::time::Instant::now());
-    }
     Finished {
         claimed,
         destination,
