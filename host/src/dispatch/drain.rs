@@ -137,6 +137,9 @@ struct Pass {
     yielding: bool,
     /// The last schedule left ready ops waiting for a host permit.
     starved: bool,
+    /// The last schedule started nothing only because of destinations'
+    /// counts held by other outboxes' ops.
+    held_by_destinations: bool,
     /// The pass was woken from starvation: until it starts something, it
     /// may take the permits other drains leave free for starved outboxes.
     favoured: bool,
@@ -228,6 +231,7 @@ impl Pass {
             slot_lost: false,
             yielding: false,
             starved: false,
+            held_by_destinations: false,
             favoured: false,
             paused: Paused::default(),
             health: HealthView::default(),
@@ -269,6 +273,12 @@ impl Pass {
                 self.issue(lease_for, stopping).await?
             } else {
                 None
+            };
+            let wake_at = if self.held_by_destinations && !stopping {
+                let recheck = Instant::now() + PARKED_RECHECK.min(poll);
+                Some(wake_at.map_or(recheck, |at| at.min(recheck)))
+            } else {
+                wake_at
             };
             if self.running.is_empty() && self.finished.is_empty() && self.commits.is_empty() {
                 // Nothing in flight. Wait here for an op whose backoff ends
@@ -538,6 +548,7 @@ impl Pass {
         };
         let (start, due_next) = if stopping {
             self.starved = false;
+            self.held_by_destinations = false;
             (Vec::new(), None)
         } else {
             self.schedule(&config, &rules, now, &leaving)
@@ -781,6 +792,25 @@ impl Pass {
                 &elsewhere,
                 &Caps {
                     starts: Some(1),
+                    ..caps.clone()
+                },
+            )
+            .is_empty();
+        // Held only by destinations' counts, with nothing of its own
+        // running: the ops in flight there are other outboxes', whose ends
+        // wake no one here (no lane is shared, no permit was wanted), so
+        // the pass must look again by itself.
+        self.held_by_destinations = start.is_empty()
+            && starts > 0
+            && self.running.is_empty()
+            && self.claiming.is_empty()
+            && !caps.destination_load.is_empty()
+            && !lanes::schedule(
+                &input,
+                &elsewhere,
+                &Caps {
+                    starts: Some(1),
+                    per_destination: None,
                     ..caps.clone()
                 },
             )

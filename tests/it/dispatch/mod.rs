@@ -42,6 +42,7 @@ crate::on_both_backends!(
     busy_outboxes_leave_a_quiet_one_its_share_of_the_host_permits,
     a_dead_lane_with_a_backlog_past_the_window_does_not_hide_the_other_lanes,
     outboxes_sharing_a_lane_hand_it_over_without_waiting_for_the_poll,
+    an_outbox_held_by_its_destinations_cap_is_woken_without_the_poll,
     an_op_stalled_for_the_rest_of_a_pass_runs_again_in_the_next,
 );
 
@@ -571,6 +572,35 @@ async fn outboxes_sharing_a_lane_hand_it_over_without_waiting_for_the_poll(db: T
         let order: Vec<OpId> = started.iter().filter(|id| mine.contains(id)).copied().collect();
         ensure!(order == mine, "outbox {outbox} out of order: {order:?}");
     }
+    Ok(())
+}
+
+/// An op held only by its destination's cap, where the op in flight to that
+/// destination is another outbox's, must start soon after that op ends:
+/// no lane is shared, so no handover wakes its outbox, and the poll is an
+/// hour away.
+async fn an_outbox_held_by_its_destinations_cap_is_woken_without_the_poll(db: TestDb) -> anyhow::Result<()> {
+    let exec = Scripted::new(0);
+    let config = "[dispatch]\npoll_ms = 3600000\n[destinations]\nmax_in_flight = 1\n";
+    let running = Running::start(db.queue.clone(), exec.registry(&["activitypub"]), fast_config(config)?).await?;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let first = ids(running
+        .dispatcher
+        .enqueue(&[to("first", "https://one.example/users/a/inbox", 0)])
+        .await?)[0];
+    exec.script(first, [Step::Sleep(Duration::from_millis(300))]);
+    running.dispatcher.trigger("first");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = ids(running
+        .dispatcher
+        .enqueue(&[to("second", "https://one.example/users/b/inbox", 0)])
+        .await?)[0];
+    settle(db.queue.as_ref(), Duration::from_secs(5))
+        .await
+        .context("the second outbox waited for the poll")?;
+    running.stop().await?;
+    let started: Vec<OpId> = exec.started().iter().map(|e| e.op).collect();
+    ensure!(started == vec![first, second], "{started:?}");
     Ok(())
 }
 
