@@ -168,6 +168,12 @@ impl Laneway {
     }
 }
 
+/// Whether a process ended by aborting (a failpoint's `abort()`).
+pub fn aborted(status: &std::process::ExitStatus) -> bool {
+    use std::os::unix::process::ExitStatusExt as _;
+    status.signal() == Some(6)
+}
+
 /// Waits until `GET /readyz` answers 2xx, or the process exits, or 30 s.
 pub async fn ready(http: &reqwest::Client, host: &mut Proc, port: u16) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);

@@ -894,7 +894,24 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
             _ => None,
         };
         let mut host = laneway.start(port, failpoint)?;
-        procs::ready(&http, &mut host, port).await?;
+        if let Err(e) = procs::ready(&http, &mut host, port).await {
+            // A failpoint can fire while the host still starts (the relay
+            // and the pruner work off what earlier lives left before
+            // `/readyz` answers): the fault happened, only sooner.
+            let (Some(point), Some(status)) = (failpoint, host.exited()) else {
+                return Err(e);
+            };
+            if !procs::aborted(&status) {
+                return Err(e);
+            }
+            kills += 1;
+            gate.add_permits(chunk);
+            inbound_gate.add_permits(inbound_chunk);
+            outcome
+                .faults
+                .push(format!("failpoint {point}: aborted before it was ready ({status})"));
+            continue;
+        }
         set_ports(&[port]);
         // The host first works off what earlier lives left (up to 30 s), so
         // the backlog stays near one chunk: the harness is about faults, and

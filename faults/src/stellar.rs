@@ -369,7 +369,21 @@ pub async fn run(plan: &StellarPlan, env: &Env, fake_rpc: &Path) -> anyhow::Resu
             _ => None,
         };
         let mut host = laneway.start(port, failpoint)?;
-        procs::ready(&http, &mut host, port).await?;
+        if let Err(e) = procs::ready(&http, &mut host, port).await {
+            // A failpoint can fire while the host still starts (it works
+            // off what earlier lives left): the fault happened, sooner.
+            let (Some(point), Some(status)) = (failpoint, host.exited()) else {
+                return Err(e);
+            };
+            if !procs::aborted(&status) {
+                return Err(e);
+            }
+            gate.add_permits(chunk);
+            outcome
+                .faults
+                .push(format!("failpoint {point}: aborted before it was ready ({status})"));
+            continue;
+        }
         set_ports(&[port]);
         gate.add_permits(chunk);
         let line = match fault {
