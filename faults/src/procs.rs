@@ -168,10 +168,28 @@ impl Laneway {
     }
 }
 
-/// Whether a process ended by aborting (a failpoint's `abort()`).
-pub fn aborted(status: &std::process::ExitStatus) -> bool {
+/// As [`ready`], for a host started with `failpoint` armed: a failpoint
+/// can fire while the host still starts (the relay, the pruner and the
+/// drains work off what earlier lives left before `/readyz` answers), and
+/// then the fault happened, only sooner. `Some(line)` says so for the
+/// fault list; any other failure to start is an error.
+pub async fn ready_unless_aborted(
+    http: &reqwest::Client,
+    host: &mut Proc,
+    port: u16,
+    failpoint: Option<&str>,
+) -> anyhow::Result<Option<String>> {
     use std::os::unix::process::ExitStatusExt as _;
-    status.signal() == Some(6)
+    let Err(e) = ready(http, host, port).await else {
+        return Ok(None);
+    };
+    match (failpoint, host.exited()) {
+        // SIGABRT: the failpoint's `abort()`.
+        (Some(point), Some(status)) if status.signal() == Some(6) => Ok(Some(format!(
+            "failpoint {point}: aborted before it was ready ({status})"
+        ))),
+        _ => Err(e),
+    }
 }
 
 /// Waits until `GET /readyz` answers 2xx, or the process exits, or 30 s.

@@ -894,22 +894,11 @@ pub async fn run(plan: &Plan, env: &Env) -> anyhow::Result<Outcome> {
             _ => None,
         };
         let mut host = laneway.start(port, failpoint)?;
-        if let Err(e) = procs::ready(&http, &mut host, port).await {
-            // A failpoint can fire while the host still starts (the relay
-            // and the pruner work off what earlier lives left before
-            // `/readyz` answers): the fault happened, only sooner.
-            let (Some(point), Some(status)) = (failpoint, host.exited()) else {
-                return Err(e);
-            };
-            if !procs::aborted(&status) {
-                return Err(e);
-            }
+        if let Some(line) = procs::ready_unless_aborted(&http, &mut host, port, failpoint).await? {
             kills += 1;
             gate.add_permits(chunk);
             inbound_gate.add_permits(inbound_chunk);
-            outcome
-                .faults
-                .push(format!("failpoint {point}: aborted before it was ready ({status})"));
+            outcome.faults.push(line);
             continue;
         }
         set_ports(&[port]);

@@ -369,19 +369,9 @@ pub async fn run(plan: &StellarPlan, env: &Env, fake_rpc: &Path) -> anyhow::Resu
             _ => None,
         };
         let mut host = laneway.start(port, failpoint)?;
-        if let Err(e) = procs::ready(&http, &mut host, port).await {
-            // A failpoint can fire while the host still starts (it works
-            // off what earlier lives left): the fault happened, sooner.
-            let (Some(point), Some(status)) = (failpoint, host.exited()) else {
-                return Err(e);
-            };
-            if !procs::aborted(&status) {
-                return Err(e);
-            }
+        if let Some(line) = procs::ready_unless_aborted(&http, &mut host, port, failpoint).await? {
             gate.add_permits(chunk);
-            outcome
-                .faults
-                .push(format!("failpoint {point}: aborted before it was ready ({status})"));
+            outcome.faults.push(line);
             continue;
         }
         set_ports(&[port]);

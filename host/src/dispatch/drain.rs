@@ -369,10 +369,11 @@ impl Pass {
 
     /// Whether to send a round now. With none on its way, always (a round
     /// with nothing to do costs no transaction). With some on their way (up
-    /// to [`rounds_in_flight`]), only one that carries a batch: half the drain's share of permits
-    /// finished or free. Small rounds otherwise wait for the one in
-    /// flight and grow meanwhile, so the transactions per op fall as load
-    /// rises (group commit), and no commit waits on a drain that is idle.
+    /// to [`rounds_in_flight`]), only one that carries a batch: half the
+    /// drain's share of permits finished or free. Small rounds otherwise
+    /// wait for those in flight and grow meanwhile, so the transactions per
+    /// op fall as load rises (group commit), and no commit waits on a drain
+    /// that is idle.
     fn worth_sending(&self, config: &Config) -> bool {
         match self.commits.len() {
             0 => true,
