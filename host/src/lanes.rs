@@ -27,6 +27,7 @@
 //! the first in dispatch order holds it and the others wait behind it.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use serde::Deserialize;
 
@@ -104,11 +105,32 @@ pub struct Caps {
     /// Ops this host has in flight (or being claimed) to each destination,
     /// this outbox's own included: the load `per_destination` caps.
     pub destination_load: HashMap<String, usize>,
+    /// The smaller cap of a destination not in `answered` (first contact,
+    /// or its last attempt failed), before what it earned by patience: a
+    /// server that never answers holds few permits for most of its
+    /// timeout; absent means `per_destination`.
+    pub per_unanswered_destination: Option<usize>,
+    /// Destinations that answered this host lately.
+    pub answered: Arc<HashSet<String>>,
+    /// Requests an unanswered destination earned on top of
+    /// `per_unanswered_destination` by waiting (`dispatch::load`).
+    pub earned: HashMap<String, usize>,
 }
 
 impl Caps {
     fn serial_cap(&self, lane: &str) -> usize {
         self.serial.get(lane).copied().unwrap_or(1)
+    }
+
+    /// The most ops that may be in flight to `destination`, given `cap`
+    /// (`per_destination`).
+    fn destination_cap(&self, destination: &str, cap: usize) -> usize {
+        match self.per_unanswered_destination {
+            Some(first) if !self.answered.contains(destination) => first
+                .saturating_add(self.earned.get(destination).copied().unwrap_or(0))
+                .min(cap),
+            _ => cap,
+        }
     }
 }
 
@@ -221,7 +243,7 @@ pub fn schedule(candidates: &[Candidate], elsewhere: &[Candidate], caps: &Caps) 
             c.state == OpState::Ready && lanes_free && under_caps(c, caps, &kind_load, global_load, started.len());
         let destination = caps.per_destination.filter(|_| startable).and_then(|_| destination(c));
         let destination_free = match (caps.per_destination, destination) {
-            (Some(cap), Some(d)) => destination_load.get(d).copied().unwrap_or(0) < cap,
+            (Some(cap), Some(d)) => destination_load.get(d).copied().unwrap_or(0) < caps.destination_cap(d, cap),
             _ => true,
         };
         if startable && destination_free {
@@ -283,7 +305,7 @@ impl<'a> Behind<'a> {
 
 /// The destination host an op's cap counts against: its first URL lane's
 /// authority (the breaker's and destination health's key too).
-fn destination(c: &Candidate) -> Option<&str> {
+pub(crate) fn destination(c: &Candidate) -> Option<&str> {
     crate::breaker::first_destination(c.lanes.iter().map(|lane| lane.name.as_str()))
 }
 
@@ -471,6 +493,42 @@ mod tests {
             ..caps
         };
         assert_eq!(schedule(&ops, &[], &full), vec![7, 8]);
+    }
+
+    #[test]
+    fn a_destination_that_has_not_answered_gets_one_op_until_it_does_or_earns_more() {
+        let inbox = |host: &str, n: i64| strict(&format!("https://{host}/users/{n}/inbox"));
+        let ops: Vec<Candidate> = (1..=4)
+            .map(|i| {
+                let host = if i <= 2 { "new.example" } else { "known.example" };
+                cand(i, Priority::Normal, vec![inbox(host, i)], OpState::Ready)
+            })
+            .collect();
+        let caps = Caps {
+            per_destination: Some(8),
+            per_unanswered_destination: Some(1),
+            answered: Arc::new(HashSet::from(["known.example".to_owned()])),
+            ..Caps::default()
+        };
+        assert_eq!(schedule(&ops, &[], &caps), vec![1, 3, 4]);
+        // Its one op in flight: nothing more goes to it.
+        let busy = Caps {
+            destination_load: HashMap::from([("new.example".to_owned(), 1)]),
+            ..caps.clone()
+        };
+        assert_eq!(schedule(&ops, &[], &busy), vec![3, 4]);
+        // Once it answered, the full cap.
+        let answered = Caps {
+            answered: Arc::new(HashSet::from(["known.example".to_owned(), "new.example".to_owned()])),
+            ..busy.clone()
+        };
+        assert_eq!(schedule(&ops, &[], &answered), vec![1, 2, 3, 4]);
+        // Unanswered still, but it earned one more by waiting.
+        let earned = Caps {
+            earned: HashMap::from([("new.example".to_owned(), 1)]),
+            ..busy
+        };
+        assert_eq!(schedule(&ops, &[], &earned), vec![1, 3, 4]);
     }
 
     #[test]

@@ -336,7 +336,7 @@ pub(super) async fn slow_fediverse(inboxes: usize) -> anyhow::Result<()> {
     // enqueue, then the live inboxes over the permits left.
     let bound = enqueued + live_total as f64 * delay.as_secs_f64() / capacity.saturating_sub(held_all).max(1) as f64;
     let mean_live = in_flight as f64 / samples.max(1) as f64;
-    println!("| live inboxes delivered | time (of which the fan-out's enqueue) | ideal (live × 0.2 s ÷ {capacity} in flight) | ratio | most a hanging server held (cap {cap}) | bound with the hanging servers' {held_all} permits held: enqueue + live × 0.2 s ÷ {} | time / bound | in flight at the live servers (mean) |", capacity.saturating_sub(held_all));
+    println!("| live inboxes delivered | time (of which the fan-out's enqueue) | ideal (live × 0.2 s ÷ {capacity} in flight) | ratio | most a hanging server held (cap {cap}, {first} until it answers) | bound with the hanging servers' {held_all} permits held: enqueue + live × 0.2 s ÷ {} | time / bound | in flight at the live servers (mean) |", capacity.saturating_sub(held_all), first = config.destinations.max_in_flight_unanswered);
     println!("|---|---|---|---|---|---|---|---|");
     println!(
         "| {} of {live_total} | {seconds:.2} s ({enqueued:.2} s) | {ideal:.2} s | {:.2}x (target <= 1.3x) | {held} | {bound:.2} s ({:.2}x of ideal) | {:.2}x | {mean_live:.0} |",

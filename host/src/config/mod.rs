@@ -143,9 +143,27 @@ pub struct DestinationsConfig {
     /// Ops one laneway host keeps in flight to one destination host at
     /// most, so slow or hung servers cannot hold every permit.
     pub max_in_flight: usize,
+    /// The same cap for a destination host that has not answered this
+    /// laneway host lately (first contact, or its last attempt failed), to
+    /// begin with: a server that hangs holds this many permits, not
+    /// `max_in_flight`, until its patience earns it more.
+    pub max_in_flight_unanswered: usize,
+    /// An unanswered destination earns one more request once its requests
+    /// have been in flight this long, another after twice this more, and
+    /// so on up to `max_in_flight`; an answer gives it the full cap at once.
+    pub unanswered_patience_ms: u64,
 }
 
 impl DestinationsConfig {
+    /// How a destination that has not answered earns requests.
+    pub(crate) fn slow_start(&self) -> crate::dispatch::SlowStart {
+        crate::dispatch::SlowStart {
+            first: self.max_in_flight_unanswered,
+            patience: std::time::Duration::from_millis(self.unanswered_patience_ms),
+            cap: self.max_in_flight,
+        }
+    }
+
     /// The health rules' settings.
     pub fn health(&self) -> crate::health::HealthConfig {
         crate::health::HealthConfig {
@@ -832,6 +850,24 @@ mod tests {
             vec!["database.max_connections", "database.url", "queue.lease_ms"],
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_unanswered_destination_cap_is_one_to_the_full_cap() {
+        for bad in [
+            "[destinations]\nmax_in_flight_unanswered = 0\n",
+            "[destinations]\nmax_in_flight = 4\nmax_in_flight_unanswered = 5\n",
+        ] {
+            let err = from_toml_str(bad).unwrap_err();
+            let paths: Vec<&str> = err.problems().iter().map(|p| p.path.as_str()).collect();
+            assert_eq!(paths, vec!["destinations.max_in_flight_unanswered"], "{err}");
+        }
+        let config = from_toml_str("[destinations]\nmax_in_flight = 4\nmax_in_flight_unanswered = 4\n").unwrap();
+        assert_eq!(config.destinations.max_in_flight_unanswered, 4);
+        assert_eq!(from_toml_str("").unwrap().destinations.max_in_flight_unanswered, 1);
+        let err = from_toml_str("[destinations]\nunanswered_patience_ms = 0\n").unwrap_err();
+        let paths: Vec<&str> = err.problems().iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(paths, vec!["destinations.unanswered_patience_ms"], "{err}");
     }
 
     #[test]

@@ -160,6 +160,21 @@ pub(super) fn validate(config: &Config) -> Vec<Problem> {
     if d.max_in_flight == 0 {
         bad("destinations.max_in_flight", "expected at least 1".to_owned());
     }
+    if d.max_in_flight_unanswered == 0 || d.max_in_flight_unanswered > d.max_in_flight.max(1) {
+        bad(
+            "destinations.max_in_flight_unanswered",
+            format!(
+                "expected 1 to destinations.max_in_flight ({}), got {}",
+                d.max_in_flight, d.max_in_flight_unanswered
+            ),
+        );
+    }
+    if d.unanswered_patience_ms == 0 {
+        bad(
+            "destinations.unanswered_patience_ms",
+            "expected at least 1 (to give every destination the full cap at once, set max_in_flight_unanswered = max_in_flight)".to_owned(),
+        );
+    }
     if d.rate_burst == 0 {
         bad("destinations.rate_burst", "expected at least 1".to_owned());
     }

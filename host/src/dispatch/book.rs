@@ -266,9 +266,9 @@ impl Book {
 
     /// The outbox had more ops than the book read, and the book has since
     /// emptied below half its capacity, or lost an eighth of what the read
-    /// kept while permits go unused (ops held by their destination's cap,
-    /// many inboxes to a few servers, can leave too few in the book that
-    /// may start): a full read should refill it. The
+    /// kept while permits go unused (ops to destinations that have not
+    /// answered yet wait behind their first request, so a book of new servers
+    /// holds too few that may start): a full read should refill it. The
     /// eighth bounds the reads to one per that many ops gone.
     pub fn needs_refill(&self) -> bool {
         let gone = self.filled.saturating_sub(self.entries.len());

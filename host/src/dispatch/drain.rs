@@ -704,11 +704,19 @@ impl Pass {
                     .saturating_sub(self.running.len() + self.claiming.len()),
             )
         };
+        let clock = std::time::Instant::now();
+        let mut load = self
+            .inner
+            .destination_load
+            .snapshot(clock, config.destinations.slow_start());
         let mut caps = Caps {
             global: Some(config.dispatch.outbox_max_in_flight),
             starts: Some(starts),
             per_destination: Some(config.destinations.max_in_flight),
-            destination_load: self.inner.destination_load.snapshot(),
+            destination_load: std::mem::take(&mut load.counts),
+            per_unanswered_destination: Some(config.destinations.max_in_flight_unanswered),
+            answered: load.answered.clone(),
+            earned: std::mem::take(&mut load.earned),
             ..Caps::default()
         };
         for (name, kind) in &config.kinds {
@@ -785,6 +793,20 @@ impl Pass {
             lanes::schedule(&input, &elsewhere, &caps)
         };
         self.book.permits_idle(start.len() < starts);
+        // Permits left idle while ops wait for a destination whose
+        // patience runs: the pass is due again when it earns its next
+        // request, whoever holds it.
+        if start.len() < starts && !load.earns_next.is_empty() {
+            let started: HashSet<OpId> = start.iter().copied().collect();
+            let waiting = input
+                .iter()
+                .filter(|c| c.state == OpState::Ready && !started.contains(&c.id))
+                .filter_map(lanes::destination);
+            if let Some(at) = load.next_earned(waiting) {
+                let at = now + chrono_duration(at.saturating_duration_since(clock));
+                due_next = Some(due_next.map_or(at, |d| d.min(at)));
+            }
+        }
         self.starved = starts == 0
             && self.running.is_empty()
             && self.claiming.is_empty()
@@ -1573,6 +1595,11 @@ async fn execute(
             }
         }
     };
+    // Before the hold is given back: the next schedule that sees this
+    // destination's count fall sees its cap as this attempt left it.
+    if let (Some(dest), Some(failed)) = (destination.as_deref(), outcome.destination_failed()) {
+        inner.destination_load.heard(dest, !failed, std::time::Instant::now());
+    }
     Finished {
         claimed,
         destination,

@@ -9,6 +9,7 @@ mod book;
 mod drain;
 mod handover;
 mod load;
+pub(crate) use load::SlowStart;
 mod paused;
 mod redeal;
 mod share;

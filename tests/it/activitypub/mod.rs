@@ -141,6 +141,7 @@ crate::on_both_backends!(
     live:
     seed_000_fvcv_every_participant_gets_the_ledger_in_chain_order,
     a_hanging_inbox_delays_only_itself,
+    a_server_that_never_answers_earns_requests_only_by_patience,
     two_500s_then_202_keep_order_and_record_the_failures,
     gone_dead_letters_with_its_ledger_entry_and_429_waits_as_asked,
     a_shared_inbox_gets_one_post_for_five_recipients,
@@ -238,6 +239,47 @@ async fn a_hanging_inbox_delays_only_itself(db: TestDb) -> anyhow::Result<()> {
         ap.fake.posts("/users/slow/inbox") == 1,
         "only the hanging request went to it"
     );
+    ap.running.stop().await?;
+    Ok(())
+}
+
+/// Six inboxes on one server that never answers: one request goes at
+/// once, a second after the default patience of 1 s, a third after 2 s
+/// more, never more than that schedule allows, instead of all six (under
+/// the cap of 8) held until the timeout.
+async fn a_server_that_never_answers_earns_requests_only_by_patience(db: TestDb) -> anyhow::Result<()> {
+    let ap = setup(db, "").await?;
+    let to: Vec<String> = (0..6).map(|i| ap.inbox(&format!("hung{i}"))).collect();
+    for i in 0..6 {
+        ap.fake
+            .script(&format!("/users/hung{i}/inbox"), [Reply::Hang(Duration::from_secs(30))]);
+    }
+    let posts = || {
+        (0..6)
+            .map(|i| ap.fake.posts(&format!("/users/hung{i}/inbox")))
+            .sum::<usize>()
+    };
+    // The patience runs from the first request, which is no earlier than this.
+    let start = tokio::time::Instant::now();
+    ap.fan_out(announce(&format!("{ACTOR}/announce/0"), 0), &to).await?;
+    let allowed = |waited: Duration| match waited.as_millis() {
+        0..1000 => 1,
+        1000..3000 => 2,
+        _ => 3,
+    };
+    let mut seen = 0;
+    while start.elapsed() < Duration::from_secs(6) {
+        let now = posts();
+        let waited = start.elapsed();
+        ensure!(
+            now <= allowed(waited),
+            "{now} requests after {waited:?}, {} allowed",
+            allowed(waited)
+        );
+        seen = now;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ensure!(seen == 3, "after 6 s the server had {seen} requests, not 3");
     ap.running.stop().await?;
     Ok(())
 }
