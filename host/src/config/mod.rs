@@ -155,15 +155,6 @@ pub struct DestinationsConfig {
 }
 
 impl DestinationsConfig {
-    /// How a destination that has not answered earns requests.
-    pub(crate) fn slow_start(&self) -> crate::dispatch::SlowStart {
-        crate::dispatch::SlowStart {
-            first: self.max_in_flight_unanswered,
-            patience: std::time::Duration::from_millis(self.unanswered_patience_ms),
-            cap: self.max_in_flight,
-        }
-    }
-
     /// The health rules' settings.
     pub fn health(&self) -> crate::health::HealthConfig {
         crate::health::HealthConfig {

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use super::book::{Book, Filling, PER_SET};
-use super::load::Hold;
+use super::load::{Hold, SlowStart};
 use super::paused::Paused;
 use super::{DispatchError, Inner};
 use crate::breaker::{self, Admission};
@@ -708,7 +708,7 @@ impl Pass {
         let mut load = self
             .inner
             .destination_load
-            .snapshot(clock, config.destinations.slow_start());
+            .snapshot(clock, SlowStart::of(&config.destinations));
         let mut caps = Caps {
             global: Some(config.dispatch.outbox_max_in_flight),
             starts: Some(starts),

@@ -64,6 +64,16 @@ pub(crate) struct SlowStart {
 }
 
 impl SlowStart {
+    /// The `[destinations]` settings (config sits below dispatch, so the
+    /// conversion lives here).
+    pub fn of(config: &crate::config::DestinationsConfig) -> Self {
+        Self {
+            first: config.max_in_flight_unanswered,
+            patience: Duration::from_millis(config.unanswered_patience_ms),
+            cap: config.max_in_flight,
+        }
+    }
+
     /// The extra requests earned by waiting `waited`: the largest `k` with
     /// `patience × k(k+1)/2 <= waited`, no more than `first` short of `cap`.
     pub fn earned(&self, waited: Duration) -> usize {

@@ -9,7 +9,6 @@ mod book;
 mod drain;
 mod handover;
 mod load;
-pub(crate) use load::SlowStart;
 mod paused;
 mod redeal;
 mod share;
