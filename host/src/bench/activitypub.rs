@@ -321,11 +321,12 @@ pub(super) async fn slow_fediverse(inboxes: usize) -> anyhow::Result<()> {
     let served = || live.iter().map(|(l, _)| l.served.load(Ordering::SeqCst)).sum::<usize>();
     let deadline = Instant::now() + Duration::from_secs(120);
     let now_live = || live.iter().map(|(l, _)| l.now.load(Ordering::SeqCst)).sum::<usize>();
-    let (mut samples, mut in_flight) = (0usize, 0usize);
+    let (mut samples, mut in_flight, mut permits) = (0usize, 0usize, 0usize);
     while served() < live_total && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(5)).await;
         samples += 1;
         in_flight += now_live();
+        permits += host.dispatcher.permits_in_use();
     }
     let seconds = start.elapsed().as_secs_f64();
     let held = hung.iter().map(|l| l.most.load(Ordering::SeqCst)).max().unwrap_or(0);
@@ -336,10 +337,11 @@ pub(super) async fn slow_fediverse(inboxes: usize) -> anyhow::Result<()> {
     // enqueue, then the live inboxes over the permits left.
     let bound = enqueued + live_total as f64 * delay.as_secs_f64() / capacity.saturating_sub(held_all).max(1) as f64;
     let mean_live = in_flight as f64 / samples.max(1) as f64;
-    println!("| live inboxes delivered | time (of which the fan-out's enqueue) | ideal (live × 0.2 s ÷ {capacity} in flight) | ratio | most a hanging server held (cap {cap}, {first} until it answers) | bound with the hanging servers' {held_all} permits held: enqueue + live × 0.2 s ÷ {} | time / bound | in flight at the live servers (mean) |", capacity.saturating_sub(held_all), first = config.destinations.max_in_flight_unanswered);
-    println!("|---|---|---|---|---|---|---|---|");
+    let mean_permits = permits as f64 / samples.max(1) as f64;
+    println!("| live inboxes delivered | time (of which the fan-out's enqueue) | ideal (live × 0.2 s ÷ {capacity} in flight) | ratio | most a hanging server held (cap {cap}, {first} until it answers) | bound with the hanging servers' {held_all} permits held: enqueue + live × 0.2 s ÷ {} | time / bound | in flight at the live servers (mean) | permits held (mean; the hanging servers' included) |", capacity.saturating_sub(held_all), first = config.destinations.max_in_flight_unanswered);
+    println!("|---|---|---|---|---|---|---|---|---|");
     println!(
-        "| {} of {live_total} | {seconds:.2} s ({enqueued:.2} s) | {ideal:.2} s | {:.2}x (target <= 1.3x) | {held} | {bound:.2} s ({:.2}x of ideal) | {:.2}x | {mean_live:.0} |",
+        "| {} of {live_total} | {seconds:.2} s ({enqueued:.2} s) | {ideal:.2} s | {:.2}x (target <= 1.3x) | {held} | {bound:.2} s ({:.2}x of ideal) | {:.2}x | {mean_live:.0} | {mean_permits:.0} |",
         served(),
         seconds / ideal,
         bound / ideal,

@@ -296,6 +296,14 @@ impl Dispatcher {
         &self.inner.executors
     }
 
+    /// Host permits taken now: ops scheduled, being claimed or executing
+    /// (what `laneway bench` compares with the requests servers see).
+    pub fn permits_in_use(&self) -> usize {
+        self.inner
+            .permit_total
+            .saturating_sub(self.inner.permits.available_permits())
+    }
+
     /// What its events count (what `/metrics` shows).
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.inner.metrics
