@@ -26,10 +26,7 @@ pub(crate) struct DestinationLoad(Mutex<State>);
 
 #[derive(Debug)]
 struct State {
-    counts: HashMap<String, usize>,
-    /// Since when each destination in `counts` has had ops in flight
-    /// without a failure: what its patience is measured from.
-    since: HashMap<String, Instant>,
+    in_flight: HashMap<String, InFlight>,
     /// When each destination last answered.
     answered_at: HashMap<String, Instant>,
     /// The same destinations, shared with every schedule without a copy
@@ -39,11 +36,19 @@ struct State {
     swept_at: Instant,
 }
 
+/// One destination's ops in flight on this host.
+#[derive(Debug)]
+struct InFlight {
+    count: usize,
+    /// Since when it has had ops in flight without a failure: what its
+    /// patience is measured from.
+    since: Instant,
+}
+
 impl Default for DestinationLoad {
     fn default() -> Self {
         Self(Mutex::new(State {
-            counts: HashMap::new(),
-            since: HashMap::new(),
+            in_flight: HashMap::new(),
             answered_at: HashMap::new(),
             answered: Arc::default(),
             swept_at: Instant::now(),
@@ -111,9 +116,6 @@ pub(crate) struct Snapshot {
 impl Snapshot {
     /// When the first of `destinations` earns one more request.
     pub fn next_earned<'a>(&self, destinations: impl IntoIterator<Item = &'a str>) -> Option<Instant> {
-        if self.earns_next.is_empty() {
-            return None;
-        }
         destinations
             .into_iter()
             .filter_map(|d| self.earns_next.get(d))
@@ -132,22 +134,24 @@ impl DestinationLoad {
     /// others earned by patience, for one schedule.
     pub fn snapshot(&self, now: Instant, slow: SlowStart) -> Snapshot {
         let state = self.state();
+        let mut counts = HashMap::with_capacity(state.in_flight.len());
         let mut earned = HashMap::new();
         let mut earns_next = HashMap::new();
-        for (destination, since) in &state.since {
+        for (destination, flight) in &state.in_flight {
+            counts.insert(destination.clone(), flight.count);
             if state.answered.contains(destination) {
                 continue;
             }
-            let k = slow.earned(now.saturating_duration_since(*since));
+            let k = slow.earned(now.saturating_duration_since(flight.since));
             if k > 0 {
                 earned.insert(destination.clone(), k);
             }
             if slow.first + k < slow.cap {
-                earns_next.insert(destination.clone(), *since + slow.earns_at(k + 1));
+                earns_next.insert(destination.clone(), flight.since + slow.earns_at(k + 1));
             }
         }
         Snapshot {
-            counts: state.counts.clone(),
+            counts,
             answered: state.answered.clone(),
             earned,
             earns_next,
@@ -160,9 +164,11 @@ impl DestinationLoad {
     }
 
     fn hold_at(self: &Arc<Self>, destination: &str, now: Instant) -> Holding {
-        let mut state = self.state();
-        *state.counts.entry(destination.to_owned()).or_default() += 1;
-        state.since.entry(destination.to_owned()).or_insert(now);
+        self.state()
+            .in_flight
+            .entry(destination.to_owned())
+            .or_insert(InFlight { count: 0, since: now })
+            .count += 1;
         Holding {
             load: self.clone(),
             destination: destination.to_owned(),
@@ -188,8 +194,8 @@ impl DestinationLoad {
             if state.answered_at.remove(destination).is_some() {
                 Arc::make_mut(&mut state.answered).remove(destination);
             }
-            if let Some(since) = state.since.get_mut(destination) {
-                *since = now;
+            if let Some(flight) = state.in_flight.get_mut(destination) {
+                flight.since = now;
             }
         }
         if now.saturating_duration_since(state.swept_at) >= SWEEP_EVERY {
@@ -216,15 +222,15 @@ pub(crate) struct Holding {
 impl Drop for Holding {
     fn drop(&mut self) {
         let mut state = self.load.state();
-        if let Some(n) = state.counts.get_mut(&self.destination) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                state.counts.remove(&self.destination);
-                state.since.remove(&self.destination);
+        if let Some(flight) = state.in_flight.get_mut(&self.destination) {
+            flight.count = flight.count.saturating_sub(1);
+            if flight.count == 0 {
+                state.in_flight.remove(&self.destination);
             }
         }
     }
 }
+
 /// What an op holds while it is claimed and executed: a host permit and
 /// its place in its destination's count. Both are given back when the
 /// attempt ends (or its claim is refused).
