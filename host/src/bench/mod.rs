@@ -8,16 +8,18 @@
 //! ```
 //!
 //! Sections (pick with `--only a,b`; the default set is every section but
-//! `soak`, `slow-fediverse` and `deep-backlog`; `--systems full,normal,pg,graphile,plain`
-//! narrows the throughput section):
+//! `soak`, `slow-fediverse` and `deep-backlog`; `--systems
+//! full,normal,pg,graphile,plain,statements` narrows the throughput section):
 //! - `throughput`: drain ops/s through a no-op executor: laneway on SQLite
 //!   (`synchronous` full and normal) and PostgreSQL; beside them, in the same
 //!   run, the plain job loops with no scheduler at all (PostgreSQL `SELECT …
 //!   FOR UPDATE SKIP LOCKED LIMIT 100` + update + one history row per job, 2
 //!   clients; SQLite the same batches in one durable transaction each), and
 //!   graphile-worker 0.17.3 on the same PostgreSQL (installed with npm into
-//!   a cache folder; left out with a note when `npm` is missing); min and
-//!   median, and the ratios.
+//!   a cache folder; left out with a note when `npm` is missing), and
+//!   laneway's own SQLite dispatch statements looped with no host around
+//!   them (what its schema lets the single writer do); min and median, and
+//!   the ratios.
 //! - `latency`: enqueue → executor start, p50/p99: in-process producers,
 //!   plain-SQL producers on another connection, and the `laneway enqueue`
 //!   CLI (another process; its wall time too).
@@ -368,6 +370,7 @@ async fn throughput(n: usize, rounds: usize, systems: &[String]) -> anyhow::Resu
     .map(|(_, store)| store)
     .collect();
     let mut results: HashMap<&'static str, Vec<f64>> = HashMap::new();
+    let mut splits = Vec::new();
     for round in 0..rounds {
         for &store in &stores {
             let rate = laneway_round(store, n).await?;
@@ -386,6 +389,12 @@ async fn throughput(n: usize, rounds: usize, systems: &[String]) -> anyhow::Resu
             let rate = plain::sqlite_round(n).await?;
             eprintln!("  round {round}: {PLAIN_SQLITE}: {rate:.0} ops/s");
             results.entry(PLAIN_SQLITE).or_default().push(rate);
+        }
+        if wants("statements") {
+            let (rate, split) = plain::sqlite_statements_round(n).await?;
+            eprintln!("  round {round}: {STATEMENTS_SQLITE}: {rate:.0} ops/s");
+            splits.push(split);
+            results.entry(STATEMENTS_SQLITE).or_default().push(rate);
         }
     }
     println!("| system | min ops/s | median ops/s |");
@@ -418,15 +427,32 @@ async fn throughput(n: usize, rounds: usize, systems: &[String]) -> anyhow::Resu
             PLAIN_SQLITE,
             "target >= 0.40x",
         ),
+        (
+            "laneway's SQLite statements alone / plain SQLite loop",
+            STATEMENTS_SQLITE,
+            PLAIN_SQLITE,
+            "the schema's ceiling for the line above",
+        ),
+        (
+            "laneway SQLite full / its statements alone",
+            full,
+            STATEMENTS_SQLITE,
+            "what the host keeps of its statements",
+        ),
     ] {
         if let (Some(a), Some(b)) = (median(ours), median(theirs)) {
             println!("ratio {what} (medians): {:.2}x ({target})", a / b);
         }
     }
+    for (round, split) in splits.iter().enumerate() {
+        println!("round {round}: laneway's SQLite statements alone, wall µs per op: {split}");
+    }
     Ok(())
 }
 
 /// The names of the comparison systems in the table.
+const STATEMENTS_SQLITE: &str =
+    "laneway's own SQLite statements alone (100/batch, one connection, no host, synchronous=full)";
 const GRAPHILE: &str = "graphile-worker 0.17.3 (16 workers, batched completion)";
 const PLAIN_PG: &str = "plain PostgreSQL loop (SKIP LOCKED, 100/batch, history row, 2 clients)";
 const PLAIN_SQLITE: &str = "plain SQLite loop (100/batch, history row, synchronous=full)";
@@ -776,7 +802,7 @@ pub struct BenchArgs {
     /// How often the stellar-pool section's fake network closes a ledger, in ms.
     #[arg(long, default_value_t = 1000)]
     pub ledger_ms: u64,
-    /// The throughput section's systems (full, normal, pg, plain, graphile).
+    /// The throughput section's systems (full, normal, pg, plain, graphile, statements).
     #[arg(long, value_delimiter = ',')]
     pub systems: Vec<String>,
 }

@@ -111,3 +111,148 @@ pub(super) async fn sqlite_round(n: usize) -> anyhow::Result<f64> {
     }
     Ok(n as f64 / start.elapsed().as_secs_f64())
 }
+
+/// The ceiling of laneway's own design on SQLite: its dispatch statements
+/// (the book's read, the settle with its attempt rows, the pick, the lane
+/// guard's occupants, the claim), run back to back on one connection with
+/// no host around them: no drains, no committer, no executor, no events.
+/// Each durable transaction settles the 100 ops the one before claimed and
+/// claims the next 100, as a group commit does in the steady state. What
+/// this loop leaves to the plain loop is what the schema costs (the
+/// indexes and triggers a status change maintains, a lease and an attempt
+/// row per op); what the drain leaves to this loop is what the host costs.
+pub(super) async fn sqlite_statements_round(n: usize) -> anyhow::Result<(f64, String)> {
+    use crate::queue::sqlite::sql::dispatch::{CLAIM, OCCUPANTS, PICK_CLAIMABLE, RECORD_ATTEMPTS, SETTLE};
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+    use sqlx::Row as _;
+    let scratch = super::Scratch::new(super::Store::SqliteFull, "").await?;
+    super::enqueue_all(scratch.queue.as_ref(), &super::ops(n, 8, n)).await?;
+    let options = SqliteConnectOptions::from_str(&scratch.url)?
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Full)
+        .foreign_keys(true);
+    let mut conn = sqlx::ConnectOptions::connect(&options).await?;
+    let now = || chrono::Utc::now().timestamp_millis();
+    let start = Instant::now();
+    // Wall time per statement, in the order a transaction runs them.
+    let mut spent = [std::time::Duration::ZERO; 8];
+    let mut lap = Instant::now();
+    let mut mark = |slot: usize| {
+        let now = Instant::now();
+        spent[slot] += now - lap;
+        lap = now;
+    };
+    // What the last transaction claimed: (id, attempt, token).
+    let mut claimed: Vec<(i64, i64, String)> = Vec::new();
+    loop {
+        let mut tx: sqlx::Transaction<'_, sqlx::Sqlite> =
+            sqlx::Transaction::begin(&mut conn, Some("BEGIN IMMEDIATE".into())).await?;
+        mark(0);
+        let at = now();
+        if !claimed.is_empty() {
+            let settles: Vec<serde_json::Value> = claimed
+                .iter()
+                .map(|(id, attempt, token)| {
+                    serde_json::json!({
+                        "id": id, "attempt": attempt, "token": token, "from": "submitted", "to": "confirmed",
+                        "clear": 0, "receipt": null, "error": null, "next_at": null, "bump": 0, "finished_at": at,
+                    })
+                })
+                .collect();
+            let settled: Vec<i64> = sqlx::query_scalar(SETTLE)
+                .bind(serde_json::Value::Array(settles).to_string())
+                .bind(at)
+                .fetch_all(&mut *tx)
+                .await?;
+            anyhow::ensure!(
+                settled.len() == claimed.len(),
+                "settled {} of {}",
+                settled.len(),
+                claimed.len()
+            );
+            mark(1);
+            let attempts: Vec<serde_json::Value> = claimed
+                .iter()
+                .map(|(id, attempt, _)| {
+                    serde_json::json!({
+                        "op_id": id, "attempt": attempt, "started_at": at, "finished_at": at,
+                        "outcome": "confirmed", "detail": null, "fee": null, "error": null,
+                    })
+                })
+                .collect();
+            sqlx::query(RECORD_ATTEMPTS)
+                .bind(serde_json::Value::Array(attempts).to_string())
+                .execute(&mut *tx)
+                .await?;
+            mark(2);
+        }
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT id FROM ops INDEXED BY ops_claim WHERE status = 'pending' ORDER BY priority, id LIMIT 100",
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        mark(3);
+        claimed.clear();
+        if !ids.is_empty() {
+            let list = serde_json::to_string(&ids)?;
+            let picked: Vec<sqlx::sqlite::SqliteRow> = sqlx::query(PICK_CLAIMABLE)
+                .bind(&list)
+                .bind("pending")
+                .bind(at)
+                .fetch_all(&mut *tx)
+                .await?;
+            let mut lanes: Vec<String> = Vec::new();
+            for row in &picked {
+                let these: Vec<String> = serde_json::from_str(row.try_get::<&str, _>("lanes")?)?;
+                lanes.extend(these);
+            }
+            mark(4);
+            let occupants = sqlx::query(OCCUPANTS)
+                .bind(serde_json::to_string(&lanes)?)
+                .fetch_all(&mut *tx)
+                .await?;
+            anyhow::ensure!(occupants.is_empty(), "every op has a lane of its own");
+            mark(5);
+            let token = uuid::Uuid::new_v4().to_string();
+            let rows: Vec<sqlx::sqlite::SqliteRow> = sqlx::query(CLAIM)
+                .bind("submitted")
+                .bind("bench")
+                .bind(&token)
+                .bind(at + 60_000)
+                .bind(at)
+                .bind(&list)
+                .bind("pending")
+                .fetch_all(&mut *tx)
+                .await?;
+            for row in rows {
+                claimed.push((row.try_get("id")?, row.try_get("attempts")?, token.clone()));
+            }
+            mark(6);
+        }
+        tx.commit().await?;
+        mark(7);
+        if ids.is_empty() && claimed.is_empty() {
+            break;
+        }
+    }
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    drop(conn);
+    scratch.drop().await?;
+    let per_op = |slot: usize| spent[slot].as_secs_f64() * 1e6 / n as f64;
+    let split = [
+        "begin",
+        "settle",
+        "attempt rows",
+        "book",
+        "pick",
+        "occupants",
+        "claim",
+        "commit",
+    ]
+    .iter()
+    .enumerate()
+    .map(|(slot, name)| format!("{name} {:.1}", per_op(slot)))
+    .collect::<Vec<_>>()
+    .join(", ");
+    Ok((rate, split))
+}
