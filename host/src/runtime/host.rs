@@ -435,7 +435,7 @@ impl PluginHost {
         match &result {
             Ok(()) => crate::events::Reloaded::Loaded.emit(metrics),
             Err(e) => {
-                tracing::error!(error = %e, "Reload refused; the running config and plugins stay in service.");
+                // The typed event below is the one log line (and metric).
                 if matches!(
                     e,
                     LoadError::Config(_) | LoadError::WouldRemove(_) | LoadError::Queue(_)
