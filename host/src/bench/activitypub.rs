@@ -67,17 +67,21 @@ async fn serve(load: Arc<Load>, delay: Option<Duration>) -> anyhow::Result<Strin
 /// answer that waited for a worker busy with a plugin call or a group
 /// commit was counted as time at the inbox and held the lane meanwhile.
 /// Both still share the machine's two cores.
+/// Built once, inside `get_or_init`: a second one built by a racing caller
+/// would be dropped inside the host's runtime, which tokio refuses.
 fn inboxes() -> anyhow::Result<&'static tokio::runtime::Runtime> {
-    static INBOXES: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
-    if let Some(runtime) = INBOXES.get() {
-        return Ok(runtime);
-    }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("bench-inboxes")
-        .enable_all()
-        .build()?;
-    Ok(INBOXES.get_or_init(|| runtime))
+    static INBOXES: std::sync::OnceLock<Result<tokio::runtime::Runtime, String>> = std::sync::OnceLock::new();
+    INBOXES
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("bench-inboxes")
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|e| anyhow::anyhow!("no runtime for the bench's inboxes: {e}"))
 }
 
 /// This process's CPU time so far (user + system), from /proc.

@@ -122,6 +122,7 @@ pub(super) async fn sqlite_round(n: usize) -> anyhow::Result<f64> {
 /// indexes and triggers a status change maintains, a lease and an attempt
 /// row per op); what the drain leaves to this loop is what the host costs.
 pub(super) async fn sqlite_statements_round(n: usize) -> anyhow::Result<(f64, String)> {
+    use crate::op::{AttemptClass, Transition};
     use crate::queue::sqlite::sql::dispatch::{CLAIM, OCCUPANTS, PICK_CLAIMABLE, RECORD_ATTEMPTS, SETTLE};
     use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
     use sqlx::Row as _;
@@ -133,6 +134,9 @@ pub(super) async fn sqlite_statements_round(n: usize) -> anyhow::Result<(f64, St
         .foreign_keys(true);
     let mut conn = sqlx::ConnectOptions::connect(&options).await?;
     let now = || chrono::Utc::now().timestamp_millis();
+    // Every status the statements compare and set comes from the state
+    // machine, as the store's do.
+    let (claim, confirm) = (Transition::Claim, Transition::Confirm);
     let start = Instant::now();
     // Wall time per statement, in the order a transaction runs them.
     let mut spent = [std::time::Duration::ZERO; 8];
@@ -154,7 +158,8 @@ pub(super) async fn sqlite_statements_round(n: usize) -> anyhow::Result<(f64, St
                 .iter()
                 .map(|(id, attempt, token)| {
                     serde_json::json!({
-                        "id": id, "attempt": attempt, "token": token, "from": "submitted", "to": "confirmed",
+                        "id": id, "attempt": attempt, "token": token,
+                        "from": confirm.from().as_str(), "to": confirm.to().as_str(),
                         "clear": 0, "receipt": null, "error": null, "next_at": null, "bump": 0, "finished_at": at,
                     })
                 })
@@ -176,7 +181,7 @@ pub(super) async fn sqlite_statements_round(n: usize) -> anyhow::Result<(f64, St
                 .map(|(id, attempt, _)| {
                     serde_json::json!({
                         "op_id": id, "attempt": attempt, "started_at": at, "finished_at": at,
-                        "outcome": "confirmed", "detail": null, "fee": null, "error": null,
+                        "outcome": AttemptClass::Confirmed.as_str(), "detail": null, "fee": null, "error": null,
                     })
                 })
                 .collect();
@@ -197,7 +202,7 @@ pub(super) async fn sqlite_statements_round(n: usize) -> anyhow::Result<(f64, St
             let list = serde_json::to_string(&ids)?;
             let picked: Vec<sqlx::sqlite::SqliteRow> = sqlx::query(PICK_CLAIMABLE)
                 .bind(&list)
-                .bind("pending")
+                .bind(claim.from().as_str())
                 .bind(at)
                 .fetch_all(&mut *tx)
                 .await?;
@@ -215,13 +220,13 @@ pub(super) async fn sqlite_statements_round(n: usize) -> anyhow::Result<(f64, St
             mark(5);
             let token = uuid::Uuid::new_v4().to_string();
             let rows: Vec<sqlx::sqlite::SqliteRow> = sqlx::query(CLAIM)
-                .bind("submitted")
+                .bind(claim.to().as_str())
                 .bind("bench")
                 .bind(&token)
                 .bind(at + 60_000)
                 .bind(at)
                 .bind(&list)
-                .bind("pending")
+                .bind(claim.from().as_str())
                 .fetch_all(&mut *tx)
                 .await?;
             for row in rows {
