@@ -549,6 +549,58 @@ async fn sqlite_due_outboxes_seeks_its_index_with_a_deep_backlog() -> anyhow::Re
     Ok(())
 }
 
+/// The same poll on PostgreSQL, since `ops_outbox_claim` (which its skip
+/// scan used to seek) was dropped: `ops_due`, led by the outbox, answers
+/// both "the next outbox" and "has it a due op", one seek each, and no plan
+/// sorts the pending ops.
+#[tokio::test]
+async fn postgres_due_outboxes_seeks_its_index_with_a_deep_backlog() -> anyhow::Result<()> {
+    let db = support::postgres().await?;
+    let TestBackend::Postgres(queue) = &db.kind else {
+        anyhow::bail!("not postgres")
+    };
+    // 20,000 pending ops in four outboxes; the fourth's are all in the future.
+    sqlx::query(
+        "INSERT INTO ops (outbox, kind, priority, lanes, payload, next_attempt_at)
+         SELECT 'outbox-' || (i % 4), 'noop', 1, '{}', '{}',
+                CASE WHEN i % 4 = 3 THEN now() + interval '1 day' ELSE now() - interval '1 minute' END
+         FROM generate_series(1, 20000) AS i",
+    )
+    .execute(queue.pool())
+    .await?;
+    sqlx::query("ANALYZE ops").execute(queue.pool()).await?;
+    let block = crate::tidy::sql_blocks("postgres")?
+        .remove("dispatch")
+        .into_iter()
+        .flatten()
+        .find(|(name, _)| name == "due_outboxes")
+        .and_then(|(_, text)| text)
+        .context("the due_outboxes block")?;
+    let now = chrono::Utc::now();
+    let plan: Vec<String> = sqlx::query_scalar(&format!(
+        "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) {block}"
+    ))
+    .bind(now)
+    .bind(100_i64)
+    .fetch_all(queue.pool())
+    .await?;
+    let seeks = plan.iter().filter(|line| line.contains("using ops_due on ops")).count();
+    ensure!(seeks == 3, "three seeks of ops_due: {plan:#?}");
+    ensure!(
+        !plan
+            .iter()
+            .any(|line| line.contains("Sort") || line.contains("Seq Scan")),
+        "the poll must seek, never sort or scan: {plan:#?}"
+    );
+    let due: Vec<String> = sqlx::query_scalar(&block)
+        .bind(now)
+        .bind(100_i64)
+        .fetch_all(queue.pool())
+        .await?;
+    ensure!(due == ["outbox-0", "outbox-1", "outbox-2"], "{due:?}");
+    Ok(())
+}
+
 /// PostgreSQL: an outbox's ops become visible in id order, whoever writes
 /// them. With many writers an id taken first could commit last; the
 /// drain's book reads new ops as `id > high-water mark`, skipped it, and let
