@@ -498,6 +498,17 @@ async fn the_plain_sql_producer_example_runs_with_psql_and_wakes_hosts() -> anyh
     Ok(())
 }
 
+/// A dialect's shipped `due_outboxes` statement, as the store runs it.
+fn due_outboxes_block(dialect: &str) -> anyhow::Result<String> {
+    crate::tidy::sql_blocks(dialect)?
+        .remove("dispatch")
+        .into_iter()
+        .flatten()
+        .find(|(name, _)| name == "due_outboxes")
+        .and_then(|(_, text)| text)
+        .context("the due_outboxes block")
+}
+
 /// The safety-net poll stays one seek per outbox with a deep backlog:
 /// SQLite's planner, left to itself, took `ops_status` and sorted every
 /// pending op once per outbox (0.98 s a poll at 86,000 waiting).
@@ -516,13 +527,7 @@ async fn sqlite_due_outboxes_seeks_its_index_with_a_deep_backlog() -> anyhow::Re
     )
     .execute(queue.pool())
     .await?;
-    let block = crate::tidy::sql_blocks("sqlite")?
-        .remove("dispatch")
-        .into_iter()
-        .flatten()
-        .find(|(name, _)| name == "due_outboxes")
-        .and_then(|(_, text)| text)
-        .context("the due_outboxes block")?;
+    let block = due_outboxes_block("sqlite")?;
     let plan = {
         use sqlx::Row as _;
         sqlx::query(&format!("EXPLAIN QUERY PLAN {block}"))
@@ -569,13 +574,7 @@ async fn postgres_due_outboxes_seeks_its_index_with_a_deep_backlog() -> anyhow::
     .execute(queue.pool())
     .await?;
     sqlx::query("ANALYZE ops").execute(queue.pool()).await?;
-    let block = crate::tidy::sql_blocks("postgres")?
-        .remove("dispatch")
-        .into_iter()
-        .flatten()
-        .find(|(name, _)| name == "due_outboxes")
-        .and_then(|(_, text)| text)
-        .context("the due_outboxes block")?;
+    let block = due_outboxes_block("postgres")?;
     let now = chrono::Utc::now();
     let plan: Vec<String> = sqlx::query_scalar(&format!(
         "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) {block}"
