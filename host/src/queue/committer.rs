@@ -99,9 +99,9 @@ async fn run(queue: Store, inbox: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver
     let mut waiting: Vec<Work> = Vec::with_capacity(GROUP_MAX);
     // The writer of the last group, kept while work already waits for the
     // next one: handing a connection back to its pool costs a spawned task
-    // and two pings (sqlx's and ours), which the next group would wait for
-    // (2 ms of the 5 ms a SQLite group took in the ActivityPub bench, the
-    // host's workers busy with plugins).
+    // and a ping, which the next group would wait for (with the three pings
+    // the pool took before: 2 ms of the 5 ms a SQLite group took in the
+    // ActivityPub bench, the host's workers busy with plugins).
     let mut kept: Option<PoolConnection<Db>> = None;
     let mut streak = 0usize;
     loop {
@@ -148,7 +148,8 @@ async fn run(queue: Store, inbox: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver
             Ok(mut writer) => {
                 let (results, committed) = apply_group_on(&queue, &mut writer, &rounds, &puts).await;
                 // Only a writer whose transaction committed is known clean
-                // (one that failed goes back, where `after_release` checks it).
+                // (one that failed goes back to the pool, which checks it
+                // before handing it out again).
                 if committed && streak < KEEP_FOR_GROUPS {
                     kept = Some(writer);
                     streak += 1;

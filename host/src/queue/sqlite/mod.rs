@@ -105,20 +105,23 @@ impl SqliteQueue {
             // and a ROLLBACK after SQLite already rolled back (as it does on
             // I/O errors and a full disk) fails, leaving every later BEGIN
             // refused ("begin_with at non-zero transaction depth", seen in
-            // CI). The ping runs after any rollback a dropped transaction
-            // queued; a connection still in a transaction then is closed and
-            // the next write opens a fresh one.
-            .after_release(|conn, _| {
-                Box::pin(async move {
-                    sqlx::Connection::ping(&mut *conn).await?;
-                    Ok(!sqlx::Connection::is_in_transaction(conn))
-                })
-            })
+            // CI). sqlx pings every released connection, which runs any
+            // rollback a dropped transaction queued; a connection still in a
+            // transaction after that is closed here, and the next write
+            // opens a fresh one. That ping is the only one: a file has no
+            // server that could have hung up, so the ping sqlx would add on
+            // every acquire (and one of our own on release) were two more
+            // hand-offs to SQLite's worker thread per write, waited for by
+            // whatever writes next.
+            .test_before_acquire(false)
+            .before_acquire(|conn, _| Box::pin(async move { Ok(!sqlx::Connection::is_in_transaction(conn)) }))
             .connect_with(writer_options)
             .await
             .map_err(unreachable)?;
         let reader = SqlitePoolOptions::new()
             .max_connections(config.max_connections)
+            // Released connections are pinged by sqlx already (see above).
+            .test_before_acquire(false)
             .acquire_timeout(acquire)
             .connect_with(base.clone().read_only(true))
             .await
