@@ -425,9 +425,7 @@ pub async fn plan_fan_out(
     let kind = config.kind(&request.kind).map_err(FanOutFailure::Refused)?;
     let ops = crate::fanout::plan(request, &kind.correlate_types(), kind.priority)
         .map_err(|e| FanOutFailure::Refused(e.to_string()))?;
-    for op in &ops {
-        crate::queue::validate_new_op(op, config.limits()).map_err(|e| FanOutFailure::Refused(e.to_string()))?;
-    }
+    crate::queue::validate_new_ops(&ops, config.limits()).map_err(|e| FanOutFailure::Refused(e.to_string()))?;
     let inboxes: Vec<String> = ops.iter().filter_map(|op| op.lanes.first().cloned()).collect();
     let gone = gone(queue, &inboxes).await?;
     let (ops, skipped): (Vec<_>, Vec<_>) = ops

@@ -90,7 +90,7 @@ pub fn prepare(request: EnqueueRequest, config: &Config) -> Result<NewOp, Enqueu
         priority: request.priority.unwrap_or(kind.priority),
         kind: request.kind,
         lanes: request.lanes,
-        payload: request.payload,
+        payload: request.payload.into(),
         idempotency_key: request.idempotency_key,
         coalesce_key: request.coalesce_key,
         subject: request.subject,

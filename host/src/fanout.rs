@@ -229,6 +229,9 @@ pub fn plan(
             inboxes.push(inbox);
         }
     }
+    // One allocation for every op: the ops share the activity, however
+    // many inboxes it goes to.
+    let payload: std::sync::Arc<str> = request.activity.as_str().into();
     Ok(inboxes
         .into_iter()
         .map(|inbox| NewOp {
@@ -236,7 +239,7 @@ pub fn plan(
             kind: request.kind.clone(),
             priority: request.priority.unwrap_or(default_priority),
             lanes: vec![inbox.to_owned()],
-            payload: request.activity.clone(),
+            payload: payload.clone(),
             idempotency_key: id.map(|id| format!("{id} -> {inbox}")),
             coalesce_key: match (kind, object_id) {
                 (Some("Announce"), Some(oid)) => Some(format!("announce {oid} -> {inbox}")),
@@ -390,7 +393,7 @@ mod tests {
             ops[0].idempotency_key.as_deref(),
             Some("https://cm.example/a/15 -> https://a.example/inbox")
         );
-        assert_eq!(ops[0].payload, ANNOUNCE);
+        assert_eq!(&*ops[0].payload, ANNOUNCE);
         let create = r#"{"id":"x","type":"Create","object":{"type":"Note","id":"n"}}"#;
         let ops = plan(
             &request(create, &["https://a.example/inbox"]),
@@ -403,6 +406,18 @@ mod tests {
             (None, None)
         );
         assert_eq!(ops[0].priority, Priority::Low);
+    }
+
+    #[test]
+    fn every_op_of_a_fan_out_shares_one_payload() {
+        let ops = plan(
+            &request(ANNOUNCE, &["https://a.example/inbox", "https://b.example/inbox"]),
+            &[],
+            Priority::Normal,
+        )
+        .unwrap();
+        assert_eq!(ops.len(), 2);
+        assert!(std::sync::Arc::ptr_eq(&ops[0].payload, &ops[1].payload));
     }
 
     #[test]

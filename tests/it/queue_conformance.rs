@@ -224,7 +224,7 @@ async fn an_invalid_op_in_a_batch_writes_nothing(db: TestDb) -> anyhow::Result<(
         .context("expected an error")?;
     ensure!(matches!(err, QueueError::InvalidOp(_)), "{err}");
     let mut big = good.clone();
-    big.payload = format!("\"{}\"", "x".repeat(1024 * 1024));
+    big.payload = format!("\"{}\"", "x".repeat(1024 * 1024)).into();
     ensure!(matches!(q.enqueue(&[good, big]).await, Err(QueueError::InvalidOp(_))));
     ensure!(q
         .list(&OpFilter {

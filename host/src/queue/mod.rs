@@ -32,7 +32,7 @@ pub use operator::{
     ApiKey, AuditEntry, Latency, NewApiKey, NewAuditEntry, OldestDue, OutcomeEntry, Pause, PauseScope, PruneQuery,
     QueueGauges, Tombstone,
 };
-pub use policy::{validate_new_op, MAX_LANES_PER_OP};
+pub use policy::{validate_new_op, validate_new_ops, MAX_LANES_PER_OP};
 pub use settings::{DatabaseConfig, SqliteConfig, Synchronous};
 pub use traits::{DispatchStore, OpStore, OperatorStore, Queue, RecordStore, RetentionStore};
 pub use types::*;

@@ -6,6 +6,7 @@
 use chrono::{DateTime, SubsecRound, Utc};
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use super::{Cas, Completion, ExpireTo, Finish, Limits, NewOp, Occupant, QueueError};
 use crate::lanes::{self, Candidate, Caps, LaneRules, OpState};
@@ -26,6 +27,31 @@ pub const MAX_LANES_PER_OP: usize = 64;
 ///
 /// [`QueueError::InvalidOp`] naming the first problem found.
 pub fn validate_new_op(op: &NewOp, limits: Limits) -> Result<NewOp, QueueError> {
+    check_op(op, limits, true)
+}
+
+/// [`validate_new_op`] over a batch, all or nothing. Ops that share one
+/// payload allocation (a fan-out's) have its JSON parsed once, not once per
+/// recipient: what a fan-out costs grows with its recipients, not with
+/// recipients times the activity's size.
+///
+/// # Errors
+///
+/// The first op's [`QueueError::InvalidOp`].
+pub fn validate_new_ops(ops: &[NewOp], limits: Limits) -> Result<Vec<NewOp>, QueueError> {
+    let mut parsed: Option<&Arc<str>> = None;
+    let mut checked = Vec::with_capacity(ops.len());
+    for op in ops {
+        let fresh = !parsed.is_some_and(|p| Arc::ptr_eq(p, &op.payload));
+        checked.push(check_op(op, limits, fresh)?);
+        parsed = Some(&op.payload);
+    }
+    Ok(checked)
+}
+
+/// Every check of [`validate_new_op`]; the payload's JSON only when `parse`
+/// (a payload shared with an op checked already is known to parse).
+fn check_op(op: &NewOp, limits: Limits, parse: bool) -> Result<NewOp, QueueError> {
     let invalid = |msg: String| Err(QueueError::InvalidOp(msg));
     if op.lanes.len() > MAX_LANES_PER_OP {
         return invalid(format!(
@@ -64,8 +90,10 @@ pub fn validate_new_op(op: &NewOp, limits: Limits) -> Result<NewOp, QueueError> 
             limits.max_payload_bytes
         ));
     }
-    if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&op.payload) {
-        return invalid(format!("payload is not valid JSON: {e}"));
+    if parse {
+        if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&op.payload) {
+            return invalid(format!("payload is not valid JSON: {e}"));
+        }
     }
     let mut lanes: Vec<String> = Vec::with_capacity(op.lanes.len());
     let mut seen: HashSet<&str> = HashSet::with_capacity(op.lanes.len());
@@ -423,6 +451,36 @@ mod tests {
             err.to_string(),
             "invalid op: payload is 16 bytes, over the 8-byte limit"
         );
+    }
+
+    #[test]
+    fn a_batch_checks_every_payload_it_does_not_share() {
+        let shared: Arc<str> = r#"{"type":"Create"}"#.into();
+        let mut ops: Vec<NewOp> = (0..3)
+            .map(|i| {
+                let mut o = NewOp::new("actor", "activitypub", shared.clone());
+                o.lanes = vec![format!("https://s{i}.example/inbox")];
+                o
+            })
+            .collect();
+        let checked = validate_new_ops(&ops, Limits::default()).expect("one shared, valid payload");
+        assert_eq!(checked.len(), 3);
+        assert!(checked.iter().all(|o| Arc::ptr_eq(&o.payload, &shared)));
+        // Equal text in another allocation is not known to parse: a batch of
+        // separate ops (the API's batch enqueue) is checked op by op.
+        ops.push(op("{nope"));
+        ops.push(NewOp::new("actor", "activitypub", shared.clone()));
+        let err = validate_new_ops(&ops, Limits::default()).unwrap_err();
+        assert!(err.to_string().contains("not valid JSON"), "{err}");
+        // The size limit and the names are still checked for every op.
+        let tight = Limits {
+            max_payload_bytes: 4,
+            ..Limits::default()
+        };
+        assert!(validate_new_ops(&ops[..1], tight).is_err());
+        ops[1] = NewOp::new("actor", "activitypub", shared.clone());
+        ops[1].lanes = vec![String::new()];
+        assert!(validate_new_ops(&ops[..2], Limits::default()).is_err());
     }
 
     #[test]

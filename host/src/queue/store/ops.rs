@@ -9,7 +9,7 @@ use super::{attempt_class, begin_savepoint, end_savepoint, ops_from_rows, reader
 use crate::op::{Attempt, AttemptRecord, Op, OpId, Priority, Status};
 use crate::queue::codec::{get, Lanes, List, Rank, St, Ts};
 use crate::queue::dialect::Dialect;
-use crate::queue::policy::{check_versions, shared_payload, validate_new_op};
+use crate::queue::policy::{check_versions, shared_payload, validate_new_ops};
 use crate::queue::{Backend, Depth, Enqueued, NewOp, OpFilter, OpStore, OutcomeCount, QueueError, Subscription};
 
 impl Store {
@@ -20,18 +20,15 @@ impl Store {
     ///
     /// [`QueueError::InvalidOp`] (nothing written) or a database error.
     pub async fn enqueue_in(&self, conn: &mut Conn, ops: &[NewOp]) -> Result<Vec<Enqueued>, QueueError> {
-        let checked = ops
-            .iter()
-            .map(|op| validate_new_op(op, self.limits))
-            .collect::<Result<Vec<_>, _>>()?;
+        let checked = validate_new_ops(ops, self.limits)?;
         let mut outboxes: Vec<String> = checked.iter().map(|op| op.outbox.clone()).collect();
         outboxes.sort_unstable();
         outboxes.dedup();
         Conns::lock_outboxes(&mut *conn, &outboxes).await?;
         let now = self.now();
-        // A fan-out's ops share one payload: it is written once per batch,
-        // not once per recipient.
-        let mut stored = std::collections::HashSet::new();
+        // A fan-out's ops share one payload: it is hashed and written once
+        // per batch, not once per recipient.
+        let mut stored = SharedPayloads::default();
         if checked.len() >= BATCH_FROM {
             if let Some(results) =
                 insert_batch(conn, &checked, now, self.limits.shared_payload_bytes, &mut stored).await?
@@ -52,27 +49,48 @@ impl Store {
 /// statement rather than per row).
 const BATCH_FROM: usize = 4;
 
+/// The shared payloads a batch has written, and the last one hashed: the
+/// ops of a fan-out share one payload allocation, so it is hashed once.
+#[derive(Default)]
+struct SharedPayloads {
+    stored: std::collections::HashSet<String>,
+    last: Option<(std::sync::Arc<str>, Option<String>)>,
+}
+
+impl SharedPayloads {
+    fn key(&mut self, payload: &std::sync::Arc<str>, shared_from: usize) -> Option<String> {
+        match &self.last {
+            Some((last, key)) if std::sync::Arc::ptr_eq(last, payload) => key.clone(),
+            _ => {
+                let key = shared_payload(payload, shared_from);
+                self.last = Some((payload.clone(), key.clone()));
+                key
+            }
+        }
+    }
+}
+
 /// Writes an op's shared payload once per batch; the payload and reference
 /// its row stores.
 async fn store_payload<'a>(
     conn: &mut Conn,
     op: &'a NewOp,
     shared_from: usize,
-    stored: &mut std::collections::HashSet<String>,
+    stored: &mut SharedPayloads,
 ) -> Result<(&'a str, Option<String>), QueueError> {
-    match shared_payload(&op.payload, shared_from) {
+    match stored.key(&op.payload, shared_from) {
         Some(hash) => {
             // A failed insert fails the whole batch, so marking it first is safe.
-            if stored.insert(hash.clone()) {
+            if stored.stored.insert(hash.clone()) {
                 sqlx::query(sql::ops::INSERT_PAYLOAD)
                     .bind(&hash)
-                    .bind(&op.payload)
+                    .bind(&*op.payload)
                     .execute(&mut *conn)
                     .await?;
             }
             Ok(("null", Some(hash)))
         }
-        None => Ok((op.payload.as_str(), None)),
+        None => Ok((&op.payload, None)),
     }
 }
 
@@ -85,7 +103,7 @@ async fn insert_batch(
     ops: &[NewOp],
     now: DateTime<Utc>,
     shared_from: usize,
-    stored: &mut std::collections::HashSet<String>,
+    stored: &mut SharedPayloads,
 ) -> Result<Option<Vec<Enqueued>>, QueueError> {
     let mut rows = Vec::with_capacity(ops.len());
     for op in ops {
@@ -139,7 +157,7 @@ async fn insert_one(
     op: &NewOp,
     now: DateTime<Utc>,
     shared_from: usize,
-    stored: &mut std::collections::HashSet<String>,
+    stored: &mut SharedPayloads,
 ) -> Result<Enqueued, QueueError> {
     let due = op.not_before.map_or(now, |t| t.max(now));
     let (payload, payload_ref) = store_payload(conn, op, shared_from, stored).await?;
