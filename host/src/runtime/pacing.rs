@@ -9,17 +9,34 @@
 //! a whole slice behind them; deliveries of healthy kinds slowed from
 //! 15 ms to seconds (the fault harness's neighbours run measured it). So a
 //! call's first [`GRACE`] of compute runs at full speed (a healthy plugin
-//! computes for a few milliseconds a call); past it, every tick of compute
-//! takes a turn on its plugin's [`Overtime`] timeline, which gives all the
-//! plugin's calls together at most `cpu_share_percent` of one core (10 by
-//! default) until their deadlines end them. One plugin's overtime never
-//! slows another's.
+//! computes for a few milliseconds a call), plus [`GRACE_PER_MIB`] for each
+//! MiB of input the call was handed, since hashing, copying and parsing its
+//! payload is work any plugin must do (a 1 MiB activity costs the
+//! ActivityPub plugin ~15-25 ms; with the flat grace, a fan-out of one
+//! paced the whole plugin to a tenth of a core and its deliveries timed
+//! out). Past it, every tick of compute takes a turn on its plugin's
+//! [`Overtime`] timeline, which gives all the plugin's calls together at
+//! most `cpu_share_percent` of one core (10 by default) until their
+//! deadlines end them. One plugin's overtime never slows another's.
+//!
+//! A tick is counted at each epoch callback, which comes at most a tick
+//! after the guest last resumed: half a tick of compute on average, so
+//! the grace is spent about twice as fast as the guest computes. That errs
+//! on the side of pacing, which is the side a host facing hostile plugins
+//! wants; the allowances are sized for it.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Compute a call may do at full speed.
 pub const GRACE: Duration = Duration::from_millis(20);
+
+/// Compute a call may do at full speed besides [`GRACE`], per MiB of input
+/// (its op's payload and config): generous next to what a MiB costs the
+/// shipped plugins, since a call paced past it slows every call of its
+/// plugin for [`GRACE_LOST_FOR`]. Producers, not plugins, choose the input,
+/// and `queue.max_payload_bytes` bounds it.
+pub const GRACE_PER_MIB: Duration = Duration::from_millis(100);
 
 /// How long a plugin whose calls ran past their grace gets none: a loop
 /// retried again and again is paced from its first tick.
@@ -71,11 +88,13 @@ pub struct Pacer {
 }
 
 impl Pacer {
-    /// A pacer for a call under an engine ticking every `tick`, of a
-    /// plugin allowed `share_percent` of a core past the grace.
-    pub fn new(tick: Duration, share_percent: u32) -> Self {
+    /// A pacer for a call handed `input_bytes` of input, under an engine
+    /// ticking every `tick`, of a plugin allowed `share_percent` of a core
+    /// past the grace.
+    pub fn new(tick: Duration, share_percent: u32, input_bytes: usize) -> Self {
         let tick = tick.max(Duration::from_millis(1));
-        let grace = u32::try_from(GRACE.as_micros() / tick.as_micros()).unwrap_or(u32::MAX);
+        let per_input = GRACE_PER_MIB.as_micros().saturating_mul(input_bytes as u128) / (1 << 20);
+        let grace = u32::try_from((GRACE.as_micros() + per_input) / tick.as_micros()).unwrap_or(u32::MAX);
         let turn = tick * 100 / share_percent.clamp(1, 100);
         Self {
             tick,
@@ -115,7 +134,7 @@ mod tests {
     #[test]
     fn a_short_call_is_never_paused() {
         let (overtime, start) = (Overtime::default(), Instant::now());
-        let mut pacer = Pacer::new(TICK, 10);
+        let mut pacer = Pacer::new(TICK, 10, 0);
         assert_eq!(pacer.grace(), 20);
         for n in 0..20 {
             assert_eq!(pacer.tick(&overtime, start + TICK * n), Pace::Yield);
@@ -125,7 +144,7 @@ mod tests {
     #[test]
     fn past_the_grace_one_call_computes_one_tick_in_four_at_25_percent() {
         let (overtime, start) = (Overtime::default(), Instant::now());
-        let mut pacer = Pacer::new(Duration::from_millis(10), 25);
+        let mut pacer = Pacer::new(Duration::from_millis(10), 25, 0);
         assert_eq!(pacer.grace(), 2);
         let mut now = start;
         for _ in 0..2 {
@@ -145,22 +164,36 @@ mod tests {
     #[test]
     fn a_plugin_recently_past_its_grace_gets_none_until_it_rests() {
         let (overtime, start) = (Overtime::default(), Instant::now());
-        let mut first = Pacer::new(TICK, 10);
+        let mut first = Pacer::new(TICK, 10, 0);
         let mut now = start;
         for _ in 0..=20 {
             first.tick(&overtime, now);
             now += TICK;
         }
-        let mut second = Pacer::new(TICK, 10);
+        let mut second = Pacer::new(TICK, 10, 0);
         assert!(matches!(second.tick(&overtime, now), Pace::Pause(_)));
-        let mut rested = Pacer::new(TICK, 10);
+        let mut rested = Pacer::new(TICK, 10, 0);
         assert_eq!(rested.tick(&overtime, now + GRACE_LOST_FOR + TICK * 100), Pace::Yield);
+    }
+
+    #[test]
+    fn a_calls_grace_grows_with_its_input() {
+        let (overtime, now) = (Overtime::default(), Instant::now());
+        assert_eq!(Pacer::new(TICK, 10, 512).grace(), 20);
+        assert_eq!(Pacer::new(TICK, 10, 1 << 19).grace(), 70);
+        let mut pacer = Pacer::new(TICK, 10, 1 << 20);
+        assert_eq!(pacer.grace(), 120);
+        for _ in 0..120 {
+            assert_eq!(pacer.tick(&overtime, now), Pace::Yield);
+        }
+        assert!(matches!(pacer.tick(&overtime, now), Pace::Pause(_)));
+        assert_eq!(Pacer::new(TICK, 10, usize::MAX).grace(), u32::MAX, "saturates");
     }
 
     #[test]
     fn a_full_share_is_never_paused() {
         let (overtime, now) = (Overtime::default(), Instant::now());
-        let mut pacer = Pacer::new(TICK, 100);
+        let mut pacer = Pacer::new(TICK, 100, 0);
         for _ in 0..1000 {
             assert_eq!(pacer.tick(&overtime, now), Pace::Yield);
         }
@@ -171,7 +204,7 @@ mod tests {
     #[test]
     fn a_plugins_calls_share_its_tenth_of_a_core() {
         let (overtime, start) = (Overtime::default(), Instant::now());
-        let mut calls: Vec<(Pacer, Instant)> = (0..4).map(|_| (Pacer::new(TICK, 10), start)).collect();
+        let mut calls: Vec<(Pacer, Instant)> = (0..4).map(|_| (Pacer::new(TICK, 10, 0), start)).collect();
         let mut computed = Duration::ZERO;
         let end = start + Duration::from_secs(2);
         // Each call, in turn of who resumes first: a tick, then its pause.
@@ -206,7 +239,7 @@ mod tests {
     #[test]
     fn a_tick_below_a_millisecond_is_read_as_one() {
         let (overtime, now) = (Overtime::default(), Instant::now());
-        let mut pacer = Pacer::new(Duration::ZERO, 10);
+        let mut pacer = Pacer::new(Duration::ZERO, 10, 0);
         assert_eq!(pacer.grace(), 20);
         for _ in 0..20 {
             pacer.tick(&overtime, now);

@@ -285,8 +285,14 @@ impl Plugin {
         })
     }
 
-    /// A fresh store with the deadline and limits armed.
-    fn store(&self, attempt: Option<Attempt>, op_id: Option<i64>) -> Result<Store<HostState>, PluginFailure> {
+    /// A fresh store with the deadline and limits armed, for a call handed
+    /// `input_bytes` of input (its compute grace grows with it).
+    fn store(
+        &self,
+        attempt: Option<Attempt>,
+        op_id: Option<i64>,
+        input_bytes: usize,
+    ) -> Result<Store<HostState>, PluginFailure> {
         let engine = self.runtime.engines.get(self.inspection.world.engine());
         let deterministic = self.inspection.world == World::FeePolicy;
         let state = HostState::new(self.services.clone(), self.limits.memory, attempt, op_id, deterministic);
@@ -302,7 +308,7 @@ impl Plugin {
         // spinning guest cannot starve other work; see `pacing`), and traps
         // at the deadline.
         let deadline = Instant::now() + self.limits.timeout;
-        let mut pacer = Pacer::new(self.runtime.epoch_tick, self.limits.cpu_share_percent);
+        let mut pacer = Pacer::new(self.runtime.epoch_tick, self.limits.cpu_share_percent, input_bytes);
         let overtime = self.overtime.clone();
         store.epoch_deadline_callback(move |_| {
             let now = Instant::now();
@@ -369,7 +375,7 @@ impl Plugin {
     /// [`PluginFailure`] when the call did not return an outcome.
     pub async fn execute(&self, op: wit::Op, attempt: Attempt) -> Result<wit::Outcome, PluginFailure> {
         let pre = self.executor_pre()?.clone();
-        let mut store = self.store(Some(attempt), Some(op.id))?;
+        let mut store = self.store(Some(attempt), Some(op.id), op.payload.len() + op.config.len())?;
         self.bounded(&mut store, async move |store| {
             let bindings = pre.instantiate_async(&mut *store).await?;
             bindings.laneway_plugin_executor().call_execute(&mut *store, &op).await
@@ -389,7 +395,8 @@ impl Plugin {
         attempt: Attempt,
     ) -> Result<wit::Reconciled, PluginFailure> {
         let pre = self.executor_pre()?.clone();
-        let mut store = self.store(Some(attempt), Some(op.id))?;
+        let input = op.payload.len() + op.config.len() + receipt.len();
+        let mut store = self.store(Some(attempt), Some(op.id), input)?;
         self.bounded(&mut store, async move |store| {
             let bindings = pre.instantiate_async(&mut *store).await?;
             bindings
@@ -407,7 +414,7 @@ impl Plugin {
     /// [`PluginFailure`], or the plugin's own refusal as `Ok(Err(..))`.
     pub async fn lanes(&self, input: wit::OpInput) -> Result<Result<Vec<String>, String>, PluginFailure> {
         let pre = self.executor_pre()?.clone();
-        let mut store = self.store(None, None)?;
+        let mut store = self.store(None, None, input.payload.len() + input.config.len())?;
         self.bounded(&mut store, async move |store| {
             let bindings = pre.instantiate_async(&mut *store).await?;
             bindings.laneway_plugin_executor().call_lanes(&mut *store, &input).await
@@ -433,7 +440,7 @@ impl Plugin {
         };
         let pre = pre.clone();
         let (kind, config) = (kind.to_owned(), config.to_owned());
-        let mut store = self.store(None, None)?;
+        let mut store = self.store(None, None, config.len())?;
         store.data_mut().probing = true;
         let result = self
             .bounded(&mut store, async move |store| {
@@ -463,7 +470,7 @@ impl Plugin {
     /// [`PluginFailure`] when the call did not return.
     pub async fn describe(&self) -> Result<wit_executor::Description, PluginFailure> {
         let pre = self.executor_pre()?.clone();
-        let mut store = self.store(None, None)?;
+        let mut store = self.store(None, None, 0)?;
         self.bounded(&mut store, async move |store| {
             let bindings = pre.instantiate_async(&mut *store).await?;
             bindings.laneway_plugin_executor().call_describe(&mut *store).await
@@ -481,7 +488,7 @@ impl Plugin {
         request: wit_fee::QuoteRequest,
     ) -> Result<Result<wit_fee::Decision, String>, PluginFailure> {
         let pre = self.policy_pre()?.clone();
-        let mut store = self.store(None, None)?;
+        let mut store = self.store(None, None, 0)?;
         self.bounded(&mut store, async move |store| {
             let bindings = pre.instantiate_async(&mut *store).await?;
             bindings
@@ -505,7 +512,7 @@ impl Plugin {
         config: String,
     ) -> Result<Result<wit_fee::Snapshot, String>, PluginFailure> {
         let pre = self.policy_pre()?.clone();
-        let mut store = self.store(None, None)?;
+        let mut store = self.store(None, None, config.len())?;
         self.bounded(&mut store, async move |store| {
             let bindings = pre.instantiate_async(&mut *store).await?;
             bindings
