@@ -11,10 +11,10 @@
 //! call's first [`GRACE`] of compute runs at full speed (a healthy plugin
 //! computes for a few milliseconds a call), plus [`GRACE_PER_MIB`] for each
 //! MiB of input the call was handed, since hashing, copying and parsing its
-//! payload is work any plugin must do (a 1 MiB activity costs the
-//! ActivityPub plugin ~15-25 ms; with the flat grace, a fan-out of one
-//! paced the whole plugin to a tenth of a core and its deliveries timed
-//! out). Past it, every tick of compute takes a turn on its plugin's
+//! payload is work any plugin must do (a 1 MiB activity costs an
+//! ActivityPub delivery about 12 ms of CPU, host and guest together; with
+//! the flat grace, a fan-out of one paced the whole plugin to a tenth of a
+//! core and its deliveries timed out). Past it, every tick of compute takes a turn on its plugin's
 //! [`Overtime`] timeline, which gives all the plugin's calls together at
 //! most `cpu_share_percent` of one core (10 by default) until their
 //! deadlines end them. One plugin's overtime never slows another's.
