@@ -55,6 +55,7 @@ crate::on_both_backends!(
     rounds_queued_behind_a_commit_apply_together_and_a_failing_one_fails_alone,
     a_batch_sharing_large_payloads_reads_each_back_exactly,
     a_batch_stores_what_one_by_one_stores_and_answers_conflicts_the_same,
+    a_batch_past_one_statement_keeps_its_order_and_answers_conflicts_per_op,
 );
 
 fn op(outbox: &str, lanes: &[&str]) -> NewOp {
@@ -1710,5 +1711,52 @@ async fn a_batch_stores_what_one_by_one_stores_and_answers_conflicts_the_same(db
     refused[4].kind = "outcome_webhook".into();
     ensure!(q.enqueue(&refused).await.is_err());
     ensure!(q.list(&all).await?.len() == 17);
+    Ok(())
+}
+
+/// A batch longer than one statement takes (a fan-out to thousands) is
+/// inserted as several in one transaction: ids still ascend in the batch's
+/// order, and a conflict in a later statement, or a key repeated across
+/// two of them, is answered for that op alone, as in a short batch.
+async fn a_batch_past_one_statement_keeps_its_order_and_answers_conflicts_per_op(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let mut earlier = op("big", &["elsewhere"]);
+    earlier.idempotency_key = Some("k-1700".into());
+    let existing = enqueue_one(q, earlier).await?;
+    let mut batch: Vec<NewOp> = (0..2_500).map(|i| op("big", &[&format!("inbox-{i}")])).collect();
+    batch[1_700].idempotency_key = Some("k-1700".into());
+    batch[10].idempotency_key = Some("twice".into());
+    batch[1_500].idempotency_key = Some("twice".into());
+    let answered = q.enqueue(&batch).await?;
+    ensure!(answered.len() == 2_500, "{} answers", answered.len());
+    ensure!(answered[1_700] == Enqueued::Existing(existing), "{:?}", answered[1_700]);
+    ensure!(
+        answered[1_500] == Enqueued::Existing(answered[10].id()),
+        "{:?} against {:?}",
+        answered[1_500],
+        answered[10]
+    );
+    let created: Vec<i64> = answered
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 1_500 && *i != 1_700)
+        .map(|(i, e)| match e {
+            Enqueued::Created(id) => Ok(*id),
+            other => Err(anyhow::anyhow!("op {i}: expected created, got {other:?}")),
+        })
+        .collect::<anyhow::Result<_>>()?;
+    ensure!(created.windows(2).all(|w| w[0] < w[1]), "ids not in the batch's order");
+    let stored = q
+        .list(&OpFilter {
+            outbox: Some("big".into()),
+            limit: 5_000,
+            ..OpFilter::default()
+        })
+        .await?;
+    ensure!(stored.len() == 2_499, "{} ops stored", stored.len());
+    for (id, lane) in [(answered[0].id(), "inbox-0"), (answered[2_499].id(), "inbox-2499")] {
+        let op = q.get(id).await?.context("op")?;
+        ensure!(op.lanes == vec![lane.to_owned()], "op {id}: {:?}", op.lanes);
+    }
     Ok(())
 }

@@ -29,16 +29,18 @@ impl Store {
         // A fan-out's ops share one payload: it is hashed and written once
         // per batch, not once per recipient.
         let mut stored = SharedPayloads::default();
-        if checked.len() >= BATCH_FROM {
-            if let Some(results) =
-                insert_batch(conn, &checked, now, self.limits.shared_payload_bytes, &mut stored).await?
-            {
-                return Ok(results);
-            }
-        }
+        let shared_from = self.limits.shared_payload_bytes;
         let mut results = Vec::with_capacity(checked.len());
-        for op in &checked {
-            results.push(insert_one(conn, op, now, self.limits.shared_payload_bytes, &mut stored).await?);
+        for chunk in checked.chunks(BATCH_MAX) {
+            if chunk.len() >= BATCH_FROM {
+                if let Some(created) = insert_batch(conn, chunk, now, shared_from, &mut stored).await? {
+                    results.extend(created);
+                    continue;
+                }
+            }
+            for op in chunk {
+                results.push(insert_one(conn, op, now, shared_from, &mut stored).await?);
+            }
         }
         Ok(results)
     }
@@ -48,6 +50,13 @@ impl Store {
 /// 5,000 inserts one by one took 0.6-0.8 s on SQLite, most of it per
 /// statement rather than per row).
 const BATCH_FROM: usize = 4;
+
+/// Ops per statement: a larger batch is inserted as several, in the same
+/// transaction. One statement's rows travel as one JSON parameter, so this
+/// bounds what it holds in memory (a fan-out to 100,000 inboxes was one
+/// parameter of every row at once); past a few hundred rows a statement
+/// costs no more per row.
+const BATCH_MAX: usize = 1_000;
 
 /// The shared payloads a batch has written, and the last one hashed: the
 /// ops of a fan-out share one payload allocation, so it is hashed once.
@@ -109,23 +118,26 @@ async fn insert_batch(
     for op in ops {
         let (payload, payload_ref) = store_payload(conn, op, shared_from, stored).await?;
         let due = op.not_before.map_or(now, |t| t.max(now));
-        rows.push(serde_json::json!([
-            op.outbox,
-            op.kind,
+        // A tuple is written as a JSON array, in the order `insert_ops`
+        // reads its elements.
+        rows.push((
+            op.outbox.as_str(),
+            op.kind.as_str(),
             op.priority.rank(),
             serde_json::to_string(&op.lanes).map_err(|e| QueueError::InvalidOp(e.to_string()))?,
             payload,
-            op.idempotency_key,
-            op.coalesce_key,
-            op.subject,
-            op.correlation_id,
+            op.idempotency_key.as_deref(),
+            op.coalesce_key.as_deref(),
+            op.subject.as_deref(),
+            op.correlation_id.as_deref(),
             due.timestamp_micros(),
             payload_ref,
-        ]));
+        ));
     }
+    let rows = serde_json::to_string(&rows).map_err(|e| QueueError::InvalidOp(e.to_string()))?;
     begin_savepoint(conn).await?;
     let inserted: Result<Vec<i64>, sqlx::Error> = sqlx::query_scalar(sql::ops::INSERT_OPS)
-        .bind(serde_json::Value::Array(rows).to_string())
+        .bind(rows)
         .bind(Ts(now))
         .fetch_all(&mut *conn)
         .await;
