@@ -1758,5 +1758,18 @@ async fn a_batch_past_one_statement_keeps_its_order_and_answers_conflicts_per_op
         let op = q.get(id).await?.context("op")?;
         ensure!(op.lanes == vec![lane.to_owned()], "op {id}: {:?}", op.lanes);
     }
+    // The database refuses an op in the second statement (an internal kind
+    // in a producer's outbox): the first statement's rows go too.
+    let mut refused: Vec<NewOp> = (0..1_500).map(|i| op("big-refused", &[&format!("r-{i}")])).collect();
+    refused[1_200].kind = "outcome_webhook".into();
+    ensure!(q.enqueue(&refused).await.is_err(), "the refused batch was accepted");
+    let left = q
+        .list(&OpFilter {
+            outbox: Some("big-refused".into()),
+            limit: 5_000,
+            ..OpFilter::default()
+        })
+        .await?;
+    ensure!(left.is_empty(), "{} ops of a refused batch stored", left.len());
     Ok(())
 }
