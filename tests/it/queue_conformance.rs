@@ -1746,14 +1746,16 @@ async fn a_batch_past_one_statement_keeps_its_order_and_answers_conflicts_per_op
         })
         .collect::<anyhow::Result<_>>()?;
     ensure!(created.windows(2).all(|w| w[0] < w[1]), "ids not in the batch's order");
-    let stored = q
-        .list(&OpFilter {
-            outbox: Some("big".into()),
+    let stored = |outbox: &'static str| async move {
+        let filter = OpFilter {
+            outbox: Some(outbox.into()),
             limit: 5_000,
             ..OpFilter::default()
-        })
-        .await?;
-    ensure!(stored.len() == 2_499, "{} ops stored", stored.len());
+        };
+        q.list(&filter).await.map(|ops| ops.len())
+    };
+    let big = stored("big").await?;
+    ensure!(big == 2_499, "{big} ops stored");
     for (id, lane) in [(answered[0].id(), "inbox-0"), (answered[2_499].id(), "inbox-2499")] {
         let op = q.get(id).await?.context("op")?;
         ensure!(op.lanes == vec![lane.to_owned()], "op {id}: {:?}", op.lanes);
@@ -1763,13 +1765,7 @@ async fn a_batch_past_one_statement_keeps_its_order_and_answers_conflicts_per_op
     let mut refused: Vec<NewOp> = (0..1_500).map(|i| op("big-refused", &[&format!("r-{i}")])).collect();
     refused[1_200].kind = "outcome_webhook".into();
     ensure!(q.enqueue(&refused).await.is_err(), "the refused batch was accepted");
-    let left = q
-        .list(&OpFilter {
-            outbox: Some("big-refused".into()),
-            limit: 5_000,
-            ..OpFilter::default()
-        })
-        .await?;
-    ensure!(left.is_empty(), "{} ops of a refused batch stored", left.len());
+    let left = stored("big-refused").await?;
+    ensure!(left == 0, "{left} ops of a refused batch stored");
     Ok(())
 }
