@@ -67,15 +67,20 @@ struct SharedPayloads {
 }
 
 impl SharedPayloads {
-    fn key(&mut self, payload: &std::sync::Arc<str>, shared_from: usize) -> Option<String> {
-        match &self.last {
-            Some((last, key)) if std::sync::Arc::ptr_eq(last, payload) => key.clone(),
+    /// The hash a payload is shared under (`None`: stored in its row), and
+    /// whether this batch has yet to write it. Marking it before the write
+    /// is safe: a failed write fails the whole batch.
+    fn share(&mut self, payload: &std::sync::Arc<str>, shared_from: usize) -> Option<(String, bool)> {
+        let hash = match &self.last {
+            Some((last, hash)) if std::sync::Arc::ptr_eq(last, payload) => hash.clone(),
             _ => {
-                let key = shared_payload(payload, shared_from);
-                self.last = Some((payload.clone(), key.clone()));
-                key
+                let hash = shared_payload(payload, shared_from);
+                self.last = Some((payload.clone(), hash.clone()));
+                hash
             }
-        }
+        }?;
+        let unwritten = self.stored.insert(hash.clone());
+        Some((hash, unwritten))
     }
 }
 
@@ -87,10 +92,9 @@ async fn store_payload<'a>(
     shared_from: usize,
     stored: &mut SharedPayloads,
 ) -> Result<(&'a str, Option<String>), QueueError> {
-    match stored.key(&op.payload, shared_from) {
-        Some(hash) => {
-            // A failed insert fails the whole batch, so marking it first is safe.
-            if stored.stored.insert(hash.clone()) {
+    match stored.share(&op.payload, shared_from) {
+        Some((hash, unwritten)) => {
+            if unwritten {
                 sqlx::query(sql::ops::INSERT_PAYLOAD)
                     .bind(&hash)
                     .bind(&*op.payload)
