@@ -128,6 +128,8 @@ pub struct Metrics {
     subjects_halted: Gauge,
     paused: Family<ScopeLabels, Gauge>,
     breakers_open: Gauge,
+    permits_in_use: Gauge,
+    slow_attempts: Gauge,
     oldest_due: Family<DueLabels, Gauge<f64, AtomicU64>>,
     plugin_calls: Family<CallLabels, Counter>,
     plugin_duration: Family<PluginLabels, Histogram>,
@@ -237,6 +239,18 @@ impl Metrics {
             "outbox_breakers_open",
             "Destinations whose breaker holds their ops (this host)",
             breakers_open.clone(),
+        );
+        let permits_in_use = Gauge::default();
+        registry.register(
+            "outbox_permits_in_use",
+            "Host permits (dispatch.max_in_flight) held by ops being claimed or executed (this host)",
+            permits_in_use.clone(),
+        );
+        let slow_attempts = Gauge::default();
+        registry.register(
+            "outbox_slow_attempts",
+            "Attempts waiting past their kind's slow_after_ms outside the permits (dispatch.max_slow; this host)",
+            slow_attempts.clone(),
         );
         let oldest_due = Family::<DueLabels, Gauge<f64, AtomicU64>>::default();
         registry.register(
@@ -351,6 +365,8 @@ impl Metrics {
             subjects_halted,
             paused,
             breakers_open,
+            permits_in_use,
+            slow_attempts,
             oldest_due,
             plugin_calls,
             plugin_duration,
@@ -396,6 +412,10 @@ pub struct Snapshot {
     pub paused: Vec<(String, i64)>,
     /// Breakers holding ops on this host.
     pub breakers_open: i64,
+    /// Host permits held now (this host).
+    pub permits_in_use: i64,
+    /// Slow attempts waiting outside the permits now (this host).
+    pub slow_attempts: i64,
     /// Destination hosts held: `(unavailable, suspended)`.
     pub destinations_held: (i64, i64),
     /// `(kind, outbox, seconds)` the oldest due pending op has waited.
@@ -449,6 +469,8 @@ impl Metrics {
                 .set(count);
         }
         self.breakers_open.set(snapshot.breakers_open);
+        self.permits_in_use.set(snapshot.permits_in_use);
+        self.slow_attempts.set(snapshot.slow_attempts);
         for (state, n) in [
             ("unavailable", snapshot.destinations_held.0),
             ("suspended", snapshot.destinations_held.1),

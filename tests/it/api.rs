@@ -629,6 +629,8 @@ async fn metrics_after_a_workload_carry_the_seed_names_and_labels(db: TestDb) ->
         "outbox_lanes_held",
         "outbox_paused_targets",
         "outbox_breakers_open",
+        "outbox_permits_in_use",
+        "outbox_slow_attempts",
         "plugin_calls",
         "plugin_call_duration_seconds",
         "plugin_reloads",

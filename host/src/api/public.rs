@@ -159,6 +159,8 @@ async fn scrape(state: &ApiState) -> Result<Snapshot, ApiError> {
         subjects_halted: gauges.subjects_halted,
         paused,
         breakers_open: i64::try_from(state.dispatcher().breakers_open().len()).unwrap_or(i64::MAX),
+        permits_in_use: i64::try_from(state.dispatcher().permits_in_use()).unwrap_or(i64::MAX),
+        slow_attempts: i64::try_from(state.dispatcher().slow_in_use()).unwrap_or(i64::MAX),
         oldest_due: gauges
             .oldest_due
             .into_iter()

@@ -298,82 +298,93 @@ pub(super) async fn fan_out(ops: usize, inboxes: usize, delay: Duration) -> anyh
 }
 
 /// One activity to `inboxes` inboxes, five per server, answering in 200 ms;
-/// 1% of the servers never answer (their requests hang until the kind's
-/// timeout). Reports when every live inbox had its delivery, against the
-/// ideal (live inboxes × 200 ms ÷ in-flight capacity), and the most
-/// requests a hanging server held at once (the per-destination cap).
-pub(super) async fn slow_fediverse(inboxes: usize) -> anyhow::Result<()> {
+/// `hanging_percent` of the servers never answer (their requests hang until
+/// the kind's timeout). Reports when every live inbox had its delivery,
+/// against the ideal (live inboxes × 200 ms ÷ in-flight capacity), and the
+/// most requests a hanging server held at once (the per-destination cap);
+/// with the shipped config, then with slow attempts off (`max_slow = 0`),
+/// each on servers of its own.
+pub(super) async fn slow_fediverse(inboxes: usize, hanging_percent: usize) -> anyhow::Result<()> {
     const PER_SERVER: usize = 5;
     let delay = Duration::from_millis(200);
     let servers = inboxes.div_ceil(PER_SERVER);
-    let hanging = (servers / 100).max(1);
+    let hanging = (servers * hanging_percent.min(100) / 100).max(1);
     println!(
         "\n## A slow fediverse: one activity to {inboxes} inboxes on {servers} servers answering in {delay:?}, {hanging} servers hanging"
     );
-    let mut recipients = Vec::with_capacity(inboxes);
-    let mut live = Vec::new();
-    let mut hung = Vec::new();
-    for s in 0..servers {
-        let load = Arc::new(Load::default());
-        let hangs = s % (servers / hanging).max(1) == 0 && hung.len() < hanging;
-        let base = serve(load.clone(), (!hangs).then_some(delay)).await?;
-        let mut count = 0;
-        for i in 0..PER_SERVER {
-            if recipients.len() < inboxes {
-                recipients.push(Recipient::parse(&format!("{base}/users/u{s}x{i}/inbox")));
-                count += 1;
+    let mut header = true;
+    for (label, dispatch) in [("shipped", ""), ("slow attempts off", "[dispatch]\nmax_slow = 0\n")] {
+        let mut recipients = Vec::with_capacity(inboxes);
+        let mut live = Vec::new();
+        let mut hung = Vec::new();
+        for s in 0..servers {
+            let load = Arc::new(Load::default());
+            let hangs = s % (servers / hanging).max(1) == 0 && hung.len() < hanging;
+            let base = serve(load.clone(), (!hangs).then_some(delay)).await?;
+            let mut count = 0;
+            for i in 0..PER_SERVER {
+                if recipients.len() < inboxes {
+                    recipients.push(Recipient::parse(&format!("{base}/users/u{s}x{i}/inbox")));
+                    count += 1;
+                }
+            }
+            if hangs {
+                hung.push(load);
+            } else {
+                live.push((load, count));
             }
         }
-        if hangs {
-            hung.push(load);
-        } else {
-            live.push((load, count));
+        let live_total: usize = live.iter().map(|(_, n)| n).sum();
+        // The kind's timeout ends the hanging requests; the retries wait long
+        // enough not to come back during the run.
+        let host = ApHost::start(
+            "sqlite",
+            &format!("{dispatch}[kinds.activitypub]\ntimeout_ms = 10000\nbackoff_base_ms = 600000\nbackoff_max_ms = 600000\n"),
+        )
+        .await?;
+        let config = &host.config;
+        let capacity = config.dispatch.max_in_flight.min(config.dispatch.outbox_max_in_flight);
+        let cap = config.destinations.max_in_flight;
+        let start = Instant::now();
+        host.fan_out(0, &recipients).await?;
+        let enqueued = start.elapsed().as_secs_f64();
+        let served = || live.iter().map(|(l, _)| l.served.load(Ordering::SeqCst)).sum::<usize>();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let now_live = || live.iter().map(|(l, _)| l.now.load(Ordering::SeqCst)).sum::<usize>();
+        let (mut samples, mut in_flight, mut permits, mut slow) = (0usize, 0usize, 0usize, 0usize);
+        while served() < live_total && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            samples += 1;
+            in_flight += now_live();
+            permits += host.dispatcher.permits_in_use();
+            slow = slow.max(host.dispatcher.slow_in_use());
         }
+        let seconds = start.elapsed().as_secs_f64();
+        let held = hung.iter().map(|l| l.most.load(Ordering::SeqCst)).max().unwrap_or(0);
+        let held_all: usize = hung.iter().map(|l| l.most.load(Ordering::SeqCst)).sum();
+        let ideal = live_total as f64 * delay.as_secs_f64() / capacity as f64;
+        // Without slow attempts, the permits the hanging servers hold
+        // (within their cap) for the whole run are not the live inboxes':
+        // the best this host can do is the enqueue, then the live inboxes
+        // over the permits left.
+        let bound =
+            enqueued + live_total as f64 * delay.as_secs_f64() / capacity.saturating_sub(held_all).max(1) as f64;
+        let mean_live = in_flight as f64 / samples.max(1) as f64;
+        let mean_permits = permits as f64 / samples.max(1) as f64;
+        if header {
+            println!("| config | live inboxes delivered | time (of which the fan-out's enqueue) | ideal (live × 0.2 s ÷ {capacity} in flight) | ratio | most a hanging server held (cap {cap}, {first} until it answers) | bound if the hanging servers' requests all held permits | time / bound | in flight at the live servers (mean) | permits held (mean) | slow attempts (most at once) |", first = config.destinations.max_in_flight_unanswered);
+            println!("|---|---|---|---|---|---|---|---|---|---|---|");
+            header = false;
+        }
+        println!(
+            "| {label} | {} of {live_total} | {seconds:.2} s ({enqueued:.2} s) | {ideal:.2} s | {:.2}x (target <= 1.3x) | {held} | {bound:.2} s ({:.2}x of ideal; {held_all} held) | {:.2}x | {mean_live:.0} | {mean_permits:.0} | {slow} |",
+            served(),
+            seconds / ideal,
+            bound / ideal,
+            seconds / bound
+        );
+        host.stop().await?;
     }
-    let live_total: usize = live.iter().map(|(_, n)| n).sum();
-    // The kind's timeout ends the hanging requests; the retries wait long
-    // enough not to come back during the run.
-    let host = ApHost::start(
-        "sqlite",
-        "[kinds.activitypub]\ntimeout_ms = 10000\nbackoff_base_ms = 600000\nbackoff_max_ms = 600000\n",
-    )
-    .await?;
-    let config = &host.config;
-    let capacity = config.dispatch.max_in_flight.min(config.dispatch.outbox_max_in_flight);
-    let cap = config.destinations.max_in_flight;
-    let start = Instant::now();
-    host.fan_out(0, &recipients).await?;
-    let enqueued = start.elapsed().as_secs_f64();
-    let served = || live.iter().map(|(l, _)| l.served.load(Ordering::SeqCst)).sum::<usize>();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let now_live = || live.iter().map(|(l, _)| l.now.load(Ordering::SeqCst)).sum::<usize>();
-    let (mut samples, mut in_flight, mut permits) = (0usize, 0usize, 0usize);
-    while served() < live_total && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        samples += 1;
-        in_flight += now_live();
-        permits += host.dispatcher.permits_in_use();
-    }
-    let seconds = start.elapsed().as_secs_f64();
-    let held = hung.iter().map(|l| l.most.load(Ordering::SeqCst)).max().unwrap_or(0);
-    let held_all: usize = hung.iter().map(|l| l.most.load(Ordering::SeqCst)).sum();
-    let ideal = live_total as f64 * delay.as_secs_f64() / capacity as f64;
-    // The permits the hanging servers hold (within their cap) for the whole
-    // run are not the live inboxes': the best this host can do is the
-    // enqueue, then the live inboxes over the permits left.
-    let bound = enqueued + live_total as f64 * delay.as_secs_f64() / capacity.saturating_sub(held_all).max(1) as f64;
-    let mean_live = in_flight as f64 / samples.max(1) as f64;
-    let mean_permits = permits as f64 / samples.max(1) as f64;
-    println!("| live inboxes delivered | time (of which the fan-out's enqueue) | ideal (live × 0.2 s ÷ {capacity} in flight) | ratio | most a hanging server held (cap {cap}, {first} until it answers) | bound with the hanging servers' {held_all} permits held: enqueue + live × 0.2 s ÷ {} | time / bound | in flight at the live servers (mean) | permits held (mean; the hanging servers' included) |", capacity.saturating_sub(held_all), first = config.destinations.max_in_flight_unanswered);
-    println!("|---|---|---|---|---|---|---|---|---|");
-    println!(
-        "| {} of {live_total} | {seconds:.2} s ({enqueued:.2} s) | {ideal:.2} s | {:.2}x (target <= 1.3x) | {held} | {bound:.2} s ({:.2}x of ideal) | {:.2}x | {mean_live:.0} | {mean_permits:.0} |",
-        served(),
-        seconds / ideal,
-        bound / ideal,
-        seconds / bound
-    );
-    host.stop().await?;
     Ok(())
 }
 

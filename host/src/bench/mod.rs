@@ -27,7 +27,9 @@
 //!   host signer, fanning out to 50 local inboxes (each its own server) that
 //!   answer in 20 ms (`--answer-ms`).
 //! - `slow-fediverse`: one activity to 5,000 inboxes answering in 200 ms,
-//!   1% of them hanging until the timeout (`--inboxes N` scales it).
+//!   1% of the servers hanging until the timeout (`--inboxes N` scales it,
+//!   `--hanging-percent P` sets the share), with the shipped config and
+//!   with slow attempts off.
 //! - `signing`: RSA-2048 PKCS#1 v1.5 SHA-256 signatures per second,
 //!   `aws-lc-rs` (the host signer) against `ring` and the `rsa` crate, and
 //!   Ed25519.
@@ -796,6 +798,10 @@ pub struct BenchArgs {
     /// Inboxes of the slow-fediverse section.
     #[arg(long, default_value_t = 5_000)]
     pub inboxes: usize,
+    /// Of the slow-fediverse section's servers, the share that never
+    /// answers, in percent.
+    #[arg(long, default_value_t = 1)]
+    pub hanging_percent: usize,
     /// How long the activitypub section's inboxes take to answer, in ms.
     #[arg(long, default_value_t = 20)]
     pub answer_ms: u64,
@@ -821,6 +827,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         backlog: mut big,
         soak: soak_n,
         inboxes,
+        hanging_percent,
         answer_ms,
         ledger_ms,
         systems,
@@ -850,7 +857,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         activitypub::fan_out(if quick { 1_000 } else { 4_000 }, 50, Duration::from_millis(answer_ms)).await?;
     }
     if named("slow-fediverse") {
-        activitypub::slow_fediverse(inboxes).await?;
+        activitypub::slow_fediverse(inboxes, hanging_percent).await?;
     }
     if wants("stellar-pool") {
         stellar::pools(quick, Duration::from_millis(ledger_ms.max(50))).await?;

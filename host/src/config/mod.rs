@@ -404,6 +404,10 @@ pub struct DispatchConfig {
     pub max_in_flight: usize,
     /// Per-outbox in-flight cap.
     pub outbox_max_in_flight: usize,
+    /// Most slow attempts (past their kind's `slow_after_ms`) this host
+    /// keeps waiting outside `max_in_flight` and `outbox_max_in_flight`;
+    /// 0 keeps every attempt under them. Read at start.
+    pub max_slow: usize,
     /// Ops the scheduler reads per pass.
     pub window: u32,
     /// Attempts per op per drain pass before its lanes stall for the pass.
@@ -490,6 +494,14 @@ pub struct KindConfig {
     /// One executor call's deadline.
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: u64,
+    /// An attempt still waiting this long is slow: it gives its host permit
+    /// and its place under `outbox_max_in_flight` back (while
+    /// `dispatch.max_slow` has room), keeping its lanes, its destination's
+    /// count and its place under this kind's `max_in_flight`. For kinds
+    /// whose attempts wait on remote servers; absent, never (a kind whose
+    /// outbox cap is a rule, like seed 003's ten in flight).
+    #[serde(default)]
+    pub slow_after_ms: Option<u64>,
     /// Poison policy for strict lanes.
     #[serde(default = "default_poison")]
     pub poison: Poison,
@@ -840,6 +852,25 @@ mod tests {
             paths,
             vec!["database.max_connections", "database.url", "queue.lease_ms"],
             "{err}"
+        );
+    }
+
+    #[test]
+    fn activitypub_attempts_turn_slow_after_two_seconds_and_zero_is_refused() {
+        let config = from_toml_str("").unwrap();
+        assert_eq!(config.dispatch.max_slow, 512);
+        assert_eq!(config.kinds["activitypub"].slow_after_ms, Some(2000));
+        // A money kind's outbox cap is a rule: its attempts never turn slow.
+        assert_eq!(config.kinds["deposit"].slow_after_ms, None);
+        let err = from_toml_str("[kinds.activitypub]\nslow_after_ms = 0\n").unwrap_err();
+        let paths: Vec<&str> = err.problems().iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(paths, vec!["kinds.activitypub.slow_after_ms"], "{err}");
+        // Past the timeout it is never reached, and allowed.
+        let config = from_toml_str("[kinds.activitypub]\ntimeout_ms = 1000\n").unwrap();
+        assert_eq!(config.kinds["activitypub"].slow_after_ms, Some(2000));
+        assert_eq!(
+            from_toml_str("[dispatch]\nmax_slow = 0\n").unwrap().dispatch.max_slow,
+            0
         );
     }
 

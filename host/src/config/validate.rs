@@ -310,6 +310,14 @@ pub(super) fn validate(config: &Config) -> Vec<Problem> {
         if kind.timeout_ms == 0 {
             bad(&path("timeout_ms"), "expected at least 1".to_owned());
         }
+        // One at or past `timeout_ms` is allowed: never reached, as when
+        // left out (a test's short timeout under the shipped 2 s).
+        if kind.slow_after_ms == Some(0) {
+            bad(
+                &path("slow_after_ms"),
+                "expected at least 1 (leave it out for never)".to_owned(),
+            );
+        }
         if kind.backoff_base_ms > kind.backoff_max_ms {
             bad(
                 &path("backoff_base_ms"),

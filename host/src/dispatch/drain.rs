@@ -10,11 +10,13 @@
 //! loses no op, only this pass's stall marks.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
+use tokio::sync::Notify;
 use tokio::task::{Id as TaskId, JoinError, JoinSet};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
@@ -22,6 +24,7 @@ use tracing::{debug, error, info, warn};
 use super::book::{Book, Filling, PER_SET};
 use super::load::{Hold, SlowStart};
 use super::paused::Paused;
+use super::slow::{self, SlowWatch};
 use super::{DispatchError, Inner};
 use crate::breaker::{self, Admission};
 use crate::clock::chrono_duration;
@@ -111,6 +114,8 @@ struct Flight {
     destination: Option<String>,
     fee: Option<FeeBid>,
     started_at: DateTime<Utc>,
+    /// Set once the attempt turned slow and gave its permit back.
+    slow: Arc<AtomicBool>,
 }
 
 struct Pass {
@@ -160,6 +165,9 @@ struct Pass {
     /// pending: they are marked in flight again); each holds a host permit
     /// until its claim lands.
     claiming: HashSet<OpId>,
+    /// Rung when one of its attempts turns slow: a permit and a place under
+    /// the outbox's cap are free for the ops waiting here.
+    slowed: Arc<Notify>,
 }
 
 /// A round on its way: what the drain needs once it lands.
@@ -239,6 +247,7 @@ impl Pass {
             probing: HashSet::new(),
             commits: JoinSet::new(),
             claiming: HashSet::new(),
+            slowed: Arc::default(),
         }
     }
 
@@ -341,6 +350,7 @@ impl Pass {
                     }
                 }
                 () = bell.notified(), if !stopping => {}
+                () = self.slowed.notified(), if !stopping => {}
                 () = tokio::time::sleep_until(deadline) => {}
                 () = self.inner.cancel.cancelled(), if grace_deadline.is_none() => {}
             }
@@ -384,7 +394,7 @@ impl Pass {
                     .share()
                     .fair(self.inner.permit_total)
                     .min(config.dispatch.outbox_max_in_flight);
-                let busy = self.running.len() + self.claiming.len();
+                let busy = self.busy();
                 let free = share.saturating_sub(busy).min(self.inner.permits.available_permits());
                 let batch = (share / 2).max(1);
                 self.finished.len() >= batch || free >= batch
@@ -698,11 +708,7 @@ impl Pass {
             let share = self.inner.share();
             let free = self.inner.permits.available_permits();
             let free = if self.favoured { free } else { share.takeable(free) };
-            free.min(
-                share
-                    .fair(self.inner.permit_total)
-                    .saturating_sub(self.running.len() + self.claiming.len()),
-            )
+            free.min(share.fair(self.inner.permit_total).saturating_sub(self.busy()))
         };
         let clock = std::time::Instant::now();
         let mut load = self
@@ -710,7 +716,8 @@ impl Pass {
             .destination_load
             .snapshot(clock, SlowStart::of(&config.destinations));
         let mut caps = Caps {
-            global: Some(config.dispatch.outbox_max_in_flight),
+            // The slow attempts are in flight in the book, but outside the cap.
+            global: Some(config.dispatch.outbox_max_in_flight.saturating_add(self.slow_now())),
             starts: Some(starts),
             per_destination: Some(config.destinations.max_in_flight),
             destination_load: std::mem::take(&mut load.counts),
@@ -957,8 +964,8 @@ impl Pass {
                 permits.insert(
                     id,
                     Hold {
-                        _permit: permit,
-                        _destination: dest.map(|d| self.inner.destination_load.hold(d)),
+                        permit,
+                        destination: dest.map(|d| self.inner.destination_load.hold(d)),
                     },
                 );
             }
@@ -1189,18 +1196,25 @@ impl Pass {
             let fee = bids.get(&claimed.op.id).copied();
             let max_attempts = kind.map_or(RetryPolicy::default().max_attempts, |k| k.max_attempts);
             let max_fee_bumps = kind.and_then(|k| k.max_fee_bumps);
+            let slow = Arc::new(AtomicBool::new(false));
+            let watch = kind.and_then(|k| k.slow_after_ms).map(|after| SlowWatch {
+                after: Duration::from_millis(after),
+                places: self.inner.slow_places.clone(),
+                flag: slow.clone(),
+            });
             let flight = Flight {
                 claimed,
                 destination,
                 fee,
                 started_at,
+                slow,
             };
             let task = execute(
                 self.inner.clone(),
                 executor,
                 flight.clone(),
                 (timeout, max_attempts, max_fee_bumps),
-                permit,
+                (permit, watch, self.slowed.clone()),
             );
             let handle = self.running.spawn(task);
             self.flights.insert(handle.id(), flight);
@@ -1284,6 +1298,17 @@ impl Pass {
         }
         *chosen = keep;
         Ok(bids)
+    }
+
+    /// Attempts of this pass that turned slow and gave their permits back.
+    fn slow_now(&self) -> usize {
+        self.flights.values().filter(|f| SlowWatch::is_slow(&f.slow)).count()
+    }
+
+    /// What this pass holds host permits for: ops being claimed, and
+    /// attempts running that have not turned slow.
+    fn busy(&self) -> usize {
+        (self.running.len() + self.claiming.len()).saturating_sub(self.slow_now())
     }
 
     fn settle_join(&mut self, joined: Result<(TaskId, Finished), JoinError>) -> Option<Finished> {
@@ -1534,8 +1559,14 @@ async fn execute(
     executor: Option<Arc<dyn Executor>>,
     flight: Flight,
     (timeout, max_attempts, max_fee_bumps): (Duration, u32, Option<u32>),
-    _hold: Hold,
+    (hold, watch, slowed): (Hold, Option<SlowWatch>, Arc<Notify>),
 ) -> Finished {
+    // The destination's count is given back last (see the end); the permit
+    // when the attempt ends or turns slow.
+    let Hold {
+        permit,
+        destination: _destination,
+    } = hold;
     let Flight {
         claimed,
         destination,
@@ -1581,7 +1612,13 @@ async fn execute(
                 }
                 executor.execute(op, context).await
             };
-            match tokio::time::timeout(timeout, std::panic::AssertUnwindSafe(attempt).catch_unwind()).await {
+            let attempt = tokio::time::timeout(timeout, std::panic::AssertUnwindSafe(attempt).catch_unwind());
+            let waker = inner.clone();
+            let freed = move || {
+                slowed.notify_one();
+                waker.wake_starved();
+            };
+            match slow::watch(attempt, permit, watch, freed).await {
                 Ok(Ok(outcome)) => outcome,
                 Ok(Err(panic)) => {
                     let why = panic

@@ -233,11 +233,12 @@ impl Drop for Holding {
 
 /// What an op holds while it is claimed and executed: a host permit and
 /// its place in its destination's count. Both are given back when the
-/// attempt ends (or its claim is refused).
+/// attempt ends (or its claim is refused); the permit earlier if the
+/// attempt turns slow (`dispatch::slow`).
 #[derive(Debug)]
 pub(crate) struct Hold {
-    pub _permit: OwnedSemaphorePermit,
-    pub _destination: Option<Holding>,
+    pub permit: OwnedSemaphorePermit,
+    pub destination: Option<Holding>,
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ mod paused;
 mod redeal;
 mod share;
 pub mod slots;
+mod slow;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -60,6 +61,11 @@ pub(crate) struct Inner {
     pub permits: Arc<Semaphore>,
     /// How many permits there are in all (`dispatch.max_in_flight` at start).
     pub permit_total: usize,
+    /// Places for slow attempts, which gave their permits back
+    /// (`dispatch.max_slow` at start).
+    pub slow_places: Arc<Semaphore>,
+    /// How many places there are in all.
+    pub slow_total: usize,
     pub breakers: Mutex<Breakers>,
     pub cancel: CancellationToken,
     pub tasks: TaskTracker,
@@ -262,6 +268,7 @@ impl Dispatcher {
         });
         let permits = Arc::new(Semaphore::new(config.dispatch.max_in_flight));
         let permit_total = config.dispatch.max_in_flight;
+        let slow_total = config.dispatch.max_slow;
         Self {
             inner: Arc::new(Inner {
                 queue,
@@ -273,6 +280,8 @@ impl Dispatcher {
                 slots: LocalSlots::default(),
                 permits,
                 permit_total,
+                slow_places: Arc::new(Semaphore::new(slow_total)),
+                slow_total,
                 breakers: Mutex::new(breakers),
                 cancel: CancellationToken::new(),
                 tasks: TaskTracker::new(),
@@ -302,6 +311,13 @@ impl Dispatcher {
         self.inner
             .permit_total
             .saturating_sub(self.inner.permits.available_permits())
+    }
+
+    /// Slow attempts waiting now, outside the permits (`dispatch::slow`).
+    pub fn slow_in_use(&self) -> usize {
+        self.inner
+            .slow_total
+            .saturating_sub(self.inner.slow_places.available_permits())
     }
 
     /// What its events count (what `/metrics` shows).

@@ -142,6 +142,7 @@ crate::on_both_backends!(
     seed_000_fvcv_every_participant_gets_the_ledger_in_chain_order,
     a_hanging_inbox_delays_only_itself,
     a_server_that_never_answers_earns_requests_only_by_patience,
+    hung_servers_past_slow_after_leave_their_places_to_live_inboxes,
     two_500s_then_202_keep_order_and_record_the_failures,
     gone_dead_letters_with_its_ledger_entry_and_429_waits_as_asked,
     a_shared_inbox_gets_one_post_for_five_recipients,
@@ -280,6 +281,55 @@ async fn a_server_that_never_answers_earns_requests_only_by_patience(db: TestDb)
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     ensure!(seen == 3, "after 6 s the server had {seen} requests, not 3");
+    ap.running.stop().await?;
+    Ok(())
+}
+
+/// Four servers that never answer, each on a host of its own, fill an
+/// outbox's cap of four before eight live inboxes: past the kind's
+/// `slow_after_ms` their attempts give the places back, and the live
+/// inboxes are delivered while the hung requests still wait (without it,
+/// not before the 20 s timeout).
+async fn hung_servers_past_slow_after_leave_their_places_to_live_inboxes(db: TestDb) -> anyhow::Result<()> {
+    let ap = setup_with(
+        db,
+        "[dispatch]\noutbox_max_in_flight = 4\nmax_slow = 16\n",
+        "slow_after_ms = 300\ntimeout_ms = 20000\n",
+    )
+    .await?;
+    let mut to = Vec::new();
+    for i in 0..4 {
+        let path = format!("/users/hung{i}/inbox");
+        ap.fake.script(&path, [Reply::Hang(Duration::from_secs(30))]);
+        to.push(format!("{}{path}", ap.fake.serve().await?));
+    }
+    let live: Vec<String> = (0..8).map(|i| format!("live{i}")).collect();
+    to.extend(live.iter().map(|who| ap.inbox(who)));
+    let start = tokio::time::Instant::now();
+    ap.fan_out(announce(&format!("{ACTOR}/announce/0"), 0), &to).await?;
+    let delivered = || live.iter().filter(|who| !positions(&ap.fake, who).is_empty()).count();
+    while delivered() < live.len() && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = start.elapsed();
+    ensure!(
+        delivered() == live.len(),
+        "{} of {} live inboxes delivered in {took:?}",
+        delivered(),
+        live.len()
+    );
+    let hung: Vec<usize> = (0..4)
+        .map(|i| ap.fake.posts(&format!("/users/hung{i}/inbox")))
+        .collect();
+    ensure!(
+        hung == vec![1; 4],
+        "each hung server has its one request, still waiting: {hung:?}"
+    );
+    ensure!(
+        ap.running.dispatcher.slow_in_use() == 4,
+        "the four hung attempts wait among the slow, not the permits: {}",
+        ap.running.dispatcher.slow_in_use()
+    );
     ap.running.stop().await?;
     Ok(())
 }
