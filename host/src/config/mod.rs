@@ -875,6 +875,17 @@ mod tests {
     }
 
     #[test]
+    fn every_attempt_in_flight_slow_ones_included_has_an_instance() {
+        let config = from_toml_str("").unwrap();
+        assert!(config.runtime.max_instances as usize >= config.dispatch.max_in_flight + config.dispatch.max_slow);
+        let err = from_toml_str("[dispatch]\nmax_in_flight = 600\n").unwrap_err();
+        let paths: Vec<&str> = err.problems().iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(paths, vec!["runtime.max_instances"], "{err}");
+        assert!(err.to_string().contains("600 + 512 = 1112"), "{err}");
+        from_toml_str("[dispatch]\nmax_in_flight = 600\nmax_slow = 0\n").unwrap();
+    }
+
+    #[test]
     fn the_unanswered_destination_cap_is_one_to_the_full_cap() {
         for bad in [
             "[destinations]\nmax_in_flight_unanswered = 0\n",

@@ -335,6 +335,20 @@ pub(super) fn validate(config: &Config) -> Vec<Problem> {
         }
     }
     let r = &config.runtime;
+    // Every attempt in flight, slow ones included, runs in an instance of
+    // its own; with fewer, deliveries wait for instances behind the very
+    // hung requests slow attempts are there to step around.
+    let dispatch = &config.dispatch;
+    let in_flight = dispatch.max_in_flight.saturating_add(dispatch.max_slow);
+    if usize::try_from(r.max_instances).is_ok_and(|n| n < in_flight) {
+        bad(
+            "runtime.max_instances",
+            format!(
+                "expected at least dispatch.max_in_flight + dispatch.max_slow ({} + {} = {in_flight}), got {}",
+                dispatch.max_in_flight, dispatch.max_slow, r.max_instances
+            ),
+        );
+    }
     for (path, value) in [
         ("runtime.max_instances", u64::from(r.max_instances)),
         ("runtime.epoch_tick_ms", r.epoch_tick_ms),

@@ -716,8 +716,8 @@ impl Pass {
             .destination_load
             .snapshot(clock, SlowStart::of(&config.destinations));
         let mut caps = Caps {
-            // The slow attempts are in flight in the book, but outside the cap.
-            global: Some(config.dispatch.outbox_max_in_flight.saturating_add(self.slow_now())),
+            // The slow attempts the book counts in flight are outside the cap.
+            global: Some(config.dispatch.outbox_max_in_flight.saturating_add(self.slow_in_book())),
             starts: Some(starts),
             per_destination: Some(config.destinations.max_in_flight),
             destination_load: std::mem::take(&mut load.counts),
@@ -1303,6 +1303,14 @@ impl Pass {
     /// Attempts of this pass that turned slow and gave their permits back.
     fn slow_now(&self) -> usize {
         self.flights.values().filter(|f| SlowWatch::is_slow(&f.slow)).count()
+    }
+
+    /// Slow attempts whose op the book holds (and so counts in flight).
+    fn slow_in_book(&self) -> usize {
+        self.flights
+            .values()
+            .filter(|f| SlowWatch::is_slow(&f.slow) && self.book.get(f.claimed.op.id).is_some())
+            .count()
     }
 
     /// What this pass holds host permits for: ops being claimed, and

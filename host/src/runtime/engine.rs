@@ -3,8 +3,10 @@
 //! costs executors speed they do not need), each with the pooling allocator,
 //! and the epoch ticker that makes deadlines work.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::Semaphore;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use crate::config::RuntimeConfig;
@@ -23,6 +25,11 @@ pub enum EngineKind {
 pub struct Engines {
     executor: Engine,
     policy: Engine,
+    /// Each engine's instance slots (`runtime.max_instances`): a call waits
+    /// for one before its store is made, rather than instantiate past the
+    /// pool, which traps and would count against the plugin as a crash.
+    executor_slots: Arc<Semaphore>,
+    policy_slots: Arc<Semaphore>,
     /// Whether the pooling allocator could be used (else on-demand).
     pub pooling: bool,
 }
@@ -119,9 +126,12 @@ impl Engines {
                 (build(false, false)?, build(true, false)?, false)
             }
         };
+        let slots = usize::try_from(runtime.max_instances).unwrap_or(usize::MAX);
         let engines = Self {
             executor,
             policy,
+            executor_slots: Arc::new(Semaphore::new(slots)),
+            policy_slots: Arc::new(Semaphore::new(slots)),
             pooling,
         };
         engines.start_ticker(Duration::from_millis(runtime.epoch_tick_ms));
@@ -133,6 +143,14 @@ impl Engines {
         match kind {
             EngineKind::Executor => &self.executor,
             EngineKind::Policy => &self.policy,
+        }
+    }
+
+    /// The instance slots of the engine for `kind`.
+    pub fn slots(&self, kind: EngineKind) -> &Arc<Semaphore> {
+        match kind {
+            EngineKind::Executor => &self.executor_slots,
+            EngineKind::Policy => &self.policy_slots,
         }
     }
 

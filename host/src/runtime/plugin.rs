@@ -286,16 +286,29 @@ impl Plugin {
     }
 
     /// A fresh store with the deadline and limits armed, for a call handed
-    /// `input_bytes` of input (its compute grace grows with it).
-    fn store(
+    /// `input_bytes` of input (its compute grace grows with it), holding
+    /// one of its engine's instance slots. The wait for a slot comes
+    /// first, outside the call's deadline and its health: a host with
+    /// every slot busy is not the plugin's failure.
+    async fn store(
         &self,
         attempt: Option<Attempt>,
         op_id: Option<i64>,
         input_bytes: usize,
     ) -> Result<Store<HostState>, PluginFailure> {
-        let engine = self.runtime.engines.get(self.inspection.world.engine());
+        let kind = self.inspection.world.engine();
+        let slot = self
+            .runtime
+            .engines
+            .slots(kind)
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| PluginFailure::HostImport("the engine's instance slots are closed".into()))?;
+        let engine = self.runtime.engines.get(kind);
         let deterministic = self.inspection.world == World::FeePolicy;
-        let state = HostState::new(self.services.clone(), self.limits.memory, attempt, op_id, deterministic);
+        let mut state = HostState::new(self.services.clone(), self.limits.memory, attempt, op_id, deterministic);
+        state.slot = Some(slot);
         let mut store = Store::new(engine, state);
         store.limiter(|s| &mut s.limiter);
         if self.inspection.world == World::FeePolicy {
@@ -375,7 +388,9 @@ impl Plugin {
     /// [`PluginFailure`] when the call did not return an outcome.
     pub async fn execute(&self, op: wit::Op, attempt: Attempt) -> Result<wit::Outcome, PluginFailure> {
         let pre = self.executor_pre()?.clone();
-        let mut store = self.store(Some(attempt), Some(op.id), op.payload.len() + op.config.len())?;
+        let mut store = self
+            .store(Some(attempt), Some(op.id), op.payload.len() + op.config.len())
+            .await?;
         self.bounded(&mut store, async move |store| {
             let bindings = pre.instantiate_async(&mut *store).await?;
             bindings.laneway_plugin_executor().call_execute(&mut *store, &op).await
@@ -396,7 +411,7 @@ impl Plugin {
     ) -> Result<wit::Reconciled, PluginFailure> {
         let pre = self.executor_pre()?.clone();
         let input = op.payload.len() + op.config.len() + receipt.len();
-        let mut store = self.store(Some(attempt), Some(op.id), input)?;
+        let mut store = self.store(Some(attempt), Some(op.id), input).await?;
         self.bounded(&mut store, async move |store| {
             let bindings = pre.instantiate_async(&mut *store).await?;
             bindings
@@ -414,7 +429,7 @@ impl Plugin {
     /// [`PluginFailure`], or the plugin's own refusal as `Ok(Err(..))`.
     pub async fn lanes(&self, input: wit::OpInput) -> Result<Result<Vec<String>, String>, PluginFailure> {
         let pre = self.executor_pre()?.clone();
-        let mut store = self.store(None, None, input.payload.len() + input.config.len())?;
+        let mut store = self.store(None, None, input.payload.len() + input.config.len()).await?;
         self.bounded(&mut store, async move |store| {
             let bindings = pre.instantiate_async(&mut *store).await?;
             bindings.laneway_plugin_executor().call_lanes(&mut *store, &input).await
@@ -440,7 +455,7 @@ impl Plugin {
         };
         let pre = pre.clone();
         let (kind, config) = (kind.to_owned(), config.to_owned());
-        let mut store = self.store(None, None, config.len())?;
+        let mut store = self.store(None, None, config.len()).await?;
         store.data_mut().probing = true;
         let result = self
             .bounded(&mut store, async move |store| {
@@ -470,7 +485,7 @@ impl Plugin {
     /// [`PluginFailure`] when the call did not return.
     pub async fn describe(&self) -> Result<wit_executor::Description, PluginFailure> {
         let pre = self.executor_pre()?.clone();
-        let mut store = self.store(None, None, 0)?;
+        let mut store = self.store(None, None, 0).await?;
         self.bounded(&mut store, async move |store| {
             let bindings = pre.instantiate_async(&mut *store).await?;
             bindings.laneway_plugin_executor().call_describe(&mut *store).await
@@ -488,7 +503,7 @@ impl Plugin {
         request: wit_fee::QuoteRequest,
     ) -> Result<Result<wit_fee::Decision, String>, PluginFailure> {
         let pre = self.policy_pre()?.clone();
-        let mut store = self.store(None, None, 0)?;
+        let mut store = self.store(None, None, 0).await?;
         self.bounded(&mut store, async move |store| {
             let bindings = pre.instantiate_async(&mut *store).await?;
             bindings
@@ -512,7 +527,7 @@ impl Plugin {
         config: String,
     ) -> Result<Result<wit_fee::Snapshot, String>, PluginFailure> {
         let pre = self.policy_pre()?.clone();
-        let mut store = self.store(None, None, config.len())?;
+        let mut store = self.store(None, None, config.len()).await?;
         self.bounded(&mut store, async move |store| {
             let bindings = pre.instantiate_async(&mut *store).await?;
             bindings

@@ -79,6 +79,46 @@ async fn a_slow_host_call_times_out() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// More calls than the engine has instance slots: the extra one waits for
+/// a slot (then runs to its own deadline) rather than trap past the pool,
+/// which counted against the plugin as a crash and, five times over,
+/// quarantined it while a fan-out to hung servers ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_past_the_instance_slots_waits_for_one() -> anyhow::Result<()> {
+    let config =
+        laneway::config::from_toml_str("[runtime]\nmax_instances = 2\n[dispatch]\nmax_in_flight = 2\nmax_slow = 0\n")?;
+    let rt = laneway::runtime::Runtime::new(&config.runtime).map_err(|e| anyhow::anyhow!("{e:#}"))?;
+    let port = http_server(Serve::Hang).await?;
+    let extra = "timeout_ms = 400\nallowed_hosts = [\"http://127.0.0.1:*\"]\nallowed_internal = [\"127.0.0.1\"]";
+    let plugin = Arc::new(load(&rt, "slow-host", extra, KeyStore::default())?.map_err(|e| anyhow::anyhow!("{e}"))?);
+    let started = std::time::Instant::now();
+    let calls: Vec<_> = (0..3)
+        .map(|i| {
+            let plugin = plugin.clone();
+            tokio::spawn(async move {
+                plugin
+                    .execute(
+                        op(i, &format!("\"http://127.0.0.1:{port}/\"")),
+                        attempt(Arc::new(Recorder::default())),
+                    )
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for call in calls {
+        results.push(call.await?);
+    }
+    ensure!(results.iter().all(|r| *r == Err(PluginFailure::Timeout)), "{results:?}");
+    ensure!(
+        started.elapsed() >= Duration::from_millis(750),
+        "the third call waited for a slot: {:?}",
+        started.elapsed()
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forbidden_imports_and_wrong_versions_are_refused_at_load() -> anyhow::Result<()> {
     let rt = runtime()?;
