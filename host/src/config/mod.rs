@@ -856,18 +856,18 @@ mod tests {
     }
 
     #[test]
-    fn activitypub_attempts_turn_slow_after_two_seconds_and_zero_is_refused() {
+    fn activitypub_attempts_turn_slow_after_a_second_and_zero_is_refused() {
         let config = from_toml_str("").unwrap();
         assert_eq!(config.dispatch.max_slow, 512);
-        assert_eq!(config.kinds["activitypub"].slow_after_ms, Some(2000));
+        assert_eq!(config.kinds["activitypub"].slow_after_ms, Some(1000));
         // A money kind's outbox cap is a rule: its attempts never turn slow.
         assert_eq!(config.kinds["deposit"].slow_after_ms, None);
         let err = from_toml_str("[kinds.activitypub]\nslow_after_ms = 0\n").unwrap_err();
         let paths: Vec<&str> = err.problems().iter().map(|p| p.path.as_str()).collect();
         assert_eq!(paths, vec!["kinds.activitypub.slow_after_ms"], "{err}");
         // Past the timeout it is never reached, and allowed.
-        let config = from_toml_str("[kinds.activitypub]\ntimeout_ms = 1000\n").unwrap();
-        assert_eq!(config.kinds["activitypub"].slow_after_ms, Some(2000));
+        let config = from_toml_str("[kinds.activitypub]\ntimeout_ms = 500\n").unwrap();
+        assert_eq!(config.kinds["activitypub"].slow_after_ms, Some(1000));
         assert_eq!(
             from_toml_str("[dispatch]\nmax_slow = 0\n").unwrap().dispatch.max_slow,
             0
