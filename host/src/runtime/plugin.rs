@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::sync::OwnedSemaphorePermit;
 use wasmtime::component::Component;
 use wasmtime::{Store, UpdateDeadline};
 
@@ -234,6 +235,16 @@ impl std::fmt::Debug for Plugin {
     }
 }
 
+/// One call's store and the engine instance slot it holds. The store is
+/// declared first, so it (and its instance) is dropped before the slot is
+/// given back: wasmtime drops a store's data before it frees the store's
+/// instances, so a slot kept in `HostState` would let a waiting call
+/// instantiate into a pool not yet freed.
+struct Call {
+    store: Store<HostState>,
+    _slot: OwnedSemaphorePermit,
+}
+
 impl Plugin {
     /// Pre-instantiates an inspected component against its world's linker.
     ///
@@ -286,16 +297,16 @@ impl Plugin {
     }
 
     /// A fresh store with the deadline and limits armed, for a call handed
-    /// `input_bytes` of input (its compute grace grows with it), holding
-    /// one of its engine's instance slots. The wait for a slot comes
-    /// first, outside the call's deadline and its health: a host with
-    /// every slot busy is not the plugin's failure.
+    /// `input_bytes` of input (its compute grace grows with it), with one
+    /// of its engine's instance slots. The wait for a slot comes first,
+    /// outside the call's deadline and its health: a host with every slot
+    /// busy is not the plugin's failure.
     async fn store(
         &self,
         attempt: Option<Attempt>,
         op_id: Option<i64>,
         input_bytes: usize,
-    ) -> Result<Store<HostState>, PluginFailure> {
+    ) -> Result<Call, PluginFailure> {
         let kind = self.inspection.world.engine();
         let slot = self
             .runtime
@@ -307,8 +318,7 @@ impl Plugin {
             .map_err(|_| PluginFailure::HostImport("the engine's instance slots are closed".into()))?;
         let engine = self.runtime.engines.get(kind);
         let deterministic = self.inspection.world == World::FeePolicy;
-        let mut state = HostState::new(self.services.clone(), self.limits.memory, attempt, op_id, deterministic);
-        state.slot = Some(slot);
+        let state = HostState::new(self.services.clone(), self.limits.memory, attempt, op_id, deterministic);
         let mut store = Store::new(engine, state);
         store.limiter(|s| &mut s.limiter);
         if self.inspection.world == World::FeePolicy {
@@ -337,7 +347,7 @@ impl Plugin {
             })
         });
         store.set_epoch_deadline(1);
-        Ok(store)
+        Ok(Call { store, _slot: slot })
     }
 
     /// Runs `call` under the deadline. Epochs only interrupt guest code, so
@@ -388,10 +398,10 @@ impl Plugin {
     /// [`PluginFailure`] when the call did not return an outcome.
     pub async fn execute(&self, op: wit::Op, attempt: Attempt) -> Result<wit::Outcome, PluginFailure> {
         let pre = self.executor_pre()?.clone();
-        let mut store = self
+        let mut call = self
             .store(Some(attempt), Some(op.id), op.payload.len() + op.config.len())
             .await?;
-        self.bounded(&mut store, async move |store| {
+        self.bounded(&mut call.store, async move |store| {
             let bindings = pre.instantiate_async(&mut *store).await?;
             bindings.laneway_plugin_executor().call_execute(&mut *store, &op).await
         })
@@ -411,8 +421,8 @@ impl Plugin {
     ) -> Result<wit::Reconciled, PluginFailure> {
         let pre = self.executor_pre()?.clone();
         let input = op.payload.len() + op.config.len() + receipt.len();
-        let mut store = self.store(Some(attempt), Some(op.id), input).await?;
-        self.bounded(&mut store, async move |store| {
+        let mut call = self.store(Some(attempt), Some(op.id), input).await?;
+        self.bounded(&mut call.store, async move |store| {
             let bindings = pre.instantiate_async(&mut *store).await?;
             bindings
                 .laneway_plugin_executor()
@@ -429,8 +439,8 @@ impl Plugin {
     /// [`PluginFailure`], or the plugin's own refusal as `Ok(Err(..))`.
     pub async fn lanes(&self, input: wit::OpInput) -> Result<Result<Vec<String>, String>, PluginFailure> {
         let pre = self.executor_pre()?.clone();
-        let mut store = self.store(None, None, input.payload.len() + input.config.len()).await?;
-        self.bounded(&mut store, async move |store| {
+        let mut call = self.store(None, None, input.payload.len() + input.config.len()).await?;
+        self.bounded(&mut call.store, async move |store| {
             let bindings = pre.instantiate_async(&mut *store).await?;
             bindings.laneway_plugin_executor().call_lanes(&mut *store, &input).await
         })
@@ -455,10 +465,10 @@ impl Plugin {
         };
         let pre = pre.clone();
         let (kind, config) = (kind.to_owned(), config.to_owned());
-        let mut store = self.store(None, None, config.len()).await?;
-        store.data_mut().probing = true;
+        let mut call = self.store(None, None, config.len()).await?;
+        call.store.data_mut().probing = true;
         let result = self
-            .bounded(&mut store, async move |store| {
+            .bounded(&mut call.store, async move |store| {
                 let bindings = pre.instantiate_async(&mut *store).await?;
                 bindings
                     .laneway_plugin_validation()
@@ -485,8 +495,8 @@ impl Plugin {
     /// [`PluginFailure`] when the call did not return.
     pub async fn describe(&self) -> Result<wit_executor::Description, PluginFailure> {
         let pre = self.executor_pre()?.clone();
-        let mut store = self.store(None, None, 0).await?;
-        self.bounded(&mut store, async move |store| {
+        let mut call = self.store(None, None, 0).await?;
+        self.bounded(&mut call.store, async move |store| {
             let bindings = pre.instantiate_async(&mut *store).await?;
             bindings.laneway_plugin_executor().call_describe(&mut *store).await
         })
@@ -503,8 +513,8 @@ impl Plugin {
         request: wit_fee::QuoteRequest,
     ) -> Result<Result<wit_fee::Decision, String>, PluginFailure> {
         let pre = self.policy_pre()?.clone();
-        let mut store = self.store(None, None, 0).await?;
-        self.bounded(&mut store, async move |store| {
+        let mut call = self.store(None, None, 0).await?;
+        self.bounded(&mut call.store, async move |store| {
             let bindings = pre.instantiate_async(&mut *store).await?;
             bindings
                 .laneway_plugin_fee_policy()
@@ -527,8 +537,8 @@ impl Plugin {
         config: String,
     ) -> Result<Result<wit_fee::Snapshot, String>, PluginFailure> {
         let pre = self.policy_pre()?.clone();
-        let mut store = self.store(None, None, config.len()).await?;
-        self.bounded(&mut store, async move |store| {
+        let mut call = self.store(None, None, config.len()).await?;
+        self.bounded(&mut call.store, async move |store| {
             let bindings = pre.instantiate_async(&mut *store).await?;
             bindings
                 .laneway_plugin_fee_policy()

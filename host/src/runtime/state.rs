@@ -124,9 +124,6 @@ pub struct HostState {
     pub notes: Option<Arc<dyn crate::executor::Notes>>,
     /// Notes written in this call (capped per call).
     pub notes_written: u32,
-    /// The engine's instance slot this call's store holds; given back when
-    /// the store (and its instance) is dropped.
-    pub slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl HostState {
@@ -165,7 +162,6 @@ impl HostState {
             probing: false,
             notes,
             notes_written: 0,
-            slot: None,
         }
     }
 

@@ -116,6 +116,27 @@ async fn a_call_past_the_instance_slots_waits_for_one() -> anyhow::Result<()> {
         "the third call waited for a slot: {:?}",
         started.elapsed()
     );
+    // Many short calls through the two slots: a slot goes back only once
+    // the call's instance is freed, so none of them trap on the pool.
+    let port = http_server(Serve::Ok).await?;
+    let calls: Vec<_> = (0..40)
+        .map(|i| {
+            let plugin = plugin.clone();
+            tokio::spawn(async move {
+                plugin
+                    .execute(
+                        op(i, &format!("\"http://127.0.0.1:{port}/\"")),
+                        attempt(Arc::new(Recorder::default())),
+                    )
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .collect();
+    for call in calls {
+        let result = call.await?;
+        ensure!(result.is_ok(), "{result:?}");
+    }
     Ok(())
 }
 
