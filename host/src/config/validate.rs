@@ -311,7 +311,7 @@ pub(super) fn validate(config: &Config) -> Vec<Problem> {
             bad(&path("timeout_ms"), "expected at least 1".to_owned());
         }
         // One at or past `timeout_ms` is allowed: never reached, as when
-        // left out (a test's short timeout under the shipped 2 s).
+        // left out (a test's short timeout under the shipped 1 s).
         if kind.slow_after_ms == Some(0) {
             bad(
                 &path("slow_after_ms"),

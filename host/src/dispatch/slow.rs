@@ -49,31 +49,28 @@ pub(crate) async fn watch<F: Future>(
     watch: Option<SlowWatch>,
     freed: impl FnOnce(),
 ) -> F::Output {
-    let Some(watch) = watch else {
-        let out = attempt.await;
-        drop(permit);
-        return out;
-    };
     let mut attempt = std::pin::pin!(attempt);
-    tokio::select! {
-        biased;
-        out = &mut attempt => return out,
-        () = tokio::time::sleep(watch.after) => {}
+    if let Some(watch) = watch {
+        tokio::select! {
+            biased;
+            out = &mut attempt => return out,
+            () = tokio::time::sleep(watch.after) => {}
+        }
+        if let Ok(place) = watch.places.try_acquire_owned() {
+            // Marked before the permit goes: a drain counting its attempts
+            // then never sees the permit free while the attempt still
+            // counts as busy against its own share (the other way round,
+            // it would start one op too few, not one too many).
+            watch.flag.store(true, Ordering::Release);
+            drop(permit);
+            freed();
+            let out = attempt.await;
+            drop(place);
+            return out;
+        }
     }
-    let Ok(place) = watch.places.try_acquire_owned() else {
-        let out = attempt.await;
-        drop(permit);
-        return out;
-    };
-    // Marked before the permit goes: a drain counting its attempts then
-    // never sees the permit free while the attempt still counts as busy
-    // against its own share (the other way round, it would start one op
-    // too few, not one too many).
-    watch.flag.store(true, Ordering::Release);
-    drop(permit);
-    freed();
     let out = attempt.await;
-    drop(place);
+    drop(permit);
     out
 }
 

@@ -79,20 +79,14 @@ async fn a_slow_host_call_times_out() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// More calls than the engine has instance slots: the extra one waits for
-/// a slot (then runs to its own deadline) rather than trap past the pool,
-/// which counted against the plugin as a crash and, five times over,
-/// quarantined it while a fan-out to hung servers ran.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_call_past_the_instance_slots_waits_for_one() -> anyhow::Result<()> {
-    let config =
-        laneway::config::from_toml_str("[runtime]\nmax_instances = 2\n[dispatch]\nmax_in_flight = 2\nmax_slow = 0\n")?;
-    let rt = laneway::runtime::Runtime::new(&config.runtime).map_err(|e| anyhow::anyhow!("{e:#}"))?;
-    let port = http_server(Serve::Hang).await?;
-    let extra = "timeout_ms = 400\nallowed_hosts = [\"http://127.0.0.1:*\"]\nallowed_internal = [\"127.0.0.1\"]";
-    let plugin = Arc::new(load(&rt, "slow-host", extra, KeyStore::default())?.map_err(|e| anyhow::anyhow!("{e}"))?);
-    let started = std::time::Instant::now();
-    let calls: Vec<_> = (0..3)
+/// `n` calls of `plugin` at once, each asking it to fetch
+/// `http://127.0.0.1:{port}/`, and their results in order.
+async fn at_once(
+    plugin: &Arc<laneway::runtime::plugin::Plugin>,
+    n: i64,
+    port: u16,
+) -> anyhow::Result<Vec<Result<(), PluginFailure>>> {
+    let calls: Vec<_> = (0..n)
         .map(|i| {
             let plugin = plugin.clone();
             tokio::spawn(async move {
@@ -110,6 +104,23 @@ async fn a_call_past_the_instance_slots_waits_for_one() -> anyhow::Result<()> {
     for call in calls {
         results.push(call.await?);
     }
+    Ok(results)
+}
+
+/// More calls than the engine has instance slots: the extra one waits for
+/// a slot (then runs to its own deadline) rather than trap past the pool,
+/// which counted against the plugin as a crash and, five times over,
+/// quarantined it while a fan-out to hung servers ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_past_the_instance_slots_waits_for_one() -> anyhow::Result<()> {
+    let config =
+        laneway::config::from_toml_str("[runtime]\nmax_instances = 2\n[dispatch]\nmax_in_flight = 2\nmax_slow = 0\n")?;
+    let rt = laneway::runtime::Runtime::new(&config.runtime).map_err(|e| anyhow::anyhow!("{e:#}"))?;
+    let port = http_server(Serve::Hang).await?;
+    let extra = "timeout_ms = 400\nallowed_hosts = [\"http://127.0.0.1:*\"]\nallowed_internal = [\"127.0.0.1\"]";
+    let plugin = Arc::new(load(&rt, "slow-host", extra, KeyStore::default())?.map_err(|e| anyhow::anyhow!("{e}"))?);
+    let started = std::time::Instant::now();
+    let results = at_once(&plugin, 3, port).await?;
     ensure!(results.iter().all(|r| *r == Err(PluginFailure::Timeout)), "{results:?}");
     ensure!(
         started.elapsed() >= Duration::from_millis(750),
@@ -119,22 +130,7 @@ async fn a_call_past_the_instance_slots_waits_for_one() -> anyhow::Result<()> {
     // Many short calls through the two slots: a slot goes back only once
     // the call's instance is freed, so none of them trap on the pool.
     let port = http_server(Serve::Ok).await?;
-    let calls: Vec<_> = (0..40)
-        .map(|i| {
-            let plugin = plugin.clone();
-            tokio::spawn(async move {
-                plugin
-                    .execute(
-                        op(i, &format!("\"http://127.0.0.1:{port}/\"")),
-                        attempt(Arc::new(Recorder::default())),
-                    )
-                    .await
-                    .map(|_| ())
-            })
-        })
-        .collect();
-    for call in calls {
-        let result = call.await?;
+    for result in at_once(&plugin, 40, port).await? {
         ensure!(result.is_ok(), "{result:?}");
     }
     Ok(())
