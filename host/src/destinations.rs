@@ -396,8 +396,12 @@ pub struct PlannedFanOut {
 /// Why a fan-out was not planned.
 #[derive(Debug, thiserror::Error)]
 pub enum FanOutFailure {
-    /// The request is malformed (bad activity, recipient or kind); nothing
-    /// was written.
+    /// The activity or its recipients are malformed (the pure plan refused
+    /// them); nothing was written.
+    #[error(transparent)]
+    Activity(#[from] crate::fanout::FanOutError),
+    /// The request is refused otherwise (its kind, an op past the queue's
+    /// limits); nothing was written.
     #[error("{0}")]
     Refused(String),
     /// The queue failed.
@@ -423,8 +427,7 @@ pub async fn plan_fan_out(
         .refuse_internal_kind(&request.kind)
         .map_err(FanOutFailure::Refused)?;
     let kind = config.kind(&request.kind).map_err(FanOutFailure::Refused)?;
-    let ops = crate::fanout::plan(request, &kind.correlate_types(), kind.priority)
-        .map_err(|e| FanOutFailure::Refused(e.to_string()))?;
+    let ops = crate::fanout::plan(request, &kind.correlate_types(), kind.priority)?;
     crate::queue::validate_new_ops(&ops, config.limits()).map_err(|e| FanOutFailure::Refused(e.to_string()))?;
     let inboxes: Vec<String> = ops.iter().filter_map(|op| op.lanes.first().cloned()).collect();
     let gone = gone(queue, &inboxes).await?;

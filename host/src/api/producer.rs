@@ -404,7 +404,7 @@ pub(super) async fn deliveries(
     }
     let config = state.dispatcher().config();
     let kind_name = body.kind.unwrap_or_else(|| "activitypub".to_owned());
-    let kind = config
+    config
         .kind(&kind_name)
         .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_kind", e))?;
     let request = crate::fanout::FanOut {
@@ -425,9 +425,13 @@ pub(super) async fn deliveries(
         priority: body.priority,
         subject: body.subject,
     };
-    crate::fanout::plan(&request, &kind.correlate_types(), kind.priority)
-        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_activity", e.to_string()))?;
+    // The plan (once, inside the fan-out) refuses a malformed activity
+    // before anything is written: a 5,000-recipient plan parses the
+    // activity and canonicalises every inbox, 10-50 ms of this request.
     let (results, planned) = state.dispatcher().fan_out(&request).await.map_err(|e| match e {
+        crate::destinations::FanOutFailure::Activity(e) => {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_activity", e.to_string())
+        }
         crate::destinations::FanOutFailure::Refused(why) => {
             ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_op", why)
         }

@@ -617,6 +617,7 @@ async fn fanout_cmd(config: &Config, args: FanoutArgs, io: Io<'_>) -> Result<(),
     let planned = crate::destinations::plan_fan_out(queue.as_ref(), config, &request)
         .await
         .map_err(|e| match e {
+            crate::destinations::FanOutFailure::Activity(e) => CliError::Input(e.to_string()),
             crate::destinations::FanOutFailure::Refused(why) => CliError::Input(why),
             crate::destinations::FanOutFailure::Queue(e) => CliError::from(e),
         })?;
