@@ -865,6 +865,12 @@ async fn the_fanout_route_and_the_list_filters_find_what_was_enqueued(db: TestDb
             422,
             "unknown_kind",
         ),
+        // laneway's own kind is refused before its activity is read.
+        (
+            r#"{"kind":"outcome_webhook","outbox":"o","activity":[1],"recipients":["https://c.example/inbox"]}"#,
+            422,
+            "invalid_op",
+        ),
         (
             r#"{"outbox":"o","activity":{},"recipients":[7]}"#,
             400,
