@@ -400,8 +400,12 @@ pub enum FanOutFailure {
     /// them); nothing was written.
     #[error(transparent)]
     Activity(#[from] crate::fanout::FanOutError),
-    /// The request is refused otherwise (its kind, an op past the queue's
-    /// limits); nothing was written.
+    /// The kind is laneway's own (outcome webhooks, verified inbound
+    /// activities): producers cannot enqueue it; nothing was written.
+    #[error("{0}")]
+    InternalKind(String),
+    /// The request is refused otherwise (an unknown kind, an op past the
+    /// queue's limits); nothing was written.
     #[error("{0}")]
     Refused(String),
     /// The queue failed.
@@ -425,7 +429,7 @@ pub async fn plan_fan_out(
 ) -> Result<PlannedFanOut, FanOutFailure> {
     config
         .refuse_internal_kind(&request.kind)
-        .map_err(FanOutFailure::Refused)?;
+        .map_err(FanOutFailure::InternalKind)?;
     let kind = config.kind(&request.kind).map_err(FanOutFailure::Refused)?;
     let ops = crate::fanout::plan(request, &kind.correlate_types(), kind.priority)?;
     crate::queue::validate_new_ops(&ops, config.limits()).map_err(|e| FanOutFailure::Refused(e.to_string()))?;

@@ -865,11 +865,17 @@ async fn the_fanout_route_and_the_list_filters_find_what_was_enqueued(db: TestDb
             422,
             "unknown_kind",
         ),
-        // laneway's own kind is refused before its activity is read.
+        // laneway's own kind is refused, as the enqueue route refuses it,
+        // before its activity is read.
         (
             r#"{"kind":"outcome_webhook","outbox":"o","activity":[1],"recipients":["https://c.example/inbox"]}"#,
             422,
-            "invalid_op",
+            "internal_kind",
+        ),
+        (
+            r#"{"kind":"outcome_webhook","outbox":"o","activity":{"id":"x"},"recipients":["https://c.example/inbox"]}"#,
+            422,
+            "internal_kind",
         ),
         (
             r#"{"outbox":"o","activity":{},"recipients":[7]}"#,

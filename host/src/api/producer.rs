@@ -386,7 +386,7 @@ pub(super) struct DeliveriesBody {
     security(("bearer" = ["ops:write"])),
     responses(
         (status = 200, description = "`deliveries` ({inbox, status: created|existing|already_pending, id}) in recipient order, and the count of each status", body = Value),
-        (status = 422, description = "`unknown_kind`, `invalid_activity`, `invalid_op`", body = ErrorBody),
+        (status = 422, description = "`unknown_kind`, `internal_kind`, `invalid_activity`, `invalid_op`", body = ErrorBody),
         Refusals, BodyRefusals,
     ))]
 pub(super) async fn deliveries(
@@ -431,6 +431,10 @@ pub(super) async fn deliveries(
     let (results, planned) = state.dispatcher().fan_out(&request).await.map_err(|e| match e {
         crate::destinations::FanOutFailure::Activity(e) => {
             ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_activity", e.to_string())
+        }
+        // The same code the enqueue route answers for laneway's own kinds.
+        crate::destinations::FanOutFailure::InternalKind(why) => {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "internal_kind", why)
         }
         crate::destinations::FanOutFailure::Refused(why) => {
             ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_op", why)
