@@ -404,8 +404,10 @@ pub enum FanOutFailure {
     /// activities): producers cannot enqueue it; nothing was written.
     #[error("{0}")]
     InternalKind(String),
-    /// The request is refused otherwise (an unknown kind, an op past the
-    /// queue's limits); nothing was written.
+    /// No such kind is configured; nothing was written.
+    #[error("{0}")]
+    UnknownKind(String),
+    /// An op past the queue's limits; nothing was written.
     #[error("{0}")]
     Refused(String),
     /// The queue failed.
@@ -430,7 +432,7 @@ pub async fn plan_fan_out(
     config
         .refuse_internal_kind(&request.kind)
         .map_err(FanOutFailure::InternalKind)?;
-    let kind = config.kind(&request.kind).map_err(FanOutFailure::Refused)?;
+    let kind = config.kind(&request.kind).map_err(FanOutFailure::UnknownKind)?;
     let ops = crate::fanout::plan(request, &kind.correlate_types(), kind.priority)?;
     crate::queue::validate_new_ops(&ops, config.limits()).map_err(|e| FanOutFailure::Refused(e.to_string()))?;
     let inboxes: Vec<String> = ops.iter().filter_map(|op| op.lanes.first().cloned()).collect();

@@ -402,13 +402,8 @@ pub(super) async fn deliveries(
             body.recipients.len()
         )));
     }
-    let config = state.dispatcher().config();
-    let kind_name = body.kind.unwrap_or_else(|| "activitypub".to_owned());
-    config
-        .kind(&kind_name)
-        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_kind", e))?;
     let request = crate::fanout::FanOut {
-        kind: kind_name.clone(),
+        kind: body.kind.unwrap_or_else(|| "activitypub".to_owned()),
         actor: body.outbox,
         activity: body.activity.get().to_owned(),
         recipients: body
@@ -425,10 +420,14 @@ pub(super) async fn deliveries(
         priority: body.priority,
         subject: body.subject,
     };
-    // The plan runs once, inside the fan-out, and refuses a malformed
-    // activity before anything is written (a 5,000-recipient plan parses
-    // the activity and canonicalises every inbox: about 10 ms).
+    // The kind is looked up and the plan made once, inside the fan-out,
+    // which refuses an unknown kind or a malformed activity before anything
+    // is written (a 5,000-recipient plan parses the activity and
+    // canonicalises every inbox: about 10 ms).
     let (results, planned) = state.dispatcher().fan_out(&request).await.map_err(|e| match e {
+        crate::destinations::FanOutFailure::UnknownKind(why) => {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_kind", why)
+        }
         crate::destinations::FanOutFailure::Activity(e) => {
             ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_activity", e.to_string())
         }

@@ -619,6 +619,7 @@ async fn fanout_cmd(config: &Config, args: FanoutArgs, io: Io<'_>) -> Result<(),
         .map_err(|e| match e {
             crate::destinations::FanOutFailure::Activity(e) => CliError::Input(e.to_string()),
             crate::destinations::FanOutFailure::InternalKind(why)
+            | crate::destinations::FanOutFailure::UnknownKind(why)
             | crate::destinations::FanOutFailure::Refused(why) => CliError::Input(why),
             crate::destinations::FanOutFailure::Queue(e) => CliError::from(e),
         })?;
