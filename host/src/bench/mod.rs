@@ -452,6 +452,10 @@ async fn throughput(n: usize, rounds: usize, systems: &[String]) -> anyhow::Resu
     Ok(())
 }
 
+/// The latency floors' names in the table.
+const FLOOR_SQLITE: &str = "floor: plain SQLite, two durable transactions (insert; claim in the task it woke)";
+const FLOOR_PG: &str = "floor: plain PostgreSQL, two durable transactions (insert; claim in the task it woke)";
+
 /// The names of the comparison systems in the table.
 const STATEMENTS_SQLITE: &str =
     "laneway's own SQLite statements alone (100/batch, one connection, no host, synchronous=full)";
@@ -480,7 +484,8 @@ enum Producer {
     Cli,
 }
 
-async fn latency_samples(store: Store, producer: Producer, samples: usize) -> anyhow::Result<()> {
+/// One latency row; returns its p50.
+async fn latency_samples(store: Store, producer: Producer, samples: usize) -> anyhow::Result<Duration> {
     let scratch = Scratch::new(store, "").await?;
     let (dispatcher, mut started) = scratch.dispatcher();
     let runner = dispatcher.clone();
@@ -585,13 +590,14 @@ async fn latency_samples(store: Store, producer: Producer, samples: usize) -> an
     } else {
         println!(" CLI wall p50 {} |", ms(percentile(&mut walls, 0.5)));
     }
-    Ok(())
+    Ok(p50)
 }
 
 async fn latency(samples: usize) -> anyhow::Result<()> {
     println!("\n## Enqueue → start latency ({samples} sequential ops each)");
     println!("| store | producer | p50 | p99 | |");
     println!("|---|---|---|---|---|");
+    let mut in_process = Vec::new();
     for (store, producer) in [
         (Store::SqliteFull, Producer::InProcess),
         (Store::Postgres, Producer::InProcess),
@@ -604,7 +610,30 @@ async fn latency(samples: usize) -> anyhow::Result<()> {
         } else {
             samples
         };
-        latency_samples(store, producer, n).await?;
+        let p50 = latency_samples(store, producer, n).await?;
+        if producer == Producer::InProcess {
+            in_process.push((store, p50));
+        }
+    }
+    // The floor: what the two durable commits the crash story needs cost
+    // through the same driver, with one hand-off between them and nothing
+    // else, so a row above can be read against what the database allows.
+    for (store, db, name) in [
+        (Store::SqliteFull, plain::FloorDb::Sqlite, FLOOR_SQLITE),
+        (Store::Postgres, plain::FloorDb::Postgres, FLOOR_PG),
+    ] {
+        let (p50, p99) = plain::latency_floor(db, samples).await?;
+        println!("| {name} | in-process | {} | {} | |", ms(p50), ms(p99));
+        if let Some((_, ours)) = in_process.iter().find(|(s, _)| *s == store) {
+            let ours = ours.as_secs_f64() * 1000.0;
+            let floor = p50.as_secs_f64() * 1000.0;
+            println!(
+                "{}: p50 {ours:.2} ms, the floor {floor:.2} ms, the host's own {:.2} ms ({:.0}% of it)",
+                store.name(),
+                ours - floor,
+                100.0 * (ours - floor) / ours.max(f64::EPSILON)
+            );
+        }
     }
     Ok(())
 }

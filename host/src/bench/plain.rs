@@ -3,7 +3,7 @@
 //! of what the database can do laneway's drain gets.
 
 use std::str::FromStr as _;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{pg_url, ScratchSchema};
 
@@ -268,4 +268,147 @@ pub(super) async fn sqlite_statements_round(n: usize) -> anyhow::Result<(f64, St
     .collect::<Vec<_>>()
     .join(", ");
     Ok((rate, split))
+}
+
+/// Which database a latency floor runs on.
+#[derive(Clone, Copy)]
+pub(super) enum FloorDb {
+    /// SQLite, WAL, `synchronous=full`, one writer connection (laneway's).
+    Sqlite,
+    /// PostgreSQL on a fresh schema, a pool of two.
+    Postgres,
+}
+
+/// The enqueue → start floor of any queue that keeps laneway's crash story
+/// (a job is durable before its enqueue returns, its claim before it
+/// starts): a producer task inserts a job in one durable transaction and
+/// wakes a consumer task, which claims that job by id in a second durable
+/// transaction and counts it started. A plain table, no lanes, no
+/// scheduler, the same driver and pause between samples as laneway's own
+/// latency rows; the p50 and p99 from producer call to start.
+pub(super) async fn latency_floor(db: FloorDb, samples: usize) -> anyhow::Result<(Duration, Duration)> {
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+    const JOBS: &str = "CREATE TABLE jobs (id {id} PRIMARY KEY, state TEXT NOT NULL, payload TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0)";
+    let dir = tempfile::tempdir()?;
+    let mut schema = None;
+    let floor = match db {
+        FloorDb::Sqlite => {
+            let options = SqliteConnectOptions::new()
+                .filename(dir.path().join("floor.db"))
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Full);
+            let pool = SqlitePoolOptions::new()
+                .max_connections(1)
+                .test_before_acquire(false)
+                .connect_with(options)
+                .await?;
+            sqlx::query(&JOBS.replace("{id}", "INTEGER")).execute(&pool).await?;
+            Floor::Sqlite(pool)
+        }
+        FloorDb::Postgres => {
+            let created = ScratchSchema::create("floorbench").await?;
+            let options =
+                sqlx::postgres::PgConnectOptions::from_str(&pg_url())?.options([("search_path", created.name.as_str())]);
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(2)
+                .connect_with(options)
+                .await?;
+            schema = Some(created);
+            sqlx::query(&JOBS.replace("{id}", "BIGSERIAL")).execute(&pool).await?;
+            Floor::Postgres(pool)
+        }
+    };
+    let floor = std::sync::Arc::new(floor);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<i64>();
+    let consumer = {
+        let floor = floor.clone();
+        tokio::spawn(async move {
+            let mut started = Vec::new();
+            while let Some(id) = rx.recv().await {
+                floor.claim(id).await?;
+                started.push(Instant::now());
+            }
+            anyhow::Ok(started)
+        })
+    };
+    let mut calls = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        calls.push(Instant::now());
+        let id = floor.insert().await?;
+        tx.send(id)?;
+        // As laneway's rows: the claim commits before the next arrival.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drop(tx);
+    let started = consumer.await??;
+    let mut latencies: Vec<Duration> = calls
+        .iter()
+        .zip(&started)
+        .map(|(call, start)| start.saturating_duration_since(*call))
+        .collect();
+    anyhow::ensure!(latencies.len() == samples, "the floor's consumer started {} of {samples}", latencies.len());
+    if let Ok(floor) = std::sync::Arc::try_unwrap(floor) {
+        floor.close().await;
+    }
+    if let Some(schema) = schema {
+        schema.drop().await?;
+    }
+    Ok((super::percentile(&mut latencies, 0.5), super::percentile(&mut latencies, 0.99)))
+}
+
+/// A latency floor's connections.
+enum Floor {
+    Sqlite(sqlx::SqlitePool),
+    Postgres(sqlx::PgPool),
+}
+
+impl Floor {
+    /// One job, in a durable transaction of its own.
+    async fn insert(&self) -> anyhow::Result<i64> {
+        const INSERT: &str = "INSERT INTO jobs (state, payload) VALUES ('pending', '{}') RETURNING id";
+        Ok(match self {
+            Floor::Sqlite(pool) => {
+                let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+                let id = sqlx::query_scalar(INSERT).fetch_one(&mut *tx).await?;
+                tx.commit().await?;
+                id
+            }
+            Floor::Postgres(pool) => {
+                let mut tx = pool.begin().await?;
+                let id = sqlx::query_scalar(INSERT).fetch_one(&mut *tx).await?;
+                tx.commit().await?;
+                id
+            }
+        })
+    }
+
+    /// The job claimed by id, in a durable transaction of its own.
+    async fn claim(&self, id: i64) -> anyhow::Result<()> {
+        const CLAIM: &str =
+            "UPDATE jobs SET state = 'running', attempts = attempts + 1 WHERE id = $1 AND state = 'pending' RETURNING id";
+        let claimed: Option<i64> = match self {
+            Floor::Sqlite(pool) => {
+                let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+                let claimed = sqlx::query_scalar(CLAIM).bind(id).fetch_optional(&mut *tx).await?;
+                tx.commit().await?;
+                claimed
+            }
+            Floor::Postgres(pool) => {
+                let mut tx = pool.begin().await?;
+                let claimed = sqlx::query_scalar(CLAIM).bind(id).fetch_optional(&mut *tx).await?;
+                tx.commit().await?;
+                claimed
+            }
+        };
+        anyhow::ensure!(claimed == Some(id), "the floor's job {id} was not claimable");
+        Ok(())
+    }
+
+    async fn close(self) {
+        match self {
+            Floor::Sqlite(pool) => pool.close().await,
+            Floor::Postgres(pool) => pool.close().await,
+        }
+    }
 }
