@@ -275,6 +275,8 @@ pub(super) async fn sqlite_statements_round(n: usize) -> anyhow::Result<(f64, St
 pub(super) enum FloorDb {
     /// SQLite, WAL, `synchronous=full`, one writer connection (laneway's).
     Sqlite,
+    /// The same, each transaction sent as one multi-statement call.
+    SqliteOneCall,
     /// PostgreSQL on a fresh schema, a pool of two.
     Postgres,
 }
@@ -292,7 +294,7 @@ pub(super) async fn latency_floor(db: FloorDb, samples: usize) -> anyhow::Result
     let dir = tempfile::tempdir()?;
     let mut schema = None;
     let floor = match db {
-        FloorDb::Sqlite => {
+        FloorDb::Sqlite | FloorDb::SqliteOneCall => {
             let options = SqliteConnectOptions::new()
                 .filename(dir.path().join("floor.db"))
                 .create_if_missing(true)
@@ -304,7 +306,11 @@ pub(super) async fn latency_floor(db: FloorDb, samples: usize) -> anyhow::Result
                 .connect_with(options)
                 .await?;
             sqlx::query(&JOBS.replace("{id}", "INTEGER")).execute(&pool).await?;
-            Floor::Sqlite(pool)
+            if matches!(db, FloorDb::SqliteOneCall) {
+                Floor::SqliteOneCall(pool)
+            } else {
+                Floor::Sqlite(pool)
+            }
         }
         FloorDb::Postgres => {
             let created = ScratchSchema::create("floorbench").await?;
@@ -360,6 +366,7 @@ pub(super) async fn latency_floor(db: FloorDb, samples: usize) -> anyhow::Result
 /// A latency floor's connections.
 enum Floor {
     Sqlite(sqlx::SqlitePool),
+    SqliteOneCall(sqlx::SqlitePool),
     Postgres(sqlx::PgPool),
 }
 
@@ -373,6 +380,15 @@ impl Floor {
                 let id = sqlx::query_scalar(INSERT).fetch_one(&mut *tx).await?;
                 tx.commit().await?;
                 id
+            }
+            Floor::SqliteOneCall(pool) => {
+                let mut conn = pool.acquire().await?;
+                // Every statement's rows, or the COMMIT after the first row
+                // would never run.
+                let ids: Vec<i64> = sqlx::query_scalar(&format!("BEGIN IMMEDIATE; {INSERT}; COMMIT"))
+                    .fetch_all(&mut *conn)
+                    .await?;
+                ids.first().copied().ok_or_else(|| anyhow::anyhow!("the floor's insert returned no id"))?
             }
             Floor::Postgres(pool) => {
                 let mut tx = pool.begin().await?;
@@ -394,6 +410,14 @@ impl Floor {
                 tx.commit().await?;
                 claimed
             }
+            Floor::SqliteOneCall(pool) => {
+                let mut conn = pool.acquire().await?;
+                let ids: Vec<i64> = sqlx::query_scalar(&format!("BEGIN IMMEDIATE; {CLAIM}; COMMIT"))
+                    .bind(id)
+                    .fetch_all(&mut *conn)
+                    .await?;
+                ids.first().copied()
+            }
             Floor::Postgres(pool) => {
                 let mut tx = pool.begin().await?;
                 let claimed = sqlx::query_scalar(CLAIM).bind(id).fetch_optional(&mut *tx).await?;
@@ -407,7 +431,7 @@ impl Floor {
 
     async fn close(self) {
         match self {
-            Floor::Sqlite(pool) => pool.close().await,
+            Floor::Sqlite(pool) | Floor::SqliteOneCall(pool) => pool.close().await,
             Floor::Postgres(pool) => pool.close().await,
         }
     }
