@@ -114,7 +114,10 @@ fn inbox_cpu_time() -> Duration {
     let ticks: u64 = tasks
         .flatten()
         .filter_map(|task| std::fs::read_to_string(task.path().join("stat")).ok())
-        .filter(|stat| stat.split_once('(').is_some_and(|(_, rest)| rest.starts_with("bench-inboxes")))
+        .filter(|stat| {
+            stat.split_once('(')
+                .is_some_and(|(_, rest)| rest.starts_with("bench-inboxes"))
+        })
         .filter_map(|stat| {
             let fields: Vec<u64> = stat
                 .rsplit(')')
@@ -443,7 +446,11 @@ fn cpu_budget(cpu_per_op_ms: &[(&str, f64, f64)]) -> anyhow::Result<()> {
     let key = rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 2048)?;
     let der = key.to_pkcs8_der()?;
     let native = aws_lc_rs::signature::RsaKeyPair::from_pkcs8(der.as_bytes()).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let sign_ms = host_signer_us(&native, b"(request-target): post /users/u1/inbox", Duration::from_millis(300))? / 1000.0;
+    let sign_ms = host_signer_us(
+        &native,
+        b"(request-target): post /users/u1/inbox",
+        Duration::from_millis(300),
+    )? / 1000.0;
     let budget_ms = cores * 1000.0 / TARGET_OPS;
     println!(
         "CPU budget at {TARGET_OPS:.0} ops/s on {cores:.0} cores: {budget_ms:.2} ms per op; one RSA-2048 signature here: {sign_ms:.2} ms ({:.0}% of the budget)",

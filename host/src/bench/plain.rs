@@ -314,8 +314,8 @@ pub(super) async fn latency_floor(db: FloorDb, samples: usize) -> anyhow::Result
         }
         FloorDb::Postgres => {
             let created = ScratchSchema::create("floorbench").await?;
-            let options =
-                sqlx::postgres::PgConnectOptions::from_str(&pg_url())?.options([("search_path", created.name.as_str())]);
+            let options = sqlx::postgres::PgConnectOptions::from_str(&pg_url())?
+                .options([("search_path", created.name.as_str())]);
             let pool = sqlx::postgres::PgPoolOptions::new()
                 .max_connections(2)
                 .connect_with(options)
@@ -353,14 +353,21 @@ pub(super) async fn latency_floor(db: FloorDb, samples: usize) -> anyhow::Result
         .zip(&started)
         .map(|(call, start)| start.saturating_duration_since(*call))
         .collect();
-    anyhow::ensure!(latencies.len() == samples, "the floor's consumer started {} of {samples}", latencies.len());
+    anyhow::ensure!(
+        latencies.len() == samples,
+        "the floor's consumer started {} of {samples}",
+        latencies.len()
+    );
     if let Ok(floor) = std::sync::Arc::try_unwrap(floor) {
         floor.close().await;
     }
     if let Some(schema) = schema {
         schema.drop().await?;
     }
-    Ok((super::percentile(&mut latencies, 0.5), super::percentile(&mut latencies, 0.99)))
+    Ok((
+        super::percentile(&mut latencies, 0.5),
+        super::percentile(&mut latencies, 0.99),
+    ))
 }
 
 /// A latency floor's connections.
@@ -388,7 +395,9 @@ impl Floor {
                 let ids: Vec<i64> = sqlx::query_scalar(&format!("BEGIN IMMEDIATE; {INSERT}; COMMIT"))
                     .fetch_all(&mut *conn)
                     .await?;
-                ids.first().copied().ok_or_else(|| anyhow::anyhow!("the floor's insert returned no id"))?
+                ids.first()
+                    .copied()
+                    .ok_or_else(|| anyhow::anyhow!("the floor's insert returned no id"))?
             }
             Floor::Postgres(pool) => {
                 let mut tx = pool.begin().await?;
