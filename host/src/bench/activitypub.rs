@@ -86,22 +86,12 @@ fn inboxes() -> anyhow::Result<&'static tokio::runtime::Runtime> {
 
 /// This process's CPU time so far (user + system), from /proc.
 fn cpu_time() -> Duration {
-    let ticks = std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|s| {
-            let fields: Vec<u64> = s
-                .rsplit(')')
-                .next()?
-                .split_whitespace()
-                .skip(11)
-                .take(2)
-                .filter_map(|f| f.parse().ok())
-                .collect();
-            Some(fields.iter().sum::<u64>())
-        })
-        .unwrap_or(0);
-    // Linux reports in clock ticks, 100 per second on every common build.
-    Duration::from_millis(ticks * 10)
+    ticks(
+        std::fs::read_to_string("/proc/self/stat")
+            .ok()
+            .and_then(|stat| stat_ticks(&stat))
+            .unwrap_or(0),
+    )
 }
 
 /// CPU time so far (user + system) of the threads of the bench's inbox
@@ -111,26 +101,36 @@ fn inbox_cpu_time() -> Duration {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return Duration::ZERO;
     };
-    let ticks: u64 = tasks
-        .flatten()
-        .filter_map(|task| std::fs::read_to_string(task.path().join("stat")).ok())
-        .filter(|stat| {
-            stat.split_once('(')
-                .is_some_and(|(_, rest)| rest.starts_with("bench-inboxes"))
-        })
-        .filter_map(|stat| {
-            let fields: Vec<u64> = stat
-                .rsplit(')')
-                .next()?
-                .split_whitespace()
-                .skip(11)
-                .take(2)
-                .filter_map(|f| f.parse().ok())
-                .collect();
-            Some(fields.iter().sum::<u64>())
-        })
-        .sum();
-    Duration::from_millis(ticks * 10)
+    ticks(
+        tasks
+            .flatten()
+            .filter_map(|task| std::fs::read_to_string(task.path().join("stat")).ok())
+            .filter(|stat| {
+                stat.split_once('(')
+                    .is_some_and(|(_, rest)| rest.starts_with("bench-inboxes"))
+            })
+            .filter_map(|stat| stat_ticks(&stat))
+            .sum(),
+    )
+}
+
+/// User plus system clock ticks from a `/proc/…/stat` line (the fields
+/// after the command name, which may itself hold spaces and parentheses).
+fn stat_ticks(stat: &str) -> Option<u64> {
+    let fields: Vec<u64> = stat
+        .rsplit(')')
+        .next()?
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    Some(fields.iter().sum())
+}
+
+/// Clock ticks as time: Linux reports 100 a second on every common build.
+fn ticks(n: u64) -> Duration {
+    Duration::from_millis(n * 10)
 }
 
 /// A host on a fresh SQLite or PostgreSQL database with the activitypub
