@@ -443,9 +443,8 @@ fn host_signer_us(key: &aws_lc_rs::signature::RsaKeyPair, data: &[u8], during: D
 fn cpu_budget(cpu_per_op_ms: &[(&str, f64, f64)]) -> anyhow::Result<()> {
     const TARGET_OPS: f64 = 1_500.0;
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get) as f64;
-    let key = rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 2048)?;
-    let der = key.to_pkcs8_der()?;
-    let native = aws_lc_rs::signature::RsaKeyPair::from_pkcs8(der.as_bytes()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let native = aws_lc_rs::signature::RsaKeyPair::generate(aws_lc_rs::rsa::KeySize::Rsa2048)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let sign_ms = host_signer_us(
         &native,
         b"(request-target): post /users/u1/inbox",

@@ -380,62 +380,66 @@ enum Floor {
 impl Floor {
     /// One job, in a durable transaction of its own.
     async fn insert(&self) -> anyhow::Result<i64> {
-        const INSERT: &str = "INSERT INTO jobs (state, payload) VALUES ('pending', '{}') RETURNING id";
+        self.transaction(
+            "INSERT INTO jobs (state, payload) VALUES ('pending', '{}') RETURNING id",
+            None,
+        )
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the floor's insert returned no id"))
+    }
+
+    /// The job claimed by id, in a durable transaction of its own.
+    async fn claim(&self, id: i64) -> anyhow::Result<()> {
+        let claimed = self
+            .transaction(
+                "UPDATE jobs SET state = 'running', attempts = attempts + 1 WHERE id = $1 AND state = 'pending' RETURNING id",
+                Some(id),
+            )
+            .await?;
+        anyhow::ensure!(claimed == Some(id), "the floor's job {id} was not claimable");
+        Ok(())
+    }
+
+    /// `statement` (`id` bound only when given) alone in a durable
+    /// transaction: the id it returned, if any.
+    async fn transaction(&self, statement: &str, id: Option<i64>) -> anyhow::Result<Option<i64>> {
         Ok(match self {
             Floor::Sqlite(pool) => {
                 let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-                let id = sqlx::query_scalar(INSERT).fetch_one(&mut *tx).await?;
+                let query = sqlx::query_scalar(statement);
+                let query = match id {
+                    Some(id) => query.bind(id),
+                    None => query,
+                };
+                let returned = query.fetch_optional(&mut *tx).await?;
                 tx.commit().await?;
-                id
+                returned
             }
             Floor::SqliteOneCall(pool) => {
                 let mut conn = pool.acquire().await?;
                 // Every statement's rows, or the COMMIT after the first row
                 // would never run.
-                let ids: Vec<i64> = sqlx::query_scalar(&format!("BEGIN IMMEDIATE; {INSERT}; COMMIT"))
-                    .fetch_all(&mut *conn)
-                    .await?;
-                ids.first()
-                    .copied()
-                    .ok_or_else(|| anyhow::anyhow!("the floor's insert returned no id"))?
+                let one_call = format!("BEGIN IMMEDIATE; {statement}; COMMIT");
+                let query = sqlx::query_scalar(&one_call);
+                let query = match id {
+                    Some(id) => query.bind(id),
+                    None => query,
+                };
+                let returned: Vec<i64> = query.fetch_all(&mut *conn).await?;
+                returned.first().copied()
             }
             Floor::Postgres(pool) => {
                 let mut tx = pool.begin().await?;
-                let id = sqlx::query_scalar(INSERT).fetch_one(&mut *tx).await?;
+                let query = sqlx::query_scalar(statement);
+                let query = match id {
+                    Some(id) => query.bind(id),
+                    None => query,
+                };
+                let returned = query.fetch_optional(&mut *tx).await?;
                 tx.commit().await?;
-                id
+                returned
             }
         })
-    }
-
-    /// The job claimed by id, in a durable transaction of its own.
-    async fn claim(&self, id: i64) -> anyhow::Result<()> {
-        const CLAIM: &str =
-            "UPDATE jobs SET state = 'running', attempts = attempts + 1 WHERE id = $1 AND state = 'pending' RETURNING id";
-        let claimed: Option<i64> = match self {
-            Floor::Sqlite(pool) => {
-                let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-                let claimed = sqlx::query_scalar(CLAIM).bind(id).fetch_optional(&mut *tx).await?;
-                tx.commit().await?;
-                claimed
-            }
-            Floor::SqliteOneCall(pool) => {
-                let mut conn = pool.acquire().await?;
-                let ids: Vec<i64> = sqlx::query_scalar(&format!("BEGIN IMMEDIATE; {CLAIM}; COMMIT"))
-                    .bind(id)
-                    .fetch_all(&mut *conn)
-                    .await?;
-                ids.first().copied()
-            }
-            Floor::Postgres(pool) => {
-                let mut tx = pool.begin().await?;
-                let claimed = sqlx::query_scalar(CLAIM).bind(id).fetch_optional(&mut *tx).await?;
-                tx.commit().await?;
-                claimed
-            }
-        };
-        anyhow::ensure!(claimed == Some(id), "the floor's job {id} was not claimable");
-        Ok(())
     }
 
     async fn close(self) {
