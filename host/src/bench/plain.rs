@@ -403,15 +403,22 @@ impl Floor {
     /// `statement` (`id` bound only when given) alone in a durable
     /// transaction: the id it returned, if any.
     async fn transaction(&self, statement: &str, id: Option<i64>) -> anyhow::Result<Option<i64>> {
+        // The query with `id` bound when given, for either driver (their
+        // query types differ, so a function would need sqlx's whole ladder
+        // of bounds).
+        macro_rules! query {
+            ($sql:expr) => {{
+                let query = sqlx::query_scalar($sql);
+                match id {
+                    Some(id) => query.bind(id),
+                    None => query,
+                }
+            }};
+        }
         Ok(match self {
             Floor::Sqlite(pool) => {
                 let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-                let query = sqlx::query_scalar(statement);
-                let query = match id {
-                    Some(id) => query.bind(id),
-                    None => query,
-                };
-                let returned = query.fetch_optional(&mut *tx).await?;
+                let returned = query!(statement).fetch_optional(&mut *tx).await?;
                 tx.commit().await?;
                 returned
             }
@@ -420,22 +427,12 @@ impl Floor {
                 // Every statement's rows, or the COMMIT after the first row
                 // would never run.
                 let one_call = format!("BEGIN IMMEDIATE; {statement}; COMMIT");
-                let query = sqlx::query_scalar(&one_call);
-                let query = match id {
-                    Some(id) => query.bind(id),
-                    None => query,
-                };
-                let returned: Vec<i64> = query.fetch_all(&mut *conn).await?;
+                let returned: Vec<i64> = query!(&one_call).fetch_all(&mut *conn).await?;
                 returned.first().copied()
             }
             Floor::Postgres(pool) => {
                 let mut tx = pool.begin().await?;
-                let query = sqlx::query_scalar(statement);
-                let query = match id {
-                    Some(id) => query.bind(id),
-                    None => query,
-                };
-                let returned = query.fetch_optional(&mut *tx).await?;
+                let returned = query!(statement).fetch_optional(&mut *tx).await?;
                 tx.commit().await?;
                 returned
             }
