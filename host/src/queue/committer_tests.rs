@@ -115,6 +115,56 @@ async fn a_failing_round_of_a_group_fails_alone_and_the_others_commit() -> anyho
     Ok(())
 }
 
+/// A confirmation of the attempt under `lease`.
+fn confirmation(lease: crate::op::Lease) -> Completion {
+    let now = chrono::Utc::now();
+    Completion {
+        lease,
+        finish: crate::queue::Finish::Confirm { receipt: None },
+        attempt: crate::op::AttemptRecord {
+            started_at: now,
+            finished_at: now,
+            class: crate::op::AttemptClass::Confirmed,
+            detail: None,
+            fee: None,
+            error: None,
+        },
+    }
+}
+
+/// The rounds applied as one run with no savepoint around them: when they
+/// fail after a settle applied, the whole transaction is undone before each
+/// round runs alone, so that settle applies once, in its own round's turn,
+/// and is not reported stale.
+#[tokio::test]
+async fn a_failing_group_is_undone_before_its_rounds_run_alone() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (queue, ids) = scratch_queue(dir.path(), 3).await?;
+    let claimed = match apply_rounds(&queue, &[round(&ids[..1])]).await.pop() {
+        Some(Ok((_, mut claims))) => claims.pop().ok_or_else(|| anyhow::anyhow!("nothing claimed"))?,
+        other => anyhow::bail!("the first claim failed: {other:?}"),
+    };
+    refuse_writes_of(&queue, ids[2]).await?;
+    let mut settling = round(&ids[1..2]);
+    settling.completions.push(confirmation(claimed.lease));
+    let results = apply_rounds(&queue, &[settling, round(&ids[2..])]).await;
+    match &results[0] {
+        Ok((settled, claims)) => {
+            assert_eq!(settled, &[Cas::Applied]);
+            assert_eq!(claims.iter().map(|c| c.op.id).collect::<Vec<_>>(), [ids[1]]);
+        }
+        Err(e) => anyhow::bail!("the settling round failed: {e}"),
+    }
+    assert!(results[1].is_err(), "the refused round fails: {:?}", results[1]);
+    assert_eq!(statuses(&queue, &ids).await?, ["confirmed", "submitted", "pending"]);
+    let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM attempts WHERE op_id = ?1")
+        .bind(ids[0])
+        .fetch_one(queue.pool())
+        .await?;
+    assert_eq!(attempts, 1, "one attempt row for the one settle");
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_lone_failing_round_changes_nothing_not_even_its_settles() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -125,19 +175,7 @@ async fn a_lone_failing_round_changes_nothing_not_even_its_settles() -> anyhow::
     };
     refuse_writes_of(&queue, ids[2]).await?;
     // The settle applies, then the claim of the refused op aborts.
-    let now = chrono::Utc::now();
-    let settle = Completion {
-        lease: claimed.lease,
-        finish: crate::queue::Finish::Confirm { receipt: None },
-        attempt: crate::op::AttemptRecord {
-            started_at: now,
-            finished_at: now,
-            class: crate::op::AttemptClass::Confirmed,
-            detail: None,
-            fee: None,
-            error: None,
-        },
-    };
+    let settle = confirmation(claimed.lease);
     let mut failing = round(&ids[1..]);
     failing.completions.push(settle.clone());
     let results = apply_rounds(&queue, &[failing]).await;
