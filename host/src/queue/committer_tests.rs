@@ -132,6 +132,20 @@ fn confirmation(lease: crate::op::Lease) -> Completion {
     }
 }
 
+/// Three pending ops: the first claimed, every later write of the third
+/// refused.
+async fn first_claimed_third_refused(
+    dir: &std::path::Path,
+) -> anyhow::Result<(SqliteQueue, Vec<OpId>, crate::queue::Claimed)> {
+    let (queue, ids) = scratch_queue(dir, 3).await?;
+    let claimed = match apply_rounds(&queue, &[round(&ids[..1])]).await.pop() {
+        Some(Ok((_, mut claims))) => claims.pop().ok_or_else(|| anyhow::anyhow!("nothing claimed"))?,
+        other => anyhow::bail!("the first claim failed: {other:?}"),
+    };
+    refuse_writes_of(&queue, ids[2]).await?;
+    Ok((queue, ids, claimed))
+}
+
 /// The rounds applied as one run with no savepoint around them: when they
 /// fail after a settle applied, the whole transaction is undone before each
 /// round runs alone, so that settle applies once, in its own round's turn,
@@ -139,12 +153,7 @@ fn confirmation(lease: crate::op::Lease) -> Completion {
 #[tokio::test]
 async fn a_failing_group_is_undone_before_its_rounds_run_alone() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let (queue, ids) = scratch_queue(dir.path(), 3).await?;
-    let claimed = match apply_rounds(&queue, &[round(&ids[..1])]).await.pop() {
-        Some(Ok((_, mut claims))) => claims.pop().ok_or_else(|| anyhow::anyhow!("nothing claimed"))?,
-        other => anyhow::bail!("the first claim failed: {other:?}"),
-    };
-    refuse_writes_of(&queue, ids[2]).await?;
+    let (queue, ids, claimed) = first_claimed_third_refused(dir.path()).await?;
     let mut settling = round(&ids[1..2]);
     settling.completions.push(confirmation(claimed.lease));
     let results = apply_rounds(&queue, &[settling, round(&ids[2..])]).await;
@@ -168,12 +177,7 @@ async fn a_failing_group_is_undone_before_its_rounds_run_alone() -> anyhow::Resu
 #[tokio::test]
 async fn a_lone_failing_round_changes_nothing_not_even_its_settles() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let (queue, ids) = scratch_queue(dir.path(), 3).await?;
-    let claimed = match apply_rounds(&queue, &[round(&ids[..1])]).await.pop() {
-        Some(Ok((_, mut claims))) => claims.pop().ok_or_else(|| anyhow::anyhow!("nothing claimed"))?,
-        other => anyhow::bail!("the first claim failed: {other:?}"),
-    };
-    refuse_writes_of(&queue, ids[2]).await?;
+    let (queue, ids, claimed) = first_claimed_third_refused(dir.path()).await?;
     // The settle applies, then the claim of the refused op aborts.
     let settle = confirmation(claimed.lease);
     let mut failing = round(&ids[1..]);
