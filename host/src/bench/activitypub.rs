@@ -62,6 +62,10 @@ async fn serve(load: Arc<Load>, delay: Option<Duration>) -> anyhow::Result<Strin
     Ok(format!("http://{addr}"))
 }
 
+/// The name of the inbox servers' runtime threads, by which
+/// [`inbox_cpu_time`] finds them in /proc.
+const INBOX_THREADS: &str = "bench-inboxes";
+
 /// The runtime the bench's inbox servers run on, apart from the host's: a
 /// remote inbox does not answer on the host's worker threads, and here an
 /// answer that waited for a worker busy with a plugin call or a group
@@ -75,7 +79,7 @@ fn inboxes() -> anyhow::Result<&'static tokio::runtime::Runtime> {
         .get_or_init(|| {
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
-                .thread_name("bench-inboxes")
+                .thread_name(INBOX_THREADS)
                 .enable_all()
                 .build()
                 .map_err(|e| e.to_string())
@@ -107,7 +111,7 @@ fn inbox_cpu_time() -> Duration {
             .filter_map(|task| std::fs::read_to_string(task.path().join("stat")).ok())
             .filter(|stat| {
                 stat.split_once('(')
-                    .is_some_and(|(_, rest)| rest.starts_with("bench-inboxes"))
+                    .is_some_and(|(_, rest)| rest.starts_with(INBOX_THREADS))
             })
             .filter_map(|stat| stat_ticks(&stat))
             .sum(),
@@ -425,12 +429,20 @@ pub(super) async fn slow_fediverse(inboxes: usize, hanging_percent: usize) -> an
 /// (aws-lc-rs), signing `data` for about `during`.
 fn host_signer_us(key: &aws_lc_rs::signature::RsaKeyPair, data: &[u8], during: Duration) -> anyhow::Result<f64> {
     let rng = aws_lc_rs::rand::SystemRandom::new();
+    per_call_us(during, &mut || {
+        let mut signature = vec![0u8; key.public_modulus_len()];
+        key.sign(&aws_lc_rs::signature::RSA_PKCS1_SHA256, &rng, data, &mut signature)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+    })
+}
+
+/// Microseconds per call of `f`, calling it again and again for about
+/// `during`.
+fn per_call_us(during: Duration, f: &mut dyn FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
     let start = Instant::now();
     let mut n = 0u32;
     while start.elapsed() < during {
-        let mut signature = vec![0u8; key.public_modulus_len()];
-        key.sign(&aws_lc_rs::signature::RSA_PKCS1_SHA256, &rng, data, &mut signature)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        f()?;
         n += 1;
     }
     Ok(start.elapsed().as_secs_f64() * 1e6 / f64::from(n.max(1)))
@@ -483,15 +495,7 @@ pub(super) fn signing() -> anyhow::Result<()> {
     let data = b"(request-target): post /users/u1/inbox\nhost: example.social\ndate: Wed, 02 Dec 2026 12:00:00 GMT\ndigest: SHA-256=47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=";
     let portable = rsa::pkcs1v15::SigningKey::<sha2::Sha256>::new(key);
     let ed = ed25519_dalek::SigningKey::from_bytes(&rand::random::<[u8; 32]>());
-    let time = |f: &mut dyn FnMut() -> anyhow::Result<()>| -> anyhow::Result<f64> {
-        let start = Instant::now();
-        let mut n = 0u32;
-        while start.elapsed() < Duration::from_secs(1) {
-            f()?;
-            n += 1;
-        }
-        Ok(start.elapsed().as_secs_f64() * 1e6 / f64::from(n))
-    };
+    let time = |f: &mut dyn FnMut() -> anyhow::Result<()>| per_call_us(Duration::from_secs(1), f);
     let ring_us = time(&mut || {
         let mut signature = vec![0u8; pair.public().modulus_len()];
         pair.sign(&ring::signature::RSA_PKCS1_SHA256, &rng, data, &mut signature)
