@@ -194,9 +194,9 @@ pub(super) fn fail_all(rounds: &[Round], puts: &[RecordPut], e: &QueueError) -> 
 /// in the transaction, with no savepoint around them: the transaction holds
 /// nothing else yet, so if that fails the whole transaction is rolled back
 /// and begun again, and each round is applied in a savepoint of its own, so
-/// one round's failure is that round's alone. The usual case so costs two
-/// statements fewer, each a hand-off to the writer's thread and back, which
-/// under load waits for a core twice. If a savepoint itself cannot be used
+/// one round's failure is that round's alone. Without the savepoint the
+/// usual case sends two statements fewer to the writer's thread, and under
+/// load each of them waited for a core. If a savepoint itself cannot be used
 /// (SQLite rolled the whole transaction back, as it does on I/O errors), no
 /// later round runs and nothing is committed, so no round is reported failed
 /// while its changes stand.
@@ -226,9 +226,10 @@ pub(super) async fn apply_group_on(
             Err(e) => ((vec![Err(e)], Vec::new()), false),
         };
     }
-    let merged = match merge(rounds) {
-        Some(merged) => match queue.apply_round(&mut tx, &merged).await {
-            Ok((settled, claimed)) => Some(split_rounds(rounds, settled, claimed)),
+    let mut merged = None;
+    if let Some(round) = merge(rounds) {
+        match queue.apply_round(&mut tx, &round).await {
+            Ok((settled, claimed)) => merged = Some(split_rounds(rounds, settled, claimed)),
             Err(_) => {
                 // Only the merged rounds were in it: start again, each
                 // round on its own.
@@ -239,11 +240,9 @@ pub(super) async fn apply_group_on(
                     Ok(tx) => tx,
                     Err(e) => return (fail_all(rounds, puts, &e), false),
                 };
-                None
             }
-        },
-        None => None,
-    };
+        }
+    }
     let results = match merged {
         Some(results) => results,
         None => {
