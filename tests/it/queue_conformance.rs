@@ -25,6 +25,7 @@ crate::on_both_backends!(
     claim_ids_takes_only_ops_still_pending,
     eight_claimers_never_share_an_op,
     a_stale_lease_cannot_complete_or_checkpoint,
+    a_batch_of_settles_records_the_attempts_of_those_that_apply,
     retry_backs_off_and_counts_attempts_across_claims,
     permanent_failure_dead_letters_and_force_retry_grants_a_fresh_budget,
     cancel_only_applies_to_pending_ops,
@@ -479,6 +480,61 @@ async fn a_stale_lease_cannot_complete_or_checkpoint(db: TestDb) -> anyhow::Resu
         history == vec![(1, AttemptClass::LeaseExpired), (2, AttemptClass::Confirmed)],
         "{history:?}"
     );
+    Ok(())
+}
+
+/// One batch holding a forged settle beside two good ones: the good ones
+/// apply with one attempt row each, the forged one changes nothing and
+/// writes no row (SQLite writes the attempt rows of the settles that
+/// applied in a statement of their own, after the batch's updates).
+async fn a_batch_of_settles_records_the_attempts_of_those_that_apply(db: TestDb) -> anyhow::Result<()> {
+    let q = db.queue.as_ref();
+    let ids = [
+        enqueue_one(q, op("o", &["A"])).await?,
+        enqueue_one(q, op("o", &["B"])).await?,
+        enqueue_one(q, op("o", &["C"])).await?,
+    ];
+    let claimed = q.claim(&claim_all(3)).await?;
+    let lease = |id: i64| {
+        claimed
+            .iter()
+            .find(|c| c.op.id == id)
+            .map(|c| c.lease)
+            .context("claimed")
+    };
+    let forged = Lease {
+        token: uuid::Uuid::new_v4(),
+        ..lease(ids[0])?
+    };
+    let batch = [
+        confirm(&db, forged),
+        confirm(&db, lease(ids[1])?),
+        confirm(&db, lease(ids[2])?),
+    ];
+    let done = q.complete(&batch).await?;
+    ensure!(done == vec![Cas::Stale, Cas::Applied, Cas::Applied], "{done:?}");
+    let history = |id: i64| async move {
+        anyhow::Ok(
+            q.attempts(id)
+                .await?
+                .iter()
+                .map(|a| (a.attempt, a.record.class))
+                .collect::<Vec<_>>(),
+        )
+    };
+    ensure!(history(ids[0]).await?.is_empty(), "{:?}", history(ids[0]).await?);
+    for id in &ids[1..] {
+        ensure!(
+            history(*id).await? == vec![(1, AttemptClass::Confirmed)],
+            "{:?}",
+            history(*id).await?
+        );
+    }
+    let op = q.get(ids[0]).await?.context("op")?;
+    ensure!(op.status == Status::Submitted && op.lease_token == Some(lease(ids[0])?.token));
+    // The holder's own settle still applies, and records its one row.
+    ensure!(q.complete(&[confirm(&db, lease(ids[0])?)]).await? == vec![Cas::Applied]);
+    ensure!(history(ids[0]).await? == vec![(1, AttemptClass::Confirmed)]);
     Ok(())
 }
 
