@@ -118,6 +118,15 @@ async fn claim_one(q: &dyn Queue) -> anyhow::Result<Claimed> {
     claimed.pop().context("expected one claimable op")
 }
 
+/// An op's attempt rows as (attempt, class), as the store lists them.
+async fn history(q: &dyn Queue, id: i64) -> anyhow::Result<Vec<(i32, AttemptClass)>> {
+    Ok(q.attempts(id)
+        .await?
+        .iter()
+        .map(|a| (a.attempt, a.record.class))
+        .collect())
+}
+
 async fn enqueue_one(q: &dyn Queue, op: NewOp) -> anyhow::Result<i64> {
     let results = q.enqueue(&[op]).await?;
     match results.as_slice() {
@@ -470,12 +479,7 @@ async fn a_stale_lease_cannot_complete_or_checkpoint(db: TestDb) -> anyhow::Resu
     ensure!(q.complete(&[confirm(&db, fresh.lease)]).await? == vec![Cas::Stale]);
     let op = q.get(id).await?.context("op")?;
     ensure!(op.status == Status::Confirmed && op.finished_at.is_some() && op.lease_token.is_none());
-    let history: Vec<(i32, AttemptClass)> = q
-        .attempts(id)
-        .await?
-        .iter()
-        .map(|a| (a.attempt, a.record.class))
-        .collect();
+    let history = history(q, id).await?;
     ensure!(
         history == vec![(1, AttemptClass::LeaseExpired), (2, AttemptClass::Confirmed)],
         "{history:?}"
@@ -513,28 +517,17 @@ async fn a_batch_of_settles_records_the_attempts_of_those_that_apply(db: TestDb)
     ];
     let done = q.complete(&batch).await?;
     ensure!(done == vec![Cas::Stale, Cas::Applied, Cas::Applied], "{done:?}");
-    let history = |id: i64| async move {
-        anyhow::Ok(
-            q.attempts(id)
-                .await?
-                .iter()
-                .map(|a| (a.attempt, a.record.class))
-                .collect::<Vec<_>>(),
-        )
-    };
-    ensure!(history(ids[0]).await?.is_empty(), "{:?}", history(ids[0]).await?);
+    let forged_history = history(q, ids[0]).await?;
+    ensure!(forged_history.is_empty(), "{forged_history:?}");
     for id in &ids[1..] {
-        ensure!(
-            history(*id).await? == vec![(1, AttemptClass::Confirmed)],
-            "{:?}",
-            history(*id).await?
-        );
+        let rows = history(q, *id).await?;
+        ensure!(rows == vec![(1, AttemptClass::Confirmed)], "{rows:?}");
     }
     let op = q.get(ids[0]).await?.context("op")?;
     ensure!(op.status == Status::Submitted && op.lease_token == Some(lease(ids[0])?.token));
     // The holder's own settle still applies, and records its one row.
     ensure!(q.complete(&[confirm(&db, lease(ids[0])?)]).await? == vec![Cas::Applied]);
-    ensure!(history(ids[0]).await? == vec![(1, AttemptClass::Confirmed)]);
+    ensure!(history(q, ids[0]).await? == vec![(1, AttemptClass::Confirmed)]);
     Ok(())
 }
 
