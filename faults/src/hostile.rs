@@ -356,9 +356,9 @@ pub async fn against(backend: &Backend, env: &Env, per_operation: usize) -> anyh
         .collect();
     ensure!(ids.len() == 2, "seeding: {answer}");
     macro_rules! fingerprint {
-        ($pool:expr, $due:expr) => {{
+        ($pool:expr, $due:expr, $names:expr) => {{
             let pool = $pool;
-            let sql: Arc<str> = fingerprint_sql($due).into();
+            let sql: Arc<str> = $names(&fingerprint_sql($due)).into();
             run(&base, (&producer, &admin), &ids, per_operation, || {
                 let (pool, sql) = (pool.clone(), sql.clone());
                 async move {
@@ -370,11 +370,16 @@ pub async fn against(backend: &Backend, env: &Env, per_operation: usize) -> anyh
         }};
     }
     let findings = if db_url.starts_with("sqlite") {
-        fingerprint!(sqlx::SqlitePool::connect(db_url).await?, "next_attempt_at")
+        fingerprint!(
+            sqlx::SqlitePool::connect(db_url).await?,
+            "next_attempt_at",
+            crate::run::on_sqlite
+        )
     } else {
         fingerprint!(
             sqlx::PgPool::connect(db_url).await?,
-            "CAST(extract(epoch FROM next_attempt_at) * 1000 AS BIGINT)"
+            "CAST(extract(epoch FROM next_attempt_at) * 1000 AS BIGINT)",
+            str::to_owned
         )
     };
     let mut findings = findings?;

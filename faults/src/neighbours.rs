@@ -464,7 +464,7 @@ async fn open_real(db_url: &str) -> anyhow::Result<i64> {
 async fn read_rows(db_url: &str, measured: &mut Measured) -> anyhow::Result<()> {
     let rows: Vec<(String, String, i64)> = if db_url.starts_with("sqlite") {
         let pool = sqlx::SqlitePool::connect(db_url).await?;
-        let rows = sqlx::query("SELECT kind, status, updated_at - created_at FROM ops")
+        let rows = sqlx::query("SELECT kind, status, updated_at - created_at FROM laneway_ops")
             .fetch_all(&pool)
             .await?;
         pool.close().await;

@@ -497,7 +497,12 @@ pub(crate) async fn pg_database(server: &str) -> anyhow::Result<(String, String)
         .execute(&mut admin)
         .await?;
     let base = server.rsplit_once('/').map_or(server, |(base, _)| base);
-    Ok((name.clone(), format!("{base}/{name}")))
+    // laneway keeps its tables in its own schema (`laneway` unless told
+    // otherwise); the harness's own reads of them name it the same way.
+    Ok((
+        name.clone(),
+        format!("{base}/{name}?options=-c%20search_path%3Dlaneway"),
+    ))
 }
 
 pub(crate) async fn drop_pg_database(server: &str, name: &str) -> anyhow::Result<()> {
@@ -759,12 +764,17 @@ pub(crate) fn arrivals(logs: &[(u16, PathBuf)], inboxes: &[String]) -> anyhow::R
 /// three statements on each backend's pool.)
 pub(crate) async fn rows(db_url: &str) -> anyhow::Result<(HashMap<i64, Status>, i64, i64)> {
     macro_rules! read {
-        ($pool:expr) => {{
+        ($pool:expr, $tables:expr) => {{
             let pool = $pool;
-            let rows = sqlx::query("SELECT id, status FROM ops").fetch_all(&pool).await?;
-            let expired: i64 = sqlx::query_scalar("SELECT count(*) FROM attempts WHERE outcome = 'lease_expired'")
-                .fetch_one(&pool)
+            let (ops, attempts) = $tables;
+            let rows = sqlx::query(&format!("SELECT id, status FROM {ops}"))
+                .fetch_all(&pool)
                 .await?;
+            let expired: i64 = sqlx::query_scalar(&format!(
+                "SELECT count(*) FROM {attempts} WHERE outcome = 'lease_expired'"
+            ))
+            .fetch_one(&pool)
+            .await?;
             pool.close().await;
             let statuses = statuses(rows.iter().map(|r| (r.get(0), r.get(1))))?;
             // Counted from the rows read, not by a query of its own: ops
@@ -779,9 +789,12 @@ pub(crate) async fn rows(db_url: &str) -> anyhow::Result<(HashMap<i64, Status>, 
         }};
     }
     Ok(if db_url.starts_with("sqlite") {
-        read!(sqlx::SqlitePool::connect(db_url).await?)
+        read!(
+            sqlx::SqlitePool::connect(db_url).await?,
+            ("laneway_ops", "laneway_attempts")
+        )
     } else {
-        read!(sqlx::PgPool::connect(db_url).await?)
+        read!(sqlx::PgPool::connect(db_url).await?, ("ops", "attempts"))
     })
 }
 
@@ -794,12 +807,37 @@ pub(crate) async fn open_count(db_url: &str) -> anyhow::Result<i64> {
     .await
 }
 
+/// A statement written with laneway's PostgreSQL table names (in its own
+/// schema) for SQLite, where they share the application's file and carry
+/// the `laneway_` prefix.
+pub(crate) fn on_sqlite(sql: &str) -> String {
+    const TABLES: [&str; 8] = [
+        "ops",
+        "attempts",
+        "audit_log",
+        "api_keys",
+        "pauses",
+        "halted_subjects",
+        "lane_halts",
+        "records",
+    ];
+    let mut out = sql.to_owned();
+    for table in TABLES {
+        out = out.replace(&format!("FROM {table})"), &format!("FROM laneway_{table})"));
+        out = out.replace(&format!("FROM {table} "), &format!("FROM laneway_{table} "));
+        if out.ends_with(&format!("FROM {table}")) {
+            out = format!("{}laneway_{table}", out.trim_end_matches(table));
+        }
+    }
+    out
+}
+
 /// One `SELECT count(*)` on either backend, on a connection of its own.
 pub(crate) async fn count(db_url: &str, sql: &str) -> anyhow::Result<i64> {
     use sqlx::Connection as _;
     Ok(if db_url.starts_with("sqlite") {
         let mut db = sqlx::SqliteConnection::connect(db_url).await?;
-        sqlx::query_scalar(sql).fetch_one(&mut db).await?
+        sqlx::query_scalar(&on_sqlite(sql)).fetch_one(&mut db).await?
     } else {
         let mut db = sqlx::PgConnection::connect(db_url).await?;
         sqlx::query_scalar(sql).fetch_one(&mut db).await?

@@ -450,7 +450,7 @@ async fn rows(db_url: &str) -> anyhow::Result<HashMap<i64, (Status, Option<Strin
     const SQL: &str = "SELECT id, status, receipt FROM ops";
     let rows: Vec<(i64, String, Option<String>)> = if db_url.starts_with("sqlite") {
         let pool = sqlx::SqlitePool::connect(db_url).await?;
-        let rows = sqlx::query(SQL).fetch_all(&pool).await?;
+        let rows = sqlx::query(&crate::run::on_sqlite(SQL)).fetch_all(&pool).await?;
         pool.close().await;
         rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect()
     } else {

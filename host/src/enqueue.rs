@@ -65,7 +65,7 @@ pub enum EnqueueError {
         why: String,
     },
     /// The kind orders its ops by lane and none was given.
-    #[error("kind {kind:?} needs at least one lane (a recipient inbox or signer account); pass --lane")]
+    #[error("kind {kind:?} needs at least one lane (a recipient inbox or signer account): `lanes` in the API, --lane on the command line")]
     LanesRequired {
         /// The kind.
         kind: String,

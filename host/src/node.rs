@@ -125,7 +125,7 @@ impl Node {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let queue = queue::open(&config.database, config.limits(), clock.clone()).await?;
         queue.check_schema().await?;
-        queue.set_kind_defaults(&config.kind_defaults()).await?;
+        queue.register_kinds(&config.kind_registry()).await?;
         // A kind without a plugin has its ops wait (and says so in the log).
         let plugins = Arc::new(PluginHost::new(&config)?);
         crate::runtime::host::log_refused(&plugins.apply(&config).await?);

@@ -194,6 +194,26 @@ async fn the_producer_route_enqueues_once_per_key_and_refuses_bad_input(db: Test
         status == 200 && again["status"] == "existing" && again["id"] == id,
         "{status} {again}"
     );
+    // The same key for another payload, kind or lanes is a mistake, not a
+    // repeat: refused, and nothing written.
+    for other in [
+        op.replace(r#"{"n":1}"#, r#"{"n":2}"#),
+        op.replace("a.example", "b.example"),
+    ] {
+        let (status, refused) = served
+            .call("POST", "/api/v1/ops", Some(&producer), Some(&other))
+            .await?;
+        ensure!(
+            status == 409 && refused["error"]["code"] == "idempotency_conflict",
+            "{status} {refused}"
+        );
+    }
+    // Whitespace inside the payload is the same payload.
+    let spaced = op.replace(r#"{"n":1}"#, r#"{ "n" : 1 }"#);
+    let (status, again) = served
+        .call("POST", "/api/v1/ops", Some(&producer), Some(&spaced))
+        .await?;
+    ensure!(status == 200 && again["id"] == id, "{status} {again}");
     settle(served.queue.as_ref(), Duration::from_secs(10)).await?;
     let batch = r#"{"ops":[{"kind":"activitypub","outbox":"o","lanes":["https://a.example/inbox"],"payload":{"n":2}},{"kind":"activitypub","outbox":"o","lanes":["https://a.example/inbox"],"payload":{"n":3}}]}"#;
     let (status, answer) = served.call("POST", "/api/v1/ops", Some(&producer), Some(batch)).await?;

@@ -107,34 +107,34 @@ async fn sqlite_plain_sql_producers_get_lanes_and_cannot_rewrite_an_op() -> anyh
         anyhow::bail!("not sqlite")
     };
     let id: i64 = sqlx::query_scalar(
-        "INSERT INTO ops (outbox, kind, lanes, payload) VALUES ('actor', 'activitypub', '[\"A\",\"B\",\"A\"]', '{}') RETURNING id",
+        "INSERT INTO laneway_ops (outbox, kind, lanes, payload) VALUES ('actor', 'activitypub', '[\"A\",\"B\",\"A\"]', '{}') RETURNING id",
     )
     .fetch_one(queue.pool())
     .await?;
-    let lanes: Vec<String> = sqlx::query_scalar("SELECT lane FROM op_lanes WHERE op_id = ? ORDER BY lane")
+    let lanes: Vec<String> = sqlx::query_scalar("SELECT lane FROM laneway_op_lanes WHERE op_id = ? ORDER BY lane")
         .bind(id)
         .fetch_all(queue.pool())
         .await?;
     ensure!(lanes == vec!["A".to_owned(), "B".to_owned()], "{lanes:?}");
     let op = db.queue.get(id).await?.context("op")?;
     ensure!(op.status == Status::Pending && op.attempts == 0);
-    let rewrite = sqlx::query("UPDATE ops SET payload = '{\"evil\":1}' WHERE id = ?")
+    let rewrite = sqlx::query("UPDATE laneway_ops SET payload = '{\"evil\":1}' WHERE id = ?")
         .bind(id)
         .execute(queue.pool())
         .await;
     ensure!(rewrite.is_err(), "payload rewritten");
     // A waiting op's one lane changes only with the re-deal's record.
     let single: i64 = sqlx::query_scalar(
-        "INSERT INTO ops (outbox, kind, lanes, payload) VALUES ('actor', 'activitypub', '[\"A\"]', '{}') RETURNING id",
+        "INSERT INTO laneway_ops (outbox, kind, lanes, payload) VALUES ('actor', 'activitypub', '[\"A\"]', '{}') RETURNING id",
     )
     .fetch_one(queue.pool())
     .await?;
-    let relaned = sqlx::query("UPDATE ops SET lanes = '[\"Z\"]' WHERE id = ?")
+    let relaned = sqlx::query("UPDATE laneway_ops SET lanes = '[\"Z\"]' WHERE id = ?")
         .bind(single)
         .execute(queue.pool())
         .await;
     ensure!(relaned.is_err(), "lanes rewritten without a re-deal record");
-    let bad = sqlx::query("INSERT INTO ops (outbox, kind, payload) VALUES ('a', 'k', 'not json')")
+    let bad = sqlx::query("INSERT INTO laneway_ops (outbox, kind, payload) VALUES ('a', 'k', 'not json')")
         .execute(queue.pool())
         .await;
     ensure!(bad.is_err(), "malformed JSON accepted");
@@ -193,14 +193,23 @@ async fn postgres_lane_occupants_follow_every_writer() -> anyhow::Result<()> {
         anyhow::bail!("not postgres")
     };
     let pool = queue.pool();
+    // A receipt is an executor's checkpoint, written after the insert (the
+    // producer contract refuses one at insert).
     let insert = |lanes: &'static str, receipt: Option<&'static str>| async move {
-        sqlx::query_scalar::<_, i64>(
-            "INSERT INTO ops (outbox, kind, lanes, payload, receipt) VALUES ('o', 'k', $1::text[], '{}', $2) RETURNING id",
+        let id = sqlx::query_scalar::<_, i64>(
+            "INSERT INTO ops (outbox, kind, lanes, payload) VALUES ('o', 'k', $1::text[], '{}') RETURNING id",
         )
         .bind(lanes)
-        .bind(receipt)
         .fetch_one(pool)
-        .await
+        .await?;
+        if receipt.is_some() {
+            sqlx::query("UPDATE ops SET receipt = $1 WHERE id = $2")
+                .bind(receipt)
+                .bind(id)
+                .execute(pool)
+                .await?;
+        }
+        Ok::<i64, sqlx::Error>(id)
     };
     let occupants = |lanes: &'static [&'static str]| {
         let queue = db.queue.clone();
@@ -321,14 +330,14 @@ async fn postgres_schema_is_checked_before_use() -> anyhow::Result<()> {
 async fn plain_sql_inserts_get_the_kind_default_priority(db: support::TestDb) -> anyhow::Result<()> {
     use laneway::op::Priority;
     db.queue
-        .set_kind_defaults(&[
-            ("withdraw".to_owned(), Priority::Critical),
-            ("rebalance".to_owned(), Priority::Low),
-        ])
+        .register_kinds(&laneway::queue::KindRegistry::priorities(&[
+            ("withdraw", Priority::Critical),
+            ("rebalance", Priority::Low),
+        ]))
         .await?;
     let insert = match &db.kind {
         TestBackend::Sqlite(_) => {
-            "INSERT INTO ops (outbox, kind, lanes, payload) VALUES ('vault', ?, '[\"G\"]', '{}') RETURNING id"
+            "INSERT INTO laneway_ops (outbox, kind, lanes, payload) VALUES ('vault', ?, '[\"G\"]', '{}') RETURNING id"
         }
         TestBackend::Postgres(_) => {
             "INSERT INTO ops (outbox, kind, lanes, payload) VALUES ('vault', $1, ARRAY['G'], '{}') RETURNING id"
@@ -349,12 +358,18 @@ async fn plain_sql_inserts_get_the_kind_default_priority(db: support::TestDb) ->
     let explicit =
         "INSERT INTO ops (outbox, kind, priority, payload) VALUES ('vault', 'withdraw', 2, '{}') RETURNING id";
     let id: i64 = match &db.kind {
-        TestBackend::Sqlite(q) => sqlx::query_scalar(explicit).fetch_one(q.pool()).await?,
+        TestBackend::Sqlite(q) => {
+            sqlx::query_scalar(&explicit.replace("INTO ops", "INTO laneway_ops"))
+                .fetch_one(q.pool())
+                .await?
+        }
         TestBackend::Postgres(q) => sqlx::query_scalar(explicit).fetch_one(q.pool()).await?,
     };
     ensure!(db.queue.get(id).await?.context("op")?.priority == Priority::Low);
     // Replacing the defaults replaces them all.
-    db.queue.set_kind_defaults(&[]).await?;
+    db.queue
+        .register_kinds(&laneway::queue::KindRegistry::default())
+        .await?;
     let id: i64 = match &db.kind {
         TestBackend::Sqlite(q) => sqlx::query_scalar(insert).bind("withdraw").fetch_one(q.pool()).await?,
         TestBackend::Postgres(q) => sqlx::query_scalar(insert).bind("withdraw").fetch_one(q.pool()).await?,
@@ -451,7 +466,10 @@ async fn the_plain_sql_producer_example_runs_with_psql_and_wakes_hosts() -> anyh
         anyhow::bail!("not PostgreSQL");
     };
     db.queue
-        .set_kind_defaults(&[("withdraw".to_owned(), laneway::op::Priority::Critical)])
+        .register_kinds(&laneway::queue::KindRegistry::priorities(&[(
+            "withdraw",
+            laneway::op::Priority::Critical,
+        )]))
         .await?;
     let schema: String = sqlx::query_scalar("SELECT current_schema()::text")
         .fetch_one(queue.pool())
@@ -460,9 +478,10 @@ async fn the_plain_sql_producer_example_runs_with_psql_and_wakes_hosts() -> anyh
     let run = || {
         std::process::Command::new("psql")
             .arg(crate::support::pg_url())
-            .args(["-X", "-v", "ON_ERROR_STOP=1", "-f"])
+            .args(["-X", "-v", "ON_ERROR_STOP=1", "-v"])
+            .arg(format!("laneway_schema={schema}"))
+            .arg("-f")
             .arg(&script)
-            .env("PGOPTIONS", format!("-c search_path={schema}"))
             .output()
             .context("psql")
     };
@@ -521,9 +540,9 @@ async fn sqlite_due_outboxes_seeks_its_index_with_a_deep_backlog() -> anyhow::Re
     // 20,000 pending ops in four outboxes; the fourth's are all in the future.
     sqlx::query(
         "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20000)
-         INSERT INTO ops (outbox, kind, priority, lanes, payload, next_attempt_at)
+         INSERT INTO laneway_ops (outbox, kind, priority, lanes, payload, next_attempt_at)
          SELECT 'outbox-' || (i % 4), 'noop', 1, '[]', '{}',
-                CASE WHEN i % 4 = 3 THEN 9999999999999 ELSE 0 END FROM n",
+                CASE WHEN i % 4 = 3 THEN 9999999999999 ELSE 100000000000 END FROM n",
     )
     .execute(queue.pool())
     .await?;
@@ -531,7 +550,7 @@ async fn sqlite_due_outboxes_seeks_its_index_with_a_deep_backlog() -> anyhow::Re
     let plan = {
         use sqlx::Row as _;
         sqlx::query(&format!("EXPLAIN QUERY PLAN {block}"))
-            .bind(1_000_i64)
+            .bind(200_000_000_000_i64)
             .bind(100_i64)
             .fetch_all(queue.pool())
             .await?
@@ -546,7 +565,7 @@ async fn sqlite_due_outboxes_seeks_its_index_with_a_deep_backlog() -> anyhow::Re
         "the poll must seek ops_due, never sort: {plan:#?}"
     );
     let due: Vec<String> = sqlx::query_scalar(&block)
-        .bind(1_000_i64)
+        .bind(200_000_000_000_i64)
         .bind(100_i64)
         .fetch_all(queue.pool())
         .await?;

@@ -304,7 +304,9 @@ async fn an_unreachable_or_unmigrated_or_newer_database_is_refused() -> anyhow::
         .await?;
     ensure!(newer.contains("newer than this laneway knows"), "{newer}");
     let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display())).await?;
-    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM ops").fetch_one(&pool).await?;
+    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM laneway_ops")
+        .fetch_one(&pool)
+        .await?;
     ensure!(count == 1, "an op was written to a newer schema");
     Ok(())
 }

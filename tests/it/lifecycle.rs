@@ -189,7 +189,52 @@ async fn the_outcome_feed_pages_every_terminal_transition_once_in_order(db: Test
         })
         .collect::<anyhow::Result<_>>()?;
     ensure!(printed == seen, "the CLI saw {printed:?}, the API {seen:?}");
-    for bad in ["/api/v1/outcomes?after=yesterday", "/api/v1/outcomes?limit=0"] {
+    // Filters keep what matches from each page read; the cursor moves past
+    // everything read, so a filtered follower never rereads or stalls.
+    for (query, want) in [
+        ("outbox=p", vec![(held, "cancelled")]),
+        ("status=failed", vec![(ids[1], "failed")]),
+        (
+            "kind=activitypub&outbox=o&status=confirmed",
+            vec![(ids[0], "confirmed"), (ids[1], "confirmed")],
+        ),
+        ("kind=outcome_webhook", vec![]),
+        ("outbox=nowhere", vec![]),
+    ] {
+        let (status, page) = served
+            .call(
+                "GET",
+                &format!("/api/v1/outcomes?limit=100&{query}"),
+                Some(&reader),
+                None,
+            )
+            .await?;
+        ensure!(status == 200, "{query}: {status} {page}");
+        let mut got: Vec<(i64, String)> = page["outcomes"]
+            .as_array()
+            .context("outcomes")?
+            .iter()
+            .map(|e| {
+                (
+                    e["op"]["id"].as_i64().unwrap_or(0),
+                    e["status"].as_str().unwrap_or("").to_owned(),
+                )
+            })
+            .collect();
+        got.sort();
+        let mut want: Vec<(i64, String)> = want.into_iter().map(|(i, s)| (i, s.to_owned())).collect();
+        want.sort();
+        ensure!(got == want, "{query}: {got:?}, expected {want:?}");
+        ensure!(
+            page["next"] == Value::String(last.clone()),
+            "{query}: the cursor moved past the page: {page}"
+        );
+    }
+    for bad in [
+        "/api/v1/outcomes?after=yesterday",
+        "/api/v1/outcomes?limit=0",
+        "/api/v1/outcomes?status=pending",
+    ] {
         let (status, answer) = served.call("GET", bad, Some(&reader), None).await?;
         ensure!(
             status == 400 && code(&answer) == "invalid_request",
@@ -414,7 +459,7 @@ async fn the_pruner_removes_and_archives_exactly_what_its_policy_says(db: TestDb
     // So is a plain-SQL producer's insert of it.
     let inserted = match &db.kind {
         TestBackend::Sqlite(q) => sqlx::query(
-            "INSERT INTO ops (outbox, kind, lanes, payload, idempotency_key) VALUES ('o', 'activitypub', '[\"x\"]', '{}', 'k1')",
+            "INSERT INTO laneway_ops (outbox, kind, lanes, payload, idempotency_key) VALUES ('o', 'activitypub', '[\"x\"]', '{}', 'k1')",
         )
         .execute(q.pool())
         .await?

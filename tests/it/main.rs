@@ -15,6 +15,8 @@ mod demo;
 mod dispatch;
 mod egress;
 mod lifecycle;
+mod namespace;
+mod producer_contract;
 mod queue_conformance;
 mod runtime;
 pub(crate) mod stellar;

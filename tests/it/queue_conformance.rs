@@ -1349,7 +1349,10 @@ async fn kind_defaults_written_by_many_hosts_at_once_never_collide(db: TestDb) -
             if host % 2 == 1 {
                 mine.push((format!("extra{round}"), Priority::Low));
             }
-            tasks.push(tokio::spawn(async move { queue.set_kind_defaults(&mine).await }));
+            let pairs: Vec<(&str, Priority)> = mine.iter().map(|(k, p)| (k.as_str(), *p)).collect();
+            let mut registry = laneway::queue::KindRegistry::priorities(&pairs);
+            registry.max_payload_bytes = Some(1024 * 1024);
+            tasks.push(tokio::spawn(async move { queue.register_kinds(&registry).await }));
         }
         for task in tasks {
             task.await??;
@@ -1365,10 +1368,10 @@ async fn a_value_no_laneway_wrote_is_the_same_error_everywhere(db: TestDb) -> an
     let q = db.queue.as_ref();
     let id = enqueue_one(q, op("o", &["A"])).await?;
     let fine = enqueue_one(q, op("o", &["B"])).await?;
-    let set = format!("UPDATE ops SET updated_at = {{}} WHERE id = {id}");
+    let set = format!("UPDATE TABLE SET updated_at = {{}} WHERE id = {id}");
     db.tamper(
-        &[&set.replace("{}", "9223372036854775807")],
-        &[&set.replace("{}", "'infinity'")],
+        &[&set.replace("TABLE", "laneway_ops").replace("{}", "9223372036854775807")],
+        &[&set.replace("TABLE", "ops").replace("{}", "'infinity'")],
     )
     .await?;
     for (what, got) in [
@@ -1429,8 +1432,8 @@ async fn a_lane_hold_that_cannot_be_written_fails_the_settle(db: TestDb) -> anyh
     let c = claim_one(q).await?;
     db.tamper(
         &[
-            "ALTER TABLE lane_halts RENAME TO lane_halts_before",
-            "CREATE TABLE lane_halts (outbox TEXT NOT NULL, lane TEXT NOT NULL, op_id INTEGER NOT NULL, \
+            "ALTER TABLE laneway_lane_halts RENAME TO laneway_lane_halts_before",
+            "CREATE TABLE laneway_lane_halts (outbox TEXT NOT NULL, lane TEXT NOT NULL, op_id INTEGER NOT NULL, \
              halted_at INTEGER NOT NULL, note TEXT NOT NULL, PRIMARY KEY (outbox, lane, op_id))",
         ],
         &[
@@ -1534,7 +1537,7 @@ async fn rounds_queued_behind_a_commit_apply_together_and_a_failing_one_fails_al
     ensure!(lease.op_id == first, "claimed {lease:?}");
     db.tamper(
         &[&format!(
-            "CREATE TRIGGER refuse BEFORE UPDATE ON ops WHEN OLD.id = {} BEGIN SELECT RAISE(ABORT, 'refused'); END",
+            "CREATE TRIGGER refuse BEFORE UPDATE ON laneway_ops WHEN OLD.id = {} BEGIN SELECT RAISE(ABORT, 'refused'); END",
             ids[1]
         )],
         &[
@@ -1738,12 +1741,21 @@ async fn a_batch_stores_what_one_by_one_stores_and_answers_conflicts_the_same(db
     ensure!(answered[3] == Enqueued::AlreadyPending(ids[3]), "{answered:?}");
     let mut twice: Vec<NewOp> = (0..4).map(|i| op("batch", &[&format!("t{i}")])).collect();
     twice[1].idempotency_key = Some("twice".into());
-    twice[3].idempotency_key = Some("twice".into());
+    twice[3] = twice[1].clone();
     let answered = q.enqueue(&twice).await?;
     ensure!(
         matches!(answered[..], [Enqueued::Created(a), Enqueued::Created(b), Enqueued::Created(c), Enqueued::Existing(d)]
             if a < b && b < c && d == b),
         "{answered:?}"
+    );
+    // The key twice for two different ops: the batch is refused whole.
+    let mut reused: Vec<NewOp> = (0..4).map(|i| op("batch", &[&format!("r{i}")])).collect();
+    reused[1].idempotency_key = Some("reused".into());
+    reused[3].idempotency_key = Some("reused".into());
+    let refused = q.enqueue(&reused).await;
+    ensure!(
+        matches!(refused, Err(QueueError::IdempotencyConflict(_))),
+        "{refused:?}"
     );
     let all = OpFilter {
         limit: 100,
@@ -1769,13 +1781,13 @@ async fn a_batch_stores_what_one_by_one_stores_and_answers_conflicts_the_same(db
 /// two of them, is answered for that op alone, as in a short batch.
 async fn a_batch_past_one_statement_keeps_its_order_and_answers_conflicts_per_op(db: TestDb) -> anyhow::Result<()> {
     let q = db.queue.as_ref();
-    let mut earlier = op("big", &["elsewhere"]);
+    let mut earlier = op("big", &["inbox-1700"]);
     earlier.idempotency_key = Some("k-1700".into());
     let existing = enqueue_one(q, earlier).await?;
     let mut batch: Vec<NewOp> = (0..2_500).map(|i| op("big", &[&format!("inbox-{i}")])).collect();
     batch[1_700].idempotency_key = Some("k-1700".into());
     batch[10].idempotency_key = Some("twice".into());
-    batch[1_500].idempotency_key = Some("twice".into());
+    batch[1_500] = batch[10].clone();
     let answered = q.enqueue(&batch).await?;
     ensure!(answered.len() == 2_500, "{} answers", answered.len());
     ensure!(answered[1_700] == Enqueued::Existing(existing), "{:?}", answered[1_700]);

@@ -354,8 +354,11 @@ fn state_changes_bind_their_statuses() -> anyhow::Result<()> {
                 let Some(text) = text else { continue };
                 let mut text = squash(&text);
                 let upper = text.to_uppercase();
+                // (SQLite's tables carry laneway's prefix.)
                 if upper.contains("UPDATE OPS")
+                    || upper.contains("UPDATE LANEWAY_OPS")
                     || upper.contains("INSERT INTO ATTEMPTS")
+                    || upper.contains("INSERT INTO LANEWAY_ATTEMPTS")
                     || upper.contains("FOR UPDATE")
                 {
                     writes += 1;

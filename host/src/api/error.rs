@@ -66,7 +66,15 @@ impl IntoResponse for ApiError {
                 message: self.message,
             },
         };
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        // Every 503 is worth retrying, soon: say when.
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        response
     }
 }
 
@@ -100,7 +108,9 @@ pub(super) enum Refusals {
     /// `forbidden`: the key lacks the operation's scope.
     #[response(status = 403)]
     Forbidden(ErrorBody),
-    /// `database_unavailable` or `schema_mismatch`.
+    /// `database_unavailable`, `database_busy` (a producer's open
+    /// transaction held a lock past `[database] lock_timeout_ms`) or
+    /// `schema_mismatch`; with `Retry-After`.
     #[response(status = 503)]
     Unavailable(ErrorBody),
 }
@@ -122,6 +132,7 @@ impl From<QueueError> for ApiError {
         let message = e.to_string();
         match e {
             QueueError::InvalidOp(_) => Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_op", message),
+            QueueError::IdempotencyConflict(_) => Self::new(StatusCode::CONFLICT, "idempotency_conflict", message),
             QueueError::NotFound(_) => Self::not_found(message),
             QueueError::BadCursor(_) => Self::invalid(message),
             QueueError::Illegal { .. } => Self::new(StatusCode::CONFLICT, "illegal_transition", message),
@@ -129,6 +140,7 @@ impl From<QueueError> for ApiError {
             QueueError::Conflict { .. } | QueueError::KeyNameTaken(_) => {
                 Self::new(StatusCode::CONFLICT, "conflict", message)
             }
+            QueueError::Busy(_) => Self::new(StatusCode::SERVICE_UNAVAILABLE, "database_busy", message),
             QueueError::Unreachable { .. } | QueueError::Database(_) => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "database_unavailable", message)
             }

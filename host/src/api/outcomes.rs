@@ -3,6 +3,10 @@
 //! op into a terminal status, in order, from a cursor that survives
 //! restarts (the `outcomes` table). A producer keeps the last `next` it
 //! processed and asks again from there; nothing is skipped or reordered.
+//! Filters (outbox, kind, status) and laneway's own kinds (left out unless
+//! asked for) apply to each page as read: a page may hold fewer than
+//! `limit` entries, or none, and `next` still moves past what was read, so
+//! a filtered poll costs what an unfiltered one does.
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
@@ -24,15 +28,26 @@ pub(super) struct FeedQuery {
     /// The cursor: the `next` of the previous page (from the start when
     /// absent).
     after: Option<String>,
-    /// At most this many (≤ `api.max_page`; default 100).
+    /// Read at most this many transitions (≤ `api.max_page`; default 100);
+    /// the filters then keep those that match.
     limit: Option<u32>,
+    /// Only this outbox's ops.
+    outbox: Option<String>,
+    /// Only ops of this kind.
+    kind: Option<String>,
+    /// Only transitions to this status (`confirmed`, `failed`, `cancelled`).
+    status: Option<String>,
+    /// Also laneway's own ops (outcome webhooks, inbound activities); left
+    /// out by default.
+    #[serde(default)]
+    internal: bool,
 }
 
 /// Terminal transitions after the cursor, oldest first.
 #[utoipa::path(get, path = "/api/v1/outcomes", tag = "producer",
     params(FeedQuery),
     security(("bearer" = ["outcomes:read"])),
-    responses((status = 200, description = "`outcomes` ({cursor, status, at, op: {id, kind, outbox, lanes, idempotency_key, correlation_id, status, attempts, receipt, last_error, …}}) and `next`: the cursor to ask from next time (the same as `after` when nothing is new)", body = Value), Refusals))]
+    responses((status = 200, description = "`outcomes` ({cursor, status, at, op: {id, kind, outbox, lanes, idempotency_key, correlation_id, status, attempts, receipt, last_error, …}}) that pass the filters, and `next`: the cursor to ask from next time, past every transition read (the same as `after` when nothing is new)", body = Value), Refusals))]
 pub(super) async fn feed(
     State(state): State<ApiState>,
     headers: HeaderMap,
@@ -41,8 +56,24 @@ pub(super) async fn feed(
     state.authorize(&headers, "outcomes:read").await?;
     let Query(q) = query?;
     let limit = state.page_limit(q.limit)?;
+    let status: Option<crate::op::Status> = match q.status.as_deref() {
+        None => None,
+        Some(s @ ("confirmed" | "failed" | "cancelled")) => s.parse().ok(),
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "status: expected confirmed, failed or cancelled, got {other:?}"
+            )))
+        }
+    };
     let entries = state.queue().outcomes(q.after.as_deref(), limit).await?;
     let next = entries.last().map(|e| e.cursor.clone()).or(q.after);
-    let outcomes: Vec<Value> = entries.iter().map(OutcomeEntry::summary).collect();
+    let config = state.dispatcher().config();
+    let wanted = |e: &&OutcomeEntry| {
+        (q.internal || !config.is_internal_kind(&e.op.kind))
+            && q.outbox.as_ref().is_none_or(|o| *o == e.op.outbox)
+            && q.kind.as_ref().is_none_or(|k| *k == e.op.kind)
+            && status.is_none_or(|s| s == e.status)
+    };
+    let outcomes: Vec<Value> = entries.iter().filter(wanted).map(OutcomeEntry::summary).collect();
     Ok(Json(json!({ "outcomes": outcomes, "next": next })))
 }

@@ -35,14 +35,15 @@ pub(super) struct OpBody {
     outbox: String,
     /// critical, normal or low (the kind's default when absent).
     #[serde(default)]
-    #[schema(value_type = Option<String>)]
+    #[schema(value_type = Option<PriorityName>)]
     priority: Option<Priority>,
     /// Recipients or signer accounts to order it in; the kind's plugin
     /// names them when absent.
     #[serde(default)]
     lanes: Vec<String>,
-    /// Any JSON; stored and sent byte for byte as given.
-    #[schema(value_type = Object)]
+    /// Any JSON value (object, array, string, number, boolean or null);
+    /// stored and sent byte for byte as given.
+    #[schema(value_type = Value)]
     payload: Box<RawValue>,
     #[serde(default)]
     idempotency_key: Option<String>,
@@ -55,6 +56,34 @@ pub(super) struct OpBody {
     /// Not before this many milliseconds from now.
     #[serde(default)]
     delay_ms: Option<u64>,
+}
+
+/// A priority tier, by name.
+#[derive(ToSchema)]
+#[schema(rename_all = "lowercase")]
+#[allow(dead_code)]
+pub(super) enum PriorityName {
+    Critical,
+    Normal,
+    Low,
+}
+
+/// What `POST /api/v1/ops` takes: one op, or a batch of 1 to 1000 (all or
+/// nothing). For the document only; the handler reads each shape itself.
+#[derive(Deserialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(untagged)]
+pub(super) enum EnqueueBody {
+    One(OpBody),
+    Batch(OpBatch),
+}
+
+/// A batch of ops.
+#[derive(Deserialize, ToSchema)]
+#[allow(dead_code)]
+pub(super) struct OpBatch {
+    /// 1 to 1000 ops, enqueued all or nothing.
+    ops: Vec<OpBody>,
 }
 
 /// A single op, or `{"ops": [...]}`.
@@ -82,14 +111,14 @@ pub(super) struct WaitQuery {
 /// `Idempotency-Key` header (or the field) makes a repeat answer the op
 /// already made.
 #[utoipa::path(post, path = "/api/v1/ops", tag = "producer",
-    request_body(content = OpBody, description = "One op, or `{\"ops\": [OpBody, ...]}` (1 to 1000)"),
+    request_body(content = EnqueueBody, description = "One op, or `{\"ops\": [OpBody, ...]}` (1 to 1000, all or nothing)"),
     params(("Idempotency-Key" = Option<String>, Header, description = "One op's idempotency key"), WaitQuery),
     security(("bearer" = ["ops:write"])),
     responses(
         (status = 201, description = "`status: created`, `id`, `op`, and for a priced kind `estimate`", body = Value),
         (status = 200, description = "`status: existing` (a repeated key: the op it made), or for a batch `results` in order; with `?wait=`, the op reached a terminal status: `outcome` ({status, attempts, receipt, last_error})", body = Value),
         (status = 202, description = "With `?wait=`: the wait ended first; the op goes on (follow it in `/api/v1/outcomes`)", body = Value),
-        (status = 409, description = "`status: already_pending`: an op with this coalesce key is pending; nothing enqueued", body = Value),
+        (status = 409, description = "`status: already_pending`: an op with this coalesce key is pending; or `code: idempotency_conflict`: the idempotency key already names an op of the outbox with another kind, payload or lanes. Nothing enqueued", body = Value),
         (status = 429, description = "`too_many_waiters`: too many `?wait=` requests are held; nothing enqueued", body = ErrorBody),
         (status = 422, description = "`unknown_kind`, `lanes_required`, `invalid_op`, `plugin_refused`", body = ErrorBody),
         Refusals, BodyRefusals,

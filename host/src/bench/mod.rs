@@ -534,10 +534,12 @@ async fn latency_samples(store: Store, producer: Producer, samples: usize) -> an
             Producer::PlainSql => {
                 let lanes_sqlite = format!("[\"l{i}\"]");
                 if let Some(pool) = &sqlite_producer {
-                    sqlx::query("INSERT INTO ops (outbox, kind, lanes, payload) VALUES ('latency', 'bench', ?, '{}')")
-                        .bind(lanes_sqlite)
-                        .execute(pool)
-                        .await?;
+                    sqlx::query(
+                        "INSERT INTO laneway_ops (outbox, kind, lanes, payload) VALUES ('latency', 'bench', ?, '{}')",
+                    )
+                    .bind(lanes_sqlite)
+                    .execute(pool)
+                    .await?;
                 } else if let Some(pool) = &pg_producer {
                     sqlx::query(
                         "INSERT INTO ops (outbox, kind, lanes, payload) VALUES ('latency', 'bench', ARRAY[$1], '{}')",

@@ -198,7 +198,7 @@ pub(super) async fn sqlite_statements_round(n: usize) -> anyhow::Result<(f64, St
         let outbox = format!("outbox-{}", turn % OUTBOXES);
         turn += 1;
         let ids: Vec<i64> = sqlx::query_scalar(
-            "SELECT id FROM ops WHERE outbox = $1 AND status IN ('pending', 'submitted') ORDER BY priority, id LIMIT 100",
+            "SELECT id FROM laneway_ops WHERE outbox = $1 AND status IN ('pending', 'submitted') ORDER BY priority, id LIMIT 100",
         )
         .bind(&outbox)
         .fetch_all(&mut *tx)

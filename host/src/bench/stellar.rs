@@ -132,7 +132,7 @@ async fn burst(shape: Shape, ops: usize, ledger: Duration) -> anyhow::Result<Bur
     handle.await??;
     let moved: i64 = {
         let db = sqlx::SqlitePool::connect(&format!("sqlite://{}", dir.path().join("bench.db").display())).await?;
-        let n = sqlx::query_scalar("SELECT COUNT(*) FROM lane_redeals")
+        let n = sqlx::query_scalar("SELECT COUNT(*) FROM laneway_lane_redeals")
             .fetch_one(&db)
             .await?;
         db.close().await;

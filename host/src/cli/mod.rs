@@ -492,7 +492,7 @@ pub async fn run(cli: Cli, io: Io<'_>) -> Result<(), CliError> {
         Command::Migrate(args) => {
             let queue = open(&config).await?;
             queue.migrate().await?;
-            queue.set_kind_defaults(&config.kind_defaults()).await?;
+            queue.register_kinds(&config.kind_registry()).await?;
             let database = queue::redact_url(&config.database.url);
             render::done(
                 io.stdout,

@@ -684,13 +684,29 @@ impl Config {
         }
     }
 
-    /// Every kind's default priority, for plain-SQL producers (the
-    /// database's `kind_defaults`).
-    pub fn kind_defaults(&self) -> Vec<(String, Priority)> {
-        self.kinds
-            .iter()
-            .map(|(name, kind)| (name.clone(), kind.priority))
-            .collect()
+    /// What this config registers in the database for plain-SQL producers
+    /// (the producer contract): every kind's default priority and lane
+    /// rule, and the payload limit.
+    pub fn kind_registry(&self) -> crate::queue::KindRegistry {
+        use crate::queue::{KindLanes, RegisteredKind};
+        crate::queue::KindRegistry {
+            kinds: self
+                .kinds
+                .iter()
+                .map(|(name, kind)| RegisteredKind {
+                    kind: name.clone(),
+                    priority: kind.priority,
+                    lanes: match kind.lanes {
+                        LanePresence::Required => KindLanes::Required,
+                        LanePresence::Optional => KindLanes::Optional,
+                        // A pool's kind is dealt its channel by the host,
+                        // which SQL cannot ask for either.
+                        LanePresence::Plugin => KindLanes::Plugin,
+                    },
+                })
+                .collect(),
+            max_payload_bytes: Some(self.queue.max_payload_bytes),
+        }
     }
 
     /// How every configured kind's ops use their lanes.

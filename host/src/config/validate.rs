@@ -31,6 +31,20 @@ pub(super) fn validate(config: &Config) -> Vec<Problem> {
     if config.database.connect_timeout_ms == 0 {
         bad("database.connect_timeout_ms", "expected at least 1".to_owned());
     }
+    if !(1..=600_000).contains(&config.database.lock_timeout_ms) {
+        bad(
+            "database.lock_timeout_ms",
+            format!(
+                "expected 1 to 600000 (ten minutes), got {}",
+                config.database.lock_timeout_ms
+            ),
+        );
+    }
+    if let Some(schema) = &config.database.schema {
+        if let Err(why) = crate::queue::check_schema_name(schema) {
+            bad("database.schema", why);
+        }
+    }
     const MAX_PAYLOAD: usize = 64 * 1024 * 1024;
     if !(1..=MAX_PAYLOAD).contains(&config.queue.max_payload_bytes) {
         bad(

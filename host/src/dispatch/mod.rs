@@ -574,13 +574,14 @@ impl Dispatcher {
 
     /// Applies new tunables (priorities, retry policy, caps) from the next pass on.
     pub fn reconfigure(&self, config: Config) {
-        let defaults = config.kind_defaults();
+        let registry = config.kind_registry();
         self.inner.config.store(Arc::new(config));
-        // Plain-SQL producers see the new default priorities from now on.
+        // Plain-SQL producers see the new kinds, lane rules and default
+        // priorities from now on.
         let queue = self.inner.queue.clone();
         self.inner.tasks.spawn(async move {
-            if let Err(e) = queue.set_kind_defaults(&defaults).await {
-                tracing::warn!(error = %e, "Could not store the kinds' default priorities; plain-SQL inserts keep the previous ones.");
+            if let Err(e) = queue.register_kinds(&registry).await {
+                tracing::warn!(error = %e, "Could not register the kinds for plain-SQL producers; their inserts are checked against the previous ones.");
             }
         });
     }
@@ -609,6 +610,32 @@ impl Dispatcher {
     /// [`Dispatcher::enqueue`] for laneway's own kinds too: the outcome
     /// relay and the verified inbox, never a producer.
     pub(crate) async fn enqueue_internal(&self, ops: &[NewOp]) -> Result<Vec<Enqueued>, QueueError> {
+        let ops = self.with_lanes(ops).await?;
+        let ops = ops.as_slice();
+        let results = self.inner.queue.enqueue(ops).await?;
+        let outboxes: BTreeSet<&str> = ops
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| matches!(r, Enqueued::Created(_)))
+            .map(|(op, _)| op.outbox.as_str())
+            .collect();
+        for outbox in outboxes {
+            self.trigger(outbox);
+        }
+        Ok(results)
+    }
+
+    /// The ops with the lanes their kinds' executors name: a kind whose
+    /// plugin owns its lanes gets the plugin's (or a pool's channel); any
+    /// other op without lanes gets what its executor names. What a Rust
+    /// producer's transactional enqueue passes to `enqueue_in`, so it gets
+    /// the lanes the API's enqueue would.
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError::InvalidOp`] when an executor refuses an op or names
+    /// lanes that the op's own leave out.
+    pub async fn with_lanes(&self, ops: &[NewOp]) -> Result<Vec<NewOp>, QueueError> {
         let config = self.inner.config.load();
         let mut ops = ops.to_vec();
         self.report_held_channels(&ops).await?;
@@ -651,18 +678,7 @@ impl Dispatcher {
                 named
             };
         }
-        let ops = ops.as_slice();
-        let results = self.inner.queue.enqueue(ops).await?;
-        let outboxes: BTreeSet<&str> = ops
-            .iter()
-            .zip(&results)
-            .filter(|(_, r)| matches!(r, Enqueued::Created(_)))
-            .map(|(op, _)| op.outbox.as_str())
-            .collect();
-        for outbox in outboxes {
-            self.trigger(outbox);
-        }
-        Ok(results)
+        Ok(ops)
     }
 
     /// Tells each pool the ops' kinds are dealt from which of its channels

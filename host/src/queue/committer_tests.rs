@@ -38,6 +38,8 @@ async fn scratch_queue(dir: &std::path::Path, n: usize) -> anyhow::Result<(Sqlit
         url,
         max_connections: 2,
         connect_timeout_ms: 5_000,
+        schema: None,
+        lock_timeout_ms: 5_000,
         sqlite: crate::queue::SqliteConfig {
             synchronous: crate::queue::Synchronous::Full,
             busy_timeout_ms: 5_000,
@@ -54,7 +56,7 @@ async fn scratch_queue(dir: &std::path::Path, n: usize) -> anyhow::Result<(Sqlit
 /// Every later write of `op` aborts (a trigger).
 async fn refuse_writes_of(queue: &SqliteQueue, op: OpId) -> anyhow::Result<()> {
     sqlx::query(&format!(
-        "CREATE TRIGGER refuse BEFORE UPDATE ON ops WHEN OLD.id = {op} BEGIN SELECT RAISE(ABORT, 'refused'); END"
+        "CREATE TRIGGER refuse BEFORE UPDATE ON laneway_ops WHEN OLD.id = {op} BEGIN SELECT RAISE(ABORT, 'refused'); END"
     ))
     .execute(queue.pool())
     .await?;
@@ -79,7 +81,7 @@ async fn statuses(queue: &SqliteQueue, ops: &[OpId]) -> anyhow::Result<Vec<Strin
     let mut out = Vec::with_capacity(ops.len());
     for op in ops {
         out.push(
-            sqlx::query_scalar("SELECT status FROM ops WHERE id = ?1")
+            sqlx::query_scalar("SELECT status FROM laneway_ops WHERE id = ?1")
                 .bind(op)
                 .fetch_one(queue.pool())
                 .await?,
@@ -166,7 +168,7 @@ async fn a_failing_group_is_undone_before_its_rounds_run_alone() -> anyhow::Resu
     }
     assert!(results[1].is_err(), "the refused round fails: {:?}", results[1]);
     assert_eq!(statuses(&queue, &ids).await?, ["confirmed", "submitted", "pending"]);
-    let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM attempts WHERE op_id = ?1")
+    let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM laneway_attempts WHERE op_id = ?1")
         .bind(ids[0])
         .fetch_one(queue.pool())
         .await?;
@@ -226,7 +228,7 @@ async fn record_writes_ride_in_a_group_commit_and_a_failing_one_fails_alone() ->
     let dir = tempfile::tempdir()?;
     let (queue, ids) = scratch_queue(dir.path(), 2).await?;
     queue.put_record("note:ap", "taken", "1", Expect::Any).await?;
-    sqlx::query("CREATE TRIGGER refuse_note BEFORE INSERT ON records WHEN NEW.key = 'bad' BEGIN SELECT RAISE(ABORT, 'refused'); END")
+    sqlx::query("CREATE TRIGGER refuse_note BEFORE INSERT ON laneway_records WHEN NEW.key = 'bad' BEGIN SELECT RAISE(ABORT, 'refused'); END")
         .execute(queue.pool())
         .await?;
     let puts = [

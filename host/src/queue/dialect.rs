@@ -114,6 +114,11 @@ pub trait Dialect: Clone + std::fmt::Debug + Send + Sync + 'static {
         outboxes: &[String],
     ) -> Result<(), QueueError>;
 
+    /// Bounds how long laneway's own enqueue transaction waits for a lock
+    /// another transaction holds (PostgreSQL: `lock_timeout`, for this
+    /// transaction only; SQLite's write lock is bounded by `busy_timeout`).
+    async fn bound_lock_waits(&self, conn: &mut <Self::Db as Database>::Connection) -> Result<(), QueueError>;
+
     /// Settles completions in as few statements as the database allows,
     /// each a compare-and-set on its lease, and records the attempt rows of
     /// those that applied; one result per completion, in order.

@@ -33,6 +33,7 @@ pub use operator::{
     QueueGauges, Tombstone,
 };
 pub use policy::{validate_new_op, validate_new_ops, MAX_LANES_PER_OP};
+pub use postgres::{check_schema_name, DEFAULT_SCHEMA};
 pub use settings::{DatabaseConfig, SqliteConfig, Synchronous};
 pub use traits::{DispatchStore, OpStore, OperatorStore, Queue, RecordStore, RetentionStore};
 pub use types::*;
@@ -44,17 +45,58 @@ pub mod prelude {
 
 impl From<sqlx::Error> for QueueError {
     /// A value the database refuses (PostgreSQL's data exceptions: a NUL
-    /// byte in text, a date out of its range; the internal-kind trigger) is
-    /// the caller's bad input, the same on both backends, not an outage.
+    /// byte in text, a date out of its range; the internal-kind trigger; the
+    /// producer contract's checks, `laneway: CODE: …`) is the caller's bad
+    /// input, the same on both backends, not an outage.
     fn from(e: sqlx::Error) -> Self {
         if let sqlx::Error::Database(db) = &e {
+            if let Some(refusal) = contract_refusal(db.message()) {
+                return refusal;
+            }
+            // PostgreSQL's lock_timeout (55P03); SQLite's busy and locked.
+            let busy = match db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                Some(pg) => pg.code() == "55P03",
+                None => db
+                    .code()
+                    .is_some_and(|c| c == "5" || c == "6" || c == "261" || c == "517"),
+            };
+            if busy {
+                return QueueError::Busy(format!(
+                    "another transaction held a lock laneway needed past its bound ({}); most often a \
+                     producer's transaction that enqueued into the same outbox and has not committed: \
+                     retry, and keep such transactions short",
+                    db.message()
+                ));
+            }
             let data_exception = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>().is_some()
                 && db.code().is_some_and(|c| c.len() == 5 && c.starts_with("22"));
             if data_exception || db.message().contains("producers cannot enqueue it") {
                 return QueueError::InvalidOp(format!("the database refused a value: {}", db.message()));
             }
         }
+        if matches!(e, sqlx::Error::PoolTimedOut) {
+            return QueueError::Busy(
+                "no database connection came free within [database] connect_timeout_ms: every one was busy \
+                 (on SQLite, another process's write transaction may hold the file's write lock) or the \
+                 database did not answer; retry"
+                    .to_owned(),
+            );
+        }
         QueueError::Database(e)
+    }
+}
+
+/// The producer contract's refusal in a database message (its triggers
+/// raise `laneway: CODE: what to change` on both backends), if it is one.
+fn contract_refusal(message: &str) -> Option<QueueError> {
+    let rest = message.strip_prefix("laneway: ")?;
+    let (code, text) = rest.split_once(": ")?;
+    match code {
+        "idempotency_conflict" => Some(QueueError::IdempotencyConflict(text.to_owned())),
+        "invalid_op" | "unknown_kind" | "lanes_required" | "payload_too_large" | "internal_kind" => {
+            Some(QueueError::InvalidOp(format!("{code}: {text}")))
+        }
+        _ => None,
     }
 }
 
@@ -118,6 +160,15 @@ pub enum QueueError {
     /// The op is malformed; nothing was written.
     #[error("invalid op: {0}")]
     InvalidOp(String),
+    /// The idempotency key already names an op of the outbox with another
+    /// kind, payload or lanes; nothing was written.
+    #[error("{0}")]
+    IdempotencyConflict(String),
+    /// A lock or a connection laneway needed stayed taken past its bound
+    /// (`lock_timeout_ms`, `busy_timeout_ms`, `connect_timeout_ms`);
+    /// nothing changed, and the same call may succeed when tried again.
+    #[error("database busy: {0}")]
+    Busy(String),
     /// No op has that id.
     #[error("op {0} not found")]
     NotFound(OpId),

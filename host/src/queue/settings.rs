@@ -13,6 +13,15 @@ pub struct DatabaseConfig {
     pub max_connections: u32,
     /// Connection acquire timeout.
     pub connect_timeout_ms: u64,
+    /// PostgreSQL: the schema laneway's tables, functions and triggers live
+    /// in, apart from the application's own (`laneway` when neither this
+    /// nor a `search_path` in the URL's `options` names one).
+    #[serde(default)]
+    pub schema: Option<String>,
+    /// PostgreSQL: how long an enqueue through laneway (the API, the CLI)
+    /// waits for a lock another transaction holds (a producer's open
+    /// transaction on the same outbox) before it is answered busy.
+    pub lock_timeout_ms: u64,
     /// SQLite-only settings.
     pub sqlite: SqliteConfig,
 }

@@ -9,9 +9,9 @@ use chrono::{DateTime, Utc};
 
 use super::{
     ApiKey, AuditEntry, Backend, BookRow, Cas, Claimed, Completion, DeadLetterGroup, Depth, Enqueued, Expect, ExpireTo,
-    HaltedSubject, HostShare, LaneHalt, Latency, LeaseSpec, NewApiKey, NewAuditEntry, NewOp, Occupant, OpFilter,
-    OutcomeCount, OutcomeEntry, Pause, PauseScope, PruneQuery, QueueError, QueueGauges, Record, Redeal, SlotLease,
-    Subscription, Tombstone,
+    HaltedSubject, HostShare, KindRegistry, LaneHalt, Latency, LeaseSpec, NewApiKey, NewAuditEntry, NewOp, Occupant,
+    OpFilter, OutcomeCount, OutcomeEntry, Pause, PauseScope, PruneQuery, QueueError, QueueGauges, Record, Redeal,
+    SlotLease, Subscription, Tombstone,
 };
 use crate::lanes::LaneRules;
 use crate::op::{Attempt, Lease, Op, OpId, Priority, Status};
@@ -61,9 +61,11 @@ pub trait OpStore: Send + Sync + std::fmt::Debug {
     /// them (PostgreSQL `LISTEN`); `None` otherwise.
     async fn subscribe(&self) -> Result<Option<Box<dyn Subscription>>, QueueError>;
 
-    /// Replaces the default priority of every kind, which plain-SQL inserts
-    /// that leave `priority` out get (a kind not listed gets normal).
-    async fn set_kind_defaults(&self, defaults: &[(String, Priority)]) -> Result<(), QueueError>;
+    /// Replaces the kinds registered for plain-SQL producers: each kind's
+    /// default priority (what an insert that leaves `priority` out gets; a
+    /// kind not listed gets normal) and lane rule, and the contract's
+    /// payload limit (the producer contract, docs/producers.md).
+    async fn register_kinds(&self, registry: &KindRegistry) -> Result<(), QueueError>;
 
     /// Ends the coalescing of the pending or in-flight ops of `outbox` with
     /// these idempotency keys (an Undo took them back); returns how many.

@@ -434,3 +434,69 @@ impl Default for Limits {
         }
     }
 }
+
+/// How a registered kind's ops name lanes, as plain-SQL inserts are checked
+/// against it (`kind_defaults.lanes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KindLanes {
+    /// At least one lane.
+    Required,
+    /// Zero lanes allowed.
+    Optional,
+    /// The kind's plugin names them; SQL cannot ask it, so an insert must
+    /// name them.
+    Plugin,
+}
+
+impl KindLanes {
+    /// The value stored in `kind_defaults.lanes`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            KindLanes::Required => "required",
+            KindLanes::Optional => "optional",
+            KindLanes::Plugin => "plugin",
+        }
+    }
+}
+
+/// One kind as the hosts register it for plain-SQL producers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegisteredKind {
+    /// The kind.
+    pub kind: String,
+    /// The priority an insert that leaves it out gets.
+    pub priority: Priority,
+    /// How its ops name lanes.
+    pub lanes: KindLanes,
+}
+
+/// What the hosts tell every insert into the database (the producer
+/// contract, docs/producers.md): the kinds they run and the payload limit.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct KindRegistry {
+    /// Every configured kind; a kind not listed is refused once limits are
+    /// registered.
+    pub kinds: Vec<RegisteredKind>,
+    /// `queue.max_payload_bytes`. `None` registers the kinds' defaults only:
+    /// the database then checks each row's shape but not its kind, lanes
+    /// rule or size (a database no configured host has registered with).
+    pub max_payload_bytes: Option<usize>,
+}
+
+impl KindRegistry {
+    /// Default priorities only (optional lanes, no limits): what a
+    /// database without a configured host's registration checks.
+    pub fn priorities(defaults: &[(&str, Priority)]) -> Self {
+        Self {
+            kinds: defaults
+                .iter()
+                .map(|(kind, priority)| RegisteredKind {
+                    kind: (*kind).to_owned(),
+                    priority: *priority,
+                    lanes: KindLanes::Optional,
+                })
+                .collect(),
+            max_payload_bytes: None,
+        }
+    }
+}

@@ -717,19 +717,27 @@ async fn a_plain_sql_insert_by_another_connection_wakes_the_dispatcher(db: TestD
     )
     .await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let insert = "INSERT INTO ops (outbox, kind, lanes, payload) VALUES ('sql-producer', 'activitypub', LANES, '{}')";
+    let insert = "INSERT INTO TABLE (outbox, kind, lanes, payload) VALUES ('sql-producer', 'activitypub', LANES, '{}')";
     match &db.kind {
         crate::support::TestBackend::Postgres(pg) => {
-            sqlx::query(&insert.replace("LANES", "ARRAY['https://x.example/i']"))
-                .execute(pg.pool())
-                .await?;
+            sqlx::query(
+                &insert
+                    .replace("TABLE", "ops")
+                    .replace("LANES", "ARRAY['https://x.example/i']"),
+            )
+            .execute(pg.pool())
+            .await?;
         }
         crate::support::TestBackend::Sqlite(_) => {
             let path = db.sqlite_path().context("sqlite")?;
             let producer = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display())).await?;
-            sqlx::query(&insert.replace("LANES", "'[\"https://x.example/i\"]'"))
-                .execute(&producer)
-                .await?;
+            sqlx::query(
+                &insert
+                    .replace("TABLE", "laneway_ops")
+                    .replace("LANES", "'[\"https://x.example/i\"]'"),
+            )
+            .execute(&producer)
+            .await?;
         }
     }
     settle(db.queue.as_ref(), Duration::from_secs(3))

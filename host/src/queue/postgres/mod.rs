@@ -10,7 +10,10 @@
 //! lane locks, `LISTEN`, and the settle of a batch as one array per column
 //! (`settle`).
 
+mod schema;
 mod settle;
+
+pub use schema::{check_schema_name, DEFAULT_SCHEMA};
 
 // The host's committer, compiled against this dialect as the store is.
 #[allow(clippy::duplicate_mod)]
@@ -64,6 +67,11 @@ pub const NOTIFY_CHANNEL: &str = "laneway_ops";
 pub struct Conns {
     pool: PgPool,
     group: Option<committer::Inbox>,
+    /// The schema `migrate` creates (and moves a pre-schema laneway into);
+    /// `None` when the caller's options chose the search path and made it.
+    schema: Option<Arc<str>>,
+    /// `[database] lock_timeout_ms`, for laneway's own enqueues.
+    lock_timeout_ms: u64,
 }
 
 impl PgQueue {
@@ -77,7 +85,12 @@ impl PgQueue {
             url: redact_url(&config.url),
             source,
         })?;
-        Self::open_with(options, config, limits, clock).await
+        // Every connection finds laneway's objects, and only those, first:
+        // its own schema, never the application's.
+        let schema = schema::resolve(config.schema.as_deref(), &config.url);
+        check_schema_name(&schema).map_err(QueueError::InvalidOp)?;
+        let options = options.options([("search_path", schema.as_str())]);
+        Self::connect(options, config, limits, clock, Some(schema.into())).await
     }
 
     /// Connects with explicit options (a search path, say) and the pool
@@ -92,6 +105,16 @@ impl PgQueue {
         limits: Limits,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, QueueError> {
+        Self::connect(options, config, limits, clock, None).await
+    }
+
+    async fn connect(
+        options: PgConnectOptions,
+        config: &DatabaseConfig,
+        limits: Limits,
+        clock: Arc<dyn Clock>,
+        schema: Option<Arc<str>>,
+    ) -> Result<Self, QueueError> {
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections)
             .acquire_timeout(Duration::from_millis(config.connect_timeout_ms))
@@ -101,7 +124,17 @@ impl PgQueue {
                 url: redact_url(&config.url),
                 source,
             })?;
-        Ok(committer::open(Conns { pool, group: None }, limits, clock, COMMITTERS))
+        Ok(committer::open(
+            Conns {
+                pool,
+                group: None,
+                schema,
+                lock_timeout_ms: config.lock_timeout_ms,
+            },
+            limits,
+            clock,
+            COMMITTERS,
+        ))
     }
 
     /// The pool, for callers' own tables and for `LISTEN`.
@@ -155,6 +188,11 @@ impl Dialect for Conns {
     }
 
     async fn migrate(&self) -> Result<(), QueueError> {
+        if let Some(schema) = &self.schema {
+            let mut conn = self.pool.acquire().await?;
+            schema::prepare(&mut conn, schema, &MIGRATOR).await?;
+        }
+        // Each migration commits whole or not at all (one transaction each).
         MIGRATOR.run(&self.pool).await?;
         Ok(())
     }
@@ -186,6 +224,14 @@ impl Dialect for Conns {
                 .execute(&mut *conn)
                 .await?;
         }
+        Ok(())
+    }
+
+    async fn bound_lock_waits(&self, conn: &mut Conn) -> Result<(), QueueError> {
+        sqlx::query(sql::ops::SET_LOCK_TIMEOUT)
+            .bind(format!("{}ms", self.lock_timeout_ms))
+            .execute(&mut *conn)
+            .await?;
         Ok(())
     }
 

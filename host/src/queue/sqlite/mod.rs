@@ -225,6 +225,11 @@ impl Dialect for Conns {
         Ok(())
     }
 
+    async fn bound_lock_waits(&self, _conn: &mut Conn) -> Result<(), QueueError> {
+        // The file's one write lock waits `busy_timeout_ms`, set per connection.
+        Ok(())
+    }
+
     async fn contended(_conn: &mut Conn, _lanes: &[String]) -> Result<HashSet<String>, QueueError> {
         // `BEGIN IMMEDIATE` serialises every claim on the file.
         Ok(HashSet::new())

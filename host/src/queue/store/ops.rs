@@ -6,11 +6,13 @@ use chrono::{DateTime, Utc};
 use sqlx::QueryBuilder;
 
 use super::{attempt_class, begin_savepoint, end_savepoint, ops_from_rows, reader, sql, Conn, Conns, Store};
-use crate::op::{Attempt, AttemptRecord, Op, OpId, Priority, Status};
+use crate::op::{Attempt, AttemptRecord, Op, OpId, Status};
 use crate::queue::codec::{get, Lanes, List, Rank, St, Ts};
 use crate::queue::dialect::Dialect;
 use crate::queue::policy::{check_versions, shared_payload, validate_new_ops};
-use crate::queue::{Backend, Depth, Enqueued, NewOp, OpFilter, OpStore, OutcomeCount, QueueError, Subscription};
+use crate::queue::{
+    Backend, Depth, Enqueued, KindRegistry, NewOp, OpFilter, OpStore, OutcomeCount, QueueError, Subscription,
+};
 
 impl Store {
     /// Enqueues ops on the caller's connection, inside whatever transaction
@@ -256,6 +258,9 @@ impl OpStore for Store {
 
     async fn enqueue(&self, ops: &[NewOp]) -> Result<Vec<Enqueued>, QueueError> {
         let mut tx = self.conns.write().await?;
+        // A producer's transaction that enqueued into the same outbox holds
+        // its lock until it commits: answer busy after a bounded wait.
+        self.conns.bound_lock_waits(&mut tx).await?;
         let results = self.enqueue_in(&mut tx, ops).await?;
         tx.commit().await?;
         Ok(results)
@@ -326,9 +331,7 @@ impl OpStore for Store {
             q.push(" AND outbox = ").push_bind(outbox.clone());
         }
         if let Some(lane) = &filter.lane {
-            q.push(" AND id IN (SELECT op_id FROM op_lanes WHERE lane = ")
-                .push_bind(lane.clone())
-                .push(")");
+            q.push(sql::ops::LIST_LANE_FILTER).push_bind(lane.clone()).push(")");
         }
         if let Some(correlation) = &filter.correlation_id {
             q.push(" AND correlation_id = ").push_bind(correlation.clone());
@@ -395,25 +398,33 @@ impl OpStore for Store {
         self.conns.subscribe().await
     }
 
-    async fn set_kind_defaults(&self, defaults: &[(String, Priority)]) -> Result<(), QueueError> {
+    async fn register_kinds(&self, registry: &KindRegistry) -> Result<(), QueueError> {
         // Upserts, and a delete of only what is no longer listed: hosts
         // starting or reloading at the same moment each write the same rows
         // without colliding (a delete-then-insert let two concurrent inserts
         // of one kind fail on its primary key).
-        let kinds: Vec<String> = defaults.iter().map(|(k, _)| k.clone()).collect();
+        let kinds: Vec<String> = registry.kinds.iter().map(|k| k.kind.clone()).collect();
         let mut tx = self.conns.write().await?;
         sqlx::query(sql::ops::LOCK_KIND_DEFAULTS).execute(&mut *tx).await?;
         sqlx::query(sql::ops::DELETE_UNLISTED_KIND_DEFAULTS)
             .bind(List(kinds))
             .execute(&mut *tx)
             .await?;
-        for (kind, priority) in defaults {
+        for kind in &registry.kinds {
             sqlx::query(sql::ops::UPSERT_KIND_DEFAULT)
-                .bind(kind)
-                .bind(Rank(*priority))
+                .bind(&kind.kind)
+                .bind(Rank(kind.priority))
+                .bind(kind.lanes.as_str())
                 .execute(&mut *tx)
                 .await?;
         }
+        let limit = registry.max_payload_bytes.map(|b| i64::try_from(b).unwrap_or(i64::MAX));
+        let at = limit.map(|_| Ts(self.now()));
+        sqlx::query(sql::ops::REGISTER_CONTRACT)
+            .bind(limit)
+            .bind(at)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(())
     }

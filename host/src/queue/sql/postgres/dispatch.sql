@@ -58,7 +58,7 @@ SELECT k FROM unnest($1::bigint[]) AS k WHERE NOT pg_try_advisory_xact_lock(k)
 -- name: claim
 UPDATE ops SET status = $1, attempts = attempts + 1, lease_owner = $2, lease_token = $3, lease_until = $4,
     updated_at = $5
-WHERE ops.id = ANY($6) AND ops.status = $7 RETURNING {{op_columns}}
+WHERE ops.id = ANY($6) AND ops.status = $7 RETURNING {{returned_op_columns}}
 
 -- One array per column; each row is still a compare-and-set on its expected
 -- status, attempt and lease token. A settle is known by its op and token: a

@@ -6,11 +6,11 @@
 -- receipt in doubt may have been.
 -- name: cancel
 UPDATE ops SET status = $1, updated_at = $2, finished_at = $2 WHERE id = $3 AND status = $4 AND receipt IS NULL
-RETURNING {{op_columns}}
+RETURNING {{returned_op_columns}}
 
 -- name: force_retry
 UPDATE ops SET status = $1, attempt_floor = attempts, next_attempt_at = $2, updated_at = $2, finished_at = NULL
-WHERE id = $3 AND status = $4 RETURNING {{op_columns}}
+WHERE id = $3 AND status = $4 RETURNING {{returned_op_columns}}
 
 -- What an operator change that matched nothing found instead.
 -- name: status_of_op

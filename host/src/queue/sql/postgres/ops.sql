@@ -8,6 +8,10 @@ ops.subject, ops.correlation_id, ops.status, ops.attempts, ops.attempt_floor, op
 ops.lease_owner, ops.lease_token, ops.lease_until, ops.receipt, ops.last_error, ops.created_at, ops.updated_at,
 ops.finished_at, ops.payload_ref
 
+-- The same columns in an UPDATE's RETURNING.
+-- name: returned_op_columns
+{{op_columns}}
+
 -- name: insert_payload
 INSERT INTO payloads (hash, body) VALUES ($1, $2::json) ON CONFLICT DO NOTHING
 
@@ -17,6 +21,11 @@ INSERT INTO payloads (hash, body) VALUES ($1, $2::json) ON CONFLICT DO NOTHING
 -- name: lock_outboxes
 SELECT count(pg_advisory_xact_lock(1819768953, h))
 FROM (SELECT DISTINCT hashtext(o) AS h FROM unnest($1::text[]) AS o ORDER BY h) AS sorted
+
+-- laneway's own enqueue waits this long for a lock a producer's open
+-- transaction holds, this transaction only; $1 like '5000ms'.
+-- name: set_lock_timeout
+SELECT set_config('lock_timeout', $1, true)
 
 -- name: insert_op
 INSERT INTO ops (outbox, kind, priority, lanes, payload, idempotency_key, coalesce_key, subject, correlation_id,
@@ -68,6 +77,10 @@ WHERE op_id = $1 ORDER BY attempt
 -- name: list_ops
 SELECT {{op_columns}} FROM ops WHERE TRUE
 
+-- The lane filter the store appends to list_ops, its lane bound after it.
+-- name: list_lane_filter
+ AND id IN (SELECT op_id FROM op_lanes WHERE lane = 
+
 -- Open ops through the open-ops index, terminal ones from ops_done alone:
 -- a million finished ops cost an index scan, not a million row reads.
 -- name: depth
@@ -94,8 +107,12 @@ SELECT pg_advisory_xact_lock(hashtext('laneway.kind_defaults'))
 DELETE FROM kind_defaults WHERE kind <> ALL($1)
 
 -- name: upsert_kind_default
-INSERT INTO kind_defaults (kind, priority) VALUES ($1, $2)
-ON CONFLICT (kind) DO UPDATE SET priority = excluded.priority
+INSERT INTO kind_defaults (kind, priority, lanes) VALUES ($1, $2, $3)
+ON CONFLICT (kind) DO UPDATE SET priority = excluded.priority, lanes = excluded.lanes
+
+-- The producer contract's limits (NULL: shapes are checked, kinds are not).
+-- name: register_contract
+UPDATE laneway_contract SET max_payload_bytes = $1, registered_at = $2 WHERE id = 1
 
 -- name: release_coalesce
 UPDATE ops SET coalesce_key = NULL, updated_at = $1

@@ -7,7 +7,7 @@
 -- name: book_columns
 id, kind, priority, lanes, status, receipt IS NOT NULL AS in_doubt, next_attempt_at,
 attempts - attempt_floor AS budget_attempts, fee_bumps, created_at,
-(subject IS NOT NULL AND EXISTS (SELECT 1 FROM halted_subjects h WHERE h.subject = ops.subject)) AS subject_halted
+(subject IS NOT NULL AND EXISTS (SELECT 1 FROM laneway_halted_subjects h WHERE h.subject = ops.subject)) AS subject_halted
 
 -- name: occupant_columns
 id, outbox, kind, priority, lanes, status, receipt IS NOT NULL AS in_doubt
@@ -19,7 +19,7 @@ id, outbox, kind, priority, lanes, status, receipt IS NOT NULL AS in_doubt
 -- The tiers of a scan, one index range each; the store fills in {rank} and
 -- {after} (the parameter or 0) for each tier it reads.
 -- name: scan_tier
-SELECT * FROM (SELECT {{book_columns}} FROM ops WHERE outbox = $1 AND status IN ('pending', 'submitted')
+SELECT * FROM (SELECT {{book_columns}} FROM laneway_ops AS ops WHERE outbox = $1 AND status IN ('pending', 'submitted')
     AND priority = {rank} AND id > {after} ORDER BY id LIMIT $3) AS tier{rank}
 
 -- Past a prefix crowded by a few lane sets: the first $4 ops of each lane
@@ -27,9 +27,9 @@ SELECT * FROM (SELECT {{book_columns}} FROM ops WHERE outbox = $1 AND status IN 
 -- database ranks the rows within their sets, so a read past a deep backlog
 -- decodes a few rows per set, not every row of the outbox.
 -- name: scan_beyond
-SELECT {{book_columns}} FROM ops WHERE id IN (
+SELECT {{book_columns}} FROM laneway_ops AS ops WHERE id IN (
     SELECT id FROM (SELECT id, row_number() OVER (PARTITION BY lanes ORDER BY priority, id) AS n
-        FROM ops WHERE outbox = $1 AND status IN ('pending', 'submitted') AND (priority, id) > ($2, $3)) AS ranked
+        FROM laneway_ops AS ops WHERE outbox = $1 AND status IN ('pending', 'submitted') AND (priority, id) > ($2, $3)) AS ranked
     WHERE n <= $4)
 ORDER BY priority, id LIMIT $5
 
@@ -37,24 +37,24 @@ ORDER BY priority, id LIMIT $5
 -- so only the ones that matter are decoded. INDEXED BY: without statistics
 -- SQLite may answer the `pending AND receipt` branch from the status index.
 -- name: occupants
-SELECT {{occupant_columns}} FROM ops INDEXED BY ops_occupying WHERE {{occupying}}
+SELECT {{occupant_columns}} FROM laneway_ops AS ops INDEXED BY ops_occupying WHERE {{occupying}}
     AND EXISTS (SELECT 1 FROM json_each(ops.lanes) AS l WHERE l.value IN (SELECT value FROM json_each($1)))
 
 -- name: pick_claimable
-SELECT {{occupant_columns}} FROM ops
+SELECT {{occupant_columns}} FROM laneway_ops AS ops
 WHERE id IN (SELECT value FROM json_each($1)) AND status = $2 AND next_attempt_at <= $3
 
 -- none: contended_lanes: one writer (BEGIN IMMEDIATE) serialises every claim, so no lane is ever being claimed by another transaction
 
 -- name: claim
-UPDATE ops SET status = $1, attempts = attempts + 1, lease_owner = $2, lease_token = $3, lease_until = $4,
+UPDATE laneway_ops AS ops SET status = $1, attempts = attempts + 1, lease_owner = $2, lease_token = $3, lease_until = $4,
     updated_at = $5
-WHERE ops.id IN (SELECT value FROM json_each($6)) AND ops.status = $7 RETURNING {{op_columns}}
+WHERE ops.id IN (SELECT value FROM json_each($6)) AND ops.status = $7 RETURNING {{returned_op_columns}}
 
 -- One JSON array of settles; each row is still a compare-and-set on its
 -- expected status, attempt and lease token.
 -- name: settle
-UPDATE ops SET status = i.to_status,
+UPDATE laneway_ops AS ops SET status = i.to_status,
     receipt = CASE WHEN i.clear THEN NULL ELSE COALESCE(i.receipt, ops.receipt) END,
     last_error = COALESCE(i.error, ops.last_error),
     next_attempt_at = COALESCE(i.next_at, ops.next_attempt_at), fee_bumps = ops.fee_bumps + i.bump,
@@ -65,66 +65,66 @@ FROM (SELECT value ->> '$.id' AS id, value ->> '$.attempt' AS attempt, value ->>
         value ->> '$.bump' AS bump, value ->> '$.finished_at' AS finished_at
       FROM json_each($1)) AS i
 WHERE ops.id = i.id AND ops.status = i.from_status AND ops.attempts = i.attempt AND ops.lease_token = i.token
-RETURNING ops.id
+RETURNING laneway_ops.id
 
 -- name: record_attempts
-INSERT INTO attempts (op_id, attempt, started_at, finished_at, outcome, detail, fee, error)
+INSERT INTO laneway_attempts AS attempts (op_id, attempt, started_at, finished_at, outcome, detail, fee, error)
 SELECT value ->> '$.op_id', value ->> '$.attempt', value ->> '$.started_at', value ->> '$.finished_at',
     value ->> '$.outcome', value ->> '$.detail', value ->> '$.fee', value ->> '$.error'
 FROM json_each($1)
 
 -- name: insert_attempt
-INSERT INTO attempts (op_id, attempt, started_at, finished_at, outcome, detail, fee, error)
+INSERT INTO laneway_attempts AS attempts (op_id, attempt, started_at, finished_at, outcome, detail, fee, error)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 
 -- A dead letter's hold on its strict lanes; a lane held already stays held.
 -- name: hold_lanes
-INSERT INTO lane_halts (outbox, lane, op_id, halted_at)
-SELECT o.outbox, l.lane, o.id, $1 FROM ops o JOIN op_lanes l ON l.op_id = o.id WHERE o.id = $2
+INSERT INTO laneway_lane_halts AS lane_halts (outbox, lane, op_id, halted_at)
+SELECT o.outbox, l.lane, o.id, $1 FROM laneway_ops o JOIN laneway_op_lanes l ON l.op_id = o.id WHERE o.id = $2
 ON CONFLICT DO NOTHING
 
 -- name: checkpoint
-UPDATE ops SET receipt = $1, updated_at = $2 WHERE id = $3 AND status = $4 AND attempts = $5 AND lease_token = $6
+UPDATE laneway_ops AS ops SET receipt = $1, updated_at = $2 WHERE id = $3 AND status = $4 AND attempts = $5 AND lease_token = $6
 
 -- name: extend_lease
-UPDATE ops SET lease_until = $1 WHERE id = $2 AND status = $3 AND attempts = $4 AND lease_token = $5
+UPDATE laneway_ops AS ops SET lease_until = $1 WHERE id = $2 AND status = $3 AND attempts = $4 AND lease_token = $5
 
 -- name: expired_leases
-SELECT {{op_columns}} FROM ops WHERE status = 'submitted' AND lease_until < $1 ORDER BY lease_until LIMIT $2
+SELECT {{op_columns}} FROM laneway_ops AS ops WHERE status = 'submitted' AND lease_until < $1 ORDER BY lease_until LIMIT $2
 
 -- The claimed row as it stands under its lease: when it was claimed, by whom.
 -- name: expiring_lease
-SELECT updated_at, lease_owner FROM ops WHERE id = $1 AND status = $2 AND attempts = $3 AND lease_token = $4
+SELECT updated_at, lease_owner FROM laneway_ops AS ops WHERE id = $1 AND status = $2 AND attempts = $3 AND lease_token = $4
 
 -- name: expire
-UPDATE ops SET status = $1, next_attempt_at = $2, last_error = $3, lease_owner = NULL, lease_token = NULL,
+UPDATE laneway_ops AS ops SET status = $1, next_attempt_at = $2, last_error = $3, lease_owner = NULL, lease_token = NULL,
     lease_until = NULL, updated_at = $4, finished_at = $5
 WHERE id = $6 AND status = $7 AND attempts = $8 AND lease_token = $9
 
 -- name: defer
-UPDATE ops SET next_attempt_at = $1, updated_at = $2 WHERE id = $3 AND status = $4
+UPDATE laneway_ops AS ops SET next_attempt_at = $1, updated_at = $2 WHERE id = $3 AND status = $4
 
 -- A channel pool's op re-dealt another channel while it waits with no
 -- receipt (migration 20261204000001): the row read in the one write
 -- transaction, then the record the identity trigger asks for, the move,
 -- and the op's lane index.
 -- name: lock_redealable
-SELECT id FROM ops WHERE id = $1 AND status = $2 AND receipt IS NULL
+SELECT id FROM laneway_ops AS ops WHERE id = $1 AND status = $2 AND receipt IS NULL
     AND json_array_length(lanes) = 1 AND json_extract(lanes, '$[0]') = $3
 
 -- name: record_redeal
-INSERT INTO lane_redeals (op_id, from_lane, to_lane, redealt_at) VALUES ($1, $2, $3, $4)
+INSERT INTO laneway_lane_redeals AS lane_redeals (op_id, from_lane, to_lane, redealt_at) VALUES ($1, $2, $3, $4)
 
 -- name: redeal
-UPDATE ops SET lanes = json_array($3), updated_at = $4
+UPDATE laneway_ops AS ops SET lanes = json_array($3), updated_at = $4
 WHERE id = $1 AND status = $5 AND receipt IS NULL
     AND json_array_length(lanes) = 1 AND json_extract(lanes, '$[0]') = $2
 
 -- name: drop_op_lane
-DELETE FROM op_lanes WHERE op_id = $1 AND lane = $2
+DELETE FROM laneway_op_lanes AS op_lanes WHERE op_id = $1 AND lane = $2
 
 -- name: add_op_lane
-INSERT OR IGNORE INTO op_lanes (lane, op_id) VALUES ($2, $1)
+INSERT OR IGNORE INTO laneway_op_lanes AS op_lanes (lane, op_id) VALUES ($2, $1)
 
 -- A skip scan over the (outbox, next_attempt_at) index of pending ops: one
 -- seek per outbox, and one more for whether it has a due op, rather than one
@@ -134,38 +134,38 @@ INSERT OR IGNORE INTO op_lanes (lane, op_id) VALUES ($2, $1)
 -- 86,000 waiting, 8 ms with the index (migration 20261203000001).
 -- name: due_outboxes
 WITH RECURSIVE o(outbox) AS (
-    SELECT (SELECT outbox FROM ops INDEXED BY ops_due WHERE status = 'pending' ORDER BY outbox LIMIT 1)
+    SELECT (SELECT outbox FROM laneway_ops AS ops INDEXED BY ops_due WHERE status = 'pending' ORDER BY outbox LIMIT 1)
     UNION ALL
-    SELECT (SELECT outbox FROM ops INDEXED BY ops_due WHERE status = 'pending' AND outbox > o.outbox
+    SELECT (SELECT outbox FROM laneway_ops AS ops INDEXED BY ops_due WHERE status = 'pending' AND outbox > o.outbox
             ORDER BY outbox LIMIT 1)
     FROM o WHERE o.outbox IS NOT NULL)
 SELECT outbox FROM o WHERE outbox IS NOT NULL AND EXISTS
-    (SELECT 1 FROM ops INDEXED BY ops_due
+    (SELECT 1 FROM laneway_ops AS ops INDEXED BY ops_due
      WHERE status = 'pending' AND ops.outbox = o.outbox AND next_attempt_at <= $1)
 LIMIT $2
 
 -- name: acquire_slot
-INSERT INTO drain_slots (outbox, owner, token, lease_until) VALUES ($1, $2, $3, $4)
+INSERT INTO laneway_drain_slots AS drain_slots (outbox, owner, token, lease_until) VALUES ($1, $2, $3, $4)
 ON CONFLICT (outbox) DO UPDATE SET owner = excluded.owner, token = excluded.token,
     lease_until = excluded.lease_until WHERE drain_slots.lease_until < $5
 RETURNING token
 
 -- name: renew_slot
-UPDATE drain_slots SET lease_until = $1 WHERE outbox = $2 AND token = $3
+UPDATE laneway_drain_slots AS drain_slots SET lease_until = $1 WHERE outbox = $2 AND token = $3
 
 -- name: release_slot
-DELETE FROM drain_slots WHERE outbox = $1 AND token = $2
+DELETE FROM laneway_drain_slots AS drain_slots WHERE outbox = $1 AND token = $2
 
 -- name: announce_host
-INSERT INTO hosts (owner, seen_until) VALUES ($1, $2) ON CONFLICT (owner) DO UPDATE SET seen_until = excluded.seen_until
+INSERT INTO laneway_hosts AS hosts (owner, seen_until) VALUES ($1, $2) ON CONFLICT (owner) DO UPDATE SET seen_until = excluded.seen_until
 
 -- name: forget_hosts
-DELETE FROM hosts WHERE seen_until < $1
+DELETE FROM laneway_hosts AS hosts WHERE seen_until < $1
 
 -- name: host_share
-SELECT (SELECT count(*) FROM hosts) AS hosts,
-    (SELECT count(*) FROM drain_slots WHERE lease_until >= $1) AS slots,
-    (SELECT count(*) FROM drain_slots WHERE lease_until >= $1 AND owner = $2) AS mine
+SELECT (SELECT count(*) FROM laneway_hosts AS hosts) AS hosts,
+    (SELECT count(*) FROM laneway_drain_slots AS drain_slots WHERE lease_until >= $1) AS slots,
+    (SELECT count(*) FROM laneway_drain_slots AS drain_slots WHERE lease_until >= $1 AND owner = $2) AS mine
 
 -- Savepoints: a part of a transaction that can fail alone (the committer's
 -- rounds and record writes, an enqueue's batch).

@@ -25,4 +25,4 @@ PRAGMA data_version
 
 -- Bumped per outbox by a trigger on ops inserts.
 -- name: wakeup_counters
-SELECT outbox, seq FROM outbox_wakeups
+SELECT outbox, seq FROM laneway_outbox_wakeups AS outbox_wakeups
