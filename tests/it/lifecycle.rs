@@ -325,6 +325,9 @@ async fn postgres_notifies_each_outcome_and_a_late_commit_is_not_skipped() -> an
     };
     let mut listener = sqlx::postgres::PgListener::connect_with(queue.pool()).await?;
     listener.listen("laneway_outcomes").await?;
+    // The producer's channel names the op's outbox, kind and keys too.
+    let mut producer = sqlx::postgres::PgListener::connect_with(queue.pool()).await?;
+    producer.listen("laneway_op_outcomes").await?;
     let ids: Vec<i64> = db
         .queue
         .enqueue(&[to("o", "a", 1), to("o", "b", 2), to("o", "c", 3)])
@@ -344,6 +347,21 @@ async fn postgres_notifies_each_outcome_and_a_late_commit_is_not_skipped() -> an
         .await
         .context("no NOTIFY within 5 s")??;
     ensure!(note.payload() == format!("{} cancelled", ids[1]), "{}", note.payload());
+    // (The channel is the database's: the parallel tests' outcomes pass by.)
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let named = loop {
+        let note = tokio::time::timeout_at(deadline, producer.recv())
+            .await
+            .context("no laneway_op_outcomes NOTIFY within 5 s")??;
+        let v: Value = serde_json::from_str(note.payload())?;
+        if v["id"] == ids[1] {
+            break v;
+        }
+    };
+    ensure!(
+        named["outbox"] == "o" && named["status"] == "cancelled" && named["kind"] == "activitypub",
+        "{named}"
+    );
     // While A is open, the feed serves neither: B's row waits behind A.
     let early = db.queue.outcomes(None, 100).await?;
     ensure!(early.is_empty(), "served past a running transaction: {early:?}");

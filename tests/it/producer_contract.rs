@@ -190,6 +190,7 @@ async fn before_a_host_registers_only_shapes_are_checked(db: TestDb) -> anyhow::
 }
 
 crate::on_both_backends!(
+    contract_version_1_statements_keep_working,
     raw_inserts_are_held_to_the_contract,
     a_reused_idempotency_key_is_a_conflict_for_every_writer,
     before_a_host_registers_only_shapes_are_checked,
@@ -288,5 +289,141 @@ async fn sqlite_rows_from_before_the_contract_are_set_aside() -> anyhow::Result<
     ensure!(feed.len() == 4, "{feed:?}");
     let next = queue.enqueue(&[NewOp::new("o", "email", "{}".to_owned())]).await?;
     ensure!(next == vec![Enqueued::Created(6)], "{next:?}");
+    Ok(())
+}
+
+/// A second queue on the test's PostgreSQL schema, with its own
+/// `lock_timeout_ms`.
+async fn pg_queue_with_lock_timeout(db: &TestDb, ms: u64) -> anyhow::Result<laneway::queue::postgres::PgQueue> {
+    use std::str::FromStr;
+    let TestBackend::Postgres(queue) = &db.kind else {
+        anyhow::bail!("not PostgreSQL");
+    };
+    let schema: String = sqlx::query_scalar("SELECT current_schema()::text")
+        .fetch_one(queue.pool())
+        .await?;
+    let mut config = laneway::config::from_toml_str("")?.database;
+    config.url = crate::support::pg_url();
+    config.lock_timeout_ms = ms;
+    let options = sqlx::postgres::PgConnectOptions::from_str(&config.url)?.options([("search_path", schema.as_str())]);
+    Ok(laneway::queue::postgres::PgQueue::open_with(
+        options,
+        &config,
+        laneway::queue::Limits::default(),
+        std::sync::Arc::new(laneway::clock::SystemClock),
+    )
+    .await?)
+}
+
+/// An enqueue through laneway behind a producer's open transaction on the
+/// same outbox is answered busy within `lock_timeout_ms` (it waited as long
+/// as the transaction stayed open: 34 s in the try), other outboxes
+/// do not wait at all, and the same enqueue goes through once it commits.
+#[tokio::test]
+async fn postgres_an_enqueue_behind_a_producers_open_transaction_is_answered_busy_in_bounded_time() -> anyhow::Result<()>
+{
+    use laneway::queue::OpStore as _;
+    let db = crate::support::postgres().await?;
+    let TestBackend::Postgres(queue) = &db.kind else {
+        anyhow::bail!("not PostgreSQL");
+    };
+    let api = pg_queue_with_lock_timeout(&db, 300).await?;
+    let mut producer = queue.pool().begin().await?;
+    sqlx::query("SELECT enqueue(kind => 'k', outbox => 'held', payload => '{}')")
+        .execute(&mut *producer)
+        .await?;
+    let started = std::time::Instant::now();
+    let busy = api.enqueue(&[NewOp::new("held", "k", "{}")]).await;
+    let waited = started.elapsed();
+    ensure!(matches!(busy, Err(QueueError::Busy(_))), "{busy:?}");
+    ensure!(waited < std::time::Duration::from_secs(3), "waited {waited:?}");
+    let message = busy.err().map(|e| e.to_string()).unwrap_or_default();
+    ensure!(message.contains("producer's transaction"), "{message}");
+    let elsewhere = api.enqueue(&[NewOp::new("free", "k", "{}")]).await?;
+    ensure!(matches!(elsewhere[..], [Enqueued::Created(_)]), "{elsewhere:?}");
+    producer.commit().await?;
+    let after = api.enqueue(&[NewOp::new("held", "k", "{}")]).await?;
+    ensure!(matches!(after[..], [Enqueued::Created(_)]), "{after:?}");
+    Ok(())
+}
+
+/// Two producers enqueueing into the same two outboxes in opposite orders,
+/// each with `laneway.enqueue_many` in its own transaction, never deadlock:
+/// the function locks a batch's outboxes in the one order every laneway
+/// writer uses, so the second waits for the first and then goes on.
+#[tokio::test]
+async fn postgres_two_producers_batching_outboxes_in_opposite_orders_do_not_deadlock() -> anyhow::Result<()> {
+    let db = crate::support::postgres().await?;
+    let TestBackend::Postgres(queue) = &db.kind else {
+        anyhow::bail!("not PostgreSQL");
+    };
+    let batch = |first: &str, second: &str| {
+        serde_json::json!([
+            {"kind": "k", "outbox": first, "payload": {"n": 1}},
+            {"kind": "k", "outbox": second, "payload": {"n": 2}},
+        ])
+        .to_string()
+    };
+    for _ in 0..5 {
+        let mut a = queue.pool().begin().await?;
+        let mut b = queue.pool().begin().await?;
+        sqlx::query("SELECT * FROM enqueue_many($1::jsonb)")
+            .bind(batch("x", "y"))
+            .execute(&mut *a)
+            .await?;
+        // B's batch, the other way round, waits for A rather than taking y.
+        let waiting = tokio::spawn(async move {
+            let ids: Vec<i64> = sqlx::query_scalar("SELECT * FROM enqueue_many($1::jsonb)")
+                .bind(batch("y", "x"))
+                .fetch_all(&mut *b)
+                .await?;
+            b.commit().await?;
+            anyhow::Ok(ids)
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        ensure!(!waiting.is_finished(), "B did not wait for A's outboxes");
+        a.commit().await?;
+        let ids = tokio::time::timeout(std::time::Duration::from_secs(10), waiting).await???;
+        ensure!(ids.len() == 2 && ids[0] > 0, "{ids:?}");
+    }
+    Ok(())
+}
+
+/// Statements written against the contract's first version keep working
+/// after every later migration (the compatibility window docs/producers.md
+/// promises): each must still be accepted, or refused with its code.
+async fn contract_version_1_statements_keep_working(db: TestDb) -> anyhow::Result<()> {
+    db.queue.register_kinds(&registry()).await?;
+    let accepted: &[(&str, &str)] = &[
+        (
+            "INSERT INTO laneway_ops (kind, outbox, payload, lanes, idempotency_key) VALUES ('email', 'shop', '{\"order\":\"o-17\"}', '[\"customer:c-3\"]', 'order-confirmed:o-17') ON CONFLICT DO NOTHING RETURNING id",
+            "SELECT enqueue(kind => 'email', outbox => 'shop', payload => '{\"order\":\"o-17\"}', lanes => ARRAY['customer:c-3'], idempotency_key => 'order-confirmed:o-17')",
+        ),
+        (
+            "INSERT INTO laneway_ops (kind, outbox, payload, lanes, priority, next_attempt_at, subject, correlation_id, coalesce_key) VALUES ('note', 'shop', 'null', '[]', 2, 4102444800000, 'user-7', 'tx-1', 'c-1')",
+            "SELECT enqueue(kind => 'note', outbox => 'shop', payload => 'null', priority => 'low', not_before => '2100-01-01T00:00:00Z', delay_ms => 1000, subject => 'user-7', correlation_id => 'tx-1', coalesce_key => 'c-1')",
+        ),
+        (
+            "SELECT version FROM laneway_contract WHERE id = 1",
+            "SELECT * FROM enqueue_many('[{\"kind\":\"note\",\"outbox\":\"b\",\"payload\":[1]},{\"kind\":\"email\",\"outbox\":\"a\",\"payload\":{},\"lanes\":[\"l\"]}]')",
+        ),
+    ];
+    for (sqlite, postgres) in accepted {
+        let got = refusal(&db, sqlite, postgres).await?;
+        ensure!(got.is_none(), "{sqlite} / {postgres}: {got:?}");
+    }
+    let version: i64 = match &db.kind {
+        TestBackend::Sqlite(q) => {
+            sqlx::query_scalar("SELECT version FROM laneway_contract")
+                .fetch_one(q.pool())
+                .await?
+        }
+        TestBackend::Postgres(q) => i64::from(
+            sqlx::query_scalar::<_, i32>("SELECT contract_version()")
+                .fetch_one(q.pool())
+                .await?,
+        ),
+    };
+    ensure!(version == 1, "{version}");
     Ok(())
 }

@@ -5,16 +5,16 @@
 // laneway's outcome feed, filtered to the shop's outbox.
 //
 //   npm ci --prefix clients/typescript && npm run build --prefix clients/typescript
-//   npx --prefix clients/typescript tsc -p examples/producers
-//   LW_API_KEY=lw_... node examples/producers/dist/shop.js postgres://user@host/db
-//   LW_API_KEY=lw_... node examples/producers/dist/shop.js sqlite://shop.db
+//   clients/typescript/node_modules/.bin/tsc -p examples/producers
+//   LW_API_KEY=lw_... node examples/producers/shop.mjs postgres://user@host/db
+//   LW_API_KEY=lw_... node examples/producers/shop.mjs sqlite://shop.db
 //
 // (laneway running with examples/producers/laneway.toml; see that file.)
 import { randomUUID } from "node:crypto";
 import { createRequire } from "node:module";
 import { enqueue, type PgQueryable, type SqliteDatabase } from "../../clients/typescript/dist/index.js";
 
-const require = createRequire(import.meta.url);
+const load = createRequire(import.meta.url);
 const API = process.env.LW_API ?? "http://127.0.0.1:7480";
 
 interface Shop {
@@ -27,7 +27,7 @@ interface Shop {
 async function connect(url: string): Promise<Shop> {
   const ddl = "CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, customer TEXT NOT NULL)";
   if (url.startsWith("sqlite://")) {
-    const Database = require("../../clients/typescript/node_modules/better-sqlite3");
+    const Database = load("../../clients/typescript/node_modules/better-sqlite3");
     const db = new Database(url.slice("sqlite://".length));
     db.exec(ddl);
     return {
@@ -37,7 +37,7 @@ async function connect(url: string): Promise<Shop> {
       close: async () => db.close(),
     };
   }
-  const pg = require("../../clients/typescript/node_modules/pg");
+  const pg = load("../../clients/typescript/node_modules/pg");
   const client = new pg.Client({ connectionString: url });
   await client.connect();
   await client.query(ddl);
