@@ -245,6 +245,18 @@ async fn the_producer_route_enqueues_once_per_key_and_refuses_bad_input(db: Test
             "{body:.80}: {status} {answer}"
         );
     }
+    // A priority given as the SQL column's rank: the answer says what to write.
+    let ranked = r#"{"kind":"activitypub","outbox":"o","lanes":["x"],"payload":{},"priority":0}"#;
+    let (status, answer) = served
+        .call("POST", "/api/v1/ops", Some(&producer), Some(ranked))
+        .await?;
+    ensure!(
+        status == 400
+            && answer["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("\"critical\", \"normal\" or \"low\"")),
+        "{status} {answer}"
+    );
     let reads: [(&str, u16, &str); 7] = [
         ("/api/admin/outbox?limit=100000", 400, "invalid_request"),
         ("/api/admin/outbox?limit=abc", 400, "invalid_query"),

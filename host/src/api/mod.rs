@@ -21,6 +21,7 @@ mod outcomes;
 mod plugins;
 mod producer;
 mod public;
+mod schemas;
 mod steering;
 
 use std::sync::{Arc, Mutex, PoisonError};
@@ -166,6 +167,7 @@ impl ApiState {
         description = "The HTTP API of a laneway host: producers enqueue ops; operators read, steer and recover the queue. Keys are `Authorization: Bearer lw_<id>_<secret>`; each operation names the scope it needs."
     ),
     modifiers(&BearerScheme),
+    components(schemas(schemas::OutcomeWebhook)),
     tags(
         (name = "producer", description = "Enqueue ops (scope ops:write) and follow their outcomes (outcomes:read)"),
         (name = "outbox", description = "Read and repair the queue (outbox:read, outbox:write)"),
@@ -234,9 +236,17 @@ fn api_router() -> OpenApiRouter<ApiState> {
         .routes(routes!(inbox::shared))
 }
 
-/// The OpenAPI document of every route (what `/api/openapi.json` serves).
+/// The OpenAPI document of every route.
 pub fn openapi() -> utoipa::openapi::OpenApi {
     api_router().into_openapi()
+}
+
+/// What `/api/openapi.json` serves: [`openapi`] and the outcome webhook
+/// as an OpenAPI 3.1 `webhooks` entry.
+pub fn openapi_document() -> serde_json::Value {
+    let mut document = serde_json::to_value(openapi()).unwrap_or_default();
+    document["webhooks"] = schemas::webhooks();
+    document
 }
 
 /// Every route, ready to serve.

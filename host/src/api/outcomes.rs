@@ -47,7 +47,7 @@ pub(super) struct FeedQuery {
 #[utoipa::path(get, path = "/api/v1/outcomes", tag = "producer",
     params(FeedQuery),
     security(("bearer" = ["outcomes:read"])),
-    responses((status = 200, description = "`outcomes` ({cursor, status, at, op: {id, kind, outbox, lanes, idempotency_key, correlation_id, status, attempts, receipt, last_error, …}}) that pass the filters, and `next`: the cursor to ask from next time, past every transition read (the same as `after` when nothing is new)", body = Value), Refusals))]
+    responses((status = 200, description = "`outcomes` ({cursor, status, at, op: {id, kind, outbox, lanes, idempotency_key, correlation_id, status, attempts, receipt, last_error, …}}) that pass the filters, and `next`: the cursor to ask from next time, past every transition read (the same as `after` when nothing is new)", body = super::schemas::OutcomePage), Refusals))]
 pub(super) async fn feed(
     State(state): State<ApiState>,
     headers: HeaderMap,

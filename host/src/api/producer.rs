@@ -34,7 +34,7 @@ pub(super) struct OpBody {
     kind: String,
     outbox: String,
     /// critical, normal or low (the kind's default when absent).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "priority_name")]
     #[schema(value_type = Option<PriorityName>)]
     priority: Option<Priority>,
     /// Recipients or signer accounts to order it in; the kind's plugin
@@ -56,6 +56,25 @@ pub(super) struct OpBody {
     /// Not before this many milliseconds from now.
     #[serde(default)]
     delay_ms: Option<u64>,
+}
+
+/// A priority by its name, with a refusal that says so (a number, the
+/// SQL column's rank, is the likely mistake).
+fn priority_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Priority>, D::Error> {
+    use serde::de::Error as _;
+    let expected = "expected \"critical\", \"normal\" or \"low\"";
+    match Option::<Value>::deserialize(d)? {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(name)) => match name.as_str() {
+            "critical" => Ok(Some(Priority::Critical)),
+            "normal" => Ok(Some(Priority::Normal)),
+            "low" => Ok(Some(Priority::Low)),
+            _ => Err(D::Error::custom(format!("priority: {expected}, got {name:?}"))),
+        },
+        Some(other) => Err(D::Error::custom(format!(
+            "priority: {expected} (a name, not a number or other value), got {other}"
+        ))),
+    }
 }
 
 /// A priority tier, by name.
@@ -115,9 +134,9 @@ pub(super) struct WaitQuery {
     params(("Idempotency-Key" = Option<String>, Header, description = "One op's idempotency key"), WaitQuery),
     security(("bearer" = ["ops:write"])),
     responses(
-        (status = 201, description = "`status: created`, `id`, `op`, and for a priced kind `estimate`", body = Value),
-        (status = 200, description = "`status: existing` (a repeated key: the op it made), or for a batch `results` in order; with `?wait=`, the op reached a terminal status: `outcome` ({status, attempts, receipt, last_error})", body = Value),
-        (status = 202, description = "With `?wait=`: the wait ended first; the op goes on (follow it in `/api/v1/outcomes`)", body = Value),
+        (status = 201, description = "`status: created`, `id`, `op`, and for a priced kind `estimate`", body = super::schemas::EnqueueAnswer),
+        (status = 200, description = "`status: existing` (a repeated key: the op it made), or for a batch `results` in order; with `?wait=`, the op reached a terminal status: `outcome` ({status, attempts, receipt, last_error})", body = super::schemas::EnqueueResult),
+        (status = 202, description = "With `?wait=`: the wait ended first; the op goes on (follow it in `/api/v1/outcomes`)", body = super::schemas::EnqueueAnswer),
         (status = 409, description = "`status: already_pending`: an op with this coalesce key is pending; or `code: idempotency_conflict`: the idempotency key already names an op of the outbox with another kind, payload or lanes. Nothing enqueued", body = Value),
         (status = 429, description = "`too_many_waiters`: too many `?wait=` requests are held; nothing enqueued", body = ErrorBody),
         (status = 422, description = "`unknown_kind`, `lanes_required`, `invalid_op`, `plugin_refused`", body = ErrorBody),
