@@ -16,6 +16,7 @@ mod dispatch;
 mod egress;
 mod lifecycle;
 mod namespace;
+mod producer_api;
 mod producer_contract;
 mod queue_conformance;
 mod runtime;

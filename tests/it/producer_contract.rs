@@ -190,6 +190,7 @@ async fn before_a_host_registers_only_shapes_are_checked(db: TestDb) -> anyhow::
 }
 
 crate::on_both_backends!(
+    a_hand_edit_cannot_make_an_op_unreadable,
     contract_version_1_statements_keep_working,
     raw_inserts_are_held_to_the_contract,
     a_reused_idempotency_key_is_a_conflict_for_every_writer,
@@ -425,5 +426,78 @@ async fn contract_version_1_statements_keep_working(db: TestDb) -> anyhow::Resul
         ),
     };
     ensure!(version == 1, "{version}");
+    Ok(())
+}
+
+/// A hand edit of any column laneway reads cannot make an op unreadable:
+/// the database refuses it (SQLite's update trigger; PostgreSQL's types and
+/// the times' CHECK), and the outbox reads on.
+async fn a_hand_edit_cannot_make_an_op_unreadable(db: TestDb) -> anyhow::Result<()> {
+    let id = db.queue.enqueue(&[NewOp::new("o", "k", "{}")]).await?[0].id();
+    let edits: &[(&str, &str)] = &[
+        (
+            "UPDATE laneway_ops SET updated_at = 9223372036854775807",
+            "UPDATE ops SET updated_at = 'infinity'",
+        ),
+        (
+            "UPDATE laneway_ops SET next_attempt_at = '2026-12-07'",
+            "UPDATE ops SET next_attempt_at = '-infinity'",
+        ),
+        (
+            "UPDATE laneway_ops SET lease_until = 'soon'",
+            "UPDATE ops SET finished_at = '10000-01-01'",
+        ),
+        (
+            "UPDATE laneway_ops SET receipt = x'00'",
+            "UPDATE ops SET lease_until = 'infinity'",
+        ),
+        (
+            "UPDATE laneway_ops SET attempts = 'many'",
+            "UPDATE ops SET next_attempt_at = '294276-01-01'",
+        ),
+    ];
+    for (sqlite, postgres) in edits {
+        let edit = db.tamper(&[sqlite], &[postgres]).await;
+        ensure!(edit.is_err(), "{sqlite} / {postgres} was written");
+    }
+    ensure!(ops_in(&db, "o").await?.len() == 1);
+    ensure!(db.queue.get(id).await?.is_some());
+    Ok(())
+}
+
+/// Times a PostgreSQL laneway accepted before the contract and cannot read
+/// ('infinity') are set aside by the migration that forbids them.
+#[tokio::test]
+async fn postgres_unreadable_times_from_before_the_contract_are_set_aside() -> anyhow::Result<()> {
+    use sqlx::migrate::Migrator;
+    let db = crate::support::postgres_unmigrated().await?;
+    let TestBackend::Postgres(queue) = &db.kind else {
+        anyhow::bail!("not PostgreSQL");
+    };
+    let dir = tempfile::tempdir()?;
+    let all = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../migrations/postgres");
+    for entry in std::fs::read_dir(&all)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if name.as_str() < "20261207000004" {
+            std::fs::copy(all.join(&name), dir.path().join(&name))?;
+        }
+    }
+    Migrator::new(dir.path()).await?.run(queue.pool()).await?;
+    for statement in [
+        "INSERT INTO ops (outbox, kind, payload, lanes) VALUES ('o', 'k', '{\"n\":1}', '{a}'), ('o', 'k', '{\"n\":2}', '{b}')",
+        "UPDATE ops SET updated_at = 'infinity' WHERE payload::text = '{\"n\":1}'",
+    ] {
+        sqlx::query(statement).execute(queue.pool()).await?;
+    }
+    db.queue.migrate().await?;
+    let ops = ops_in(&db, "o").await?;
+    ensure!(ops.len() == 2, "{ops:?}");
+    let bad = ops.iter().find(|o| o.payload == r#"{"n":1}"#).context("the bad op")?;
+    ensure!(
+        bad.status == Status::Failed && bad.last_error.as_deref().is_some_and(|e| e.starts_with("invalid: ")),
+        "{bad:?}"
+    );
+    let good = ops.iter().find(|o| o.payload == r#"{"n":2}"#).context("the good op")?;
+    ensure!(good.status == Status::Pending, "{good:?}");
     Ok(())
 }

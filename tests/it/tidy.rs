@@ -414,3 +414,21 @@ fn queue_files_stay_small() -> anyhow::Result<()> {
     anyhow::ensure!(wrong.is_empty(), "{wrong:#?}");
     Ok(())
 }
+
+/// Each migration has a version of its own per dialect: two files with one
+/// version both run, and the second fails on the history table's key (as
+/// happened once, caught only by the PostgreSQL tests).
+#[test]
+fn migration_versions_are_unique_per_dialect() -> anyhow::Result<()> {
+    for dialect in ["sqlite", "postgres"] {
+        let mut versions = std::collections::BTreeMap::<String, String>::new();
+        for entry in std::fs::read_dir(repo().join("migrations").join(dialect))? {
+            let name = entry?.file_name().to_string_lossy().into_owned();
+            let version = name.split('_').next().unwrap_or_default().to_owned();
+            if let Some(other) = versions.insert(version.clone(), name.clone()) {
+                anyhow::bail!("{dialect}: {name} and {other} share version {version}");
+            }
+        }
+    }
+    Ok(())
+}

@@ -2,7 +2,9 @@
 //! checked, and the scopes a route asks for. Only the secret's SHA-256 is
 //! stored; a request's key is found by its public id and its secret's hash
 //! compared in constant time, so neither the database nor the timing of a
-//! refusal gives a key away.
+//! refusal gives a key away. A producer's key may be limited to named
+//! outboxes (an `only:<outbox>` entry each, beside its scopes): it enqueues
+//! into those and reads their outcomes, and nothing else.
 
 use axum::http::HeaderMap;
 use rand::RngCore as _;
@@ -22,6 +24,14 @@ pub const SCOPES: [&str; 6] = [
     "metrics:read",
 ];
 
+/// The entry, beside a key's scopes, that limits it to one outbox (the
+/// outbox form-encoded: the column separates entries by white space).
+const ONLY: &str = "only:";
+
+/// The scopes a key limited to outboxes may carry: the operator's routes
+/// read and change every outbox, so such a key is a producer's.
+const OUTBOX_SCOPES: [&str; 2] = ["ops:write", "outcomes:read"];
+
 /// A freshly made key: what to store, and the whole key to show once.
 #[derive(Debug)]
 pub struct Minted {
@@ -37,6 +47,28 @@ pub struct Minted {
 ///
 /// A message naming an unknown scope or an empty name.
 pub fn mint(name: &str, scopes: &[String]) -> Result<Minted, String> {
+    mint_for(name, scopes, &[])
+}
+
+/// Makes a key for `name` with `scopes`, limited to `outboxes` when any
+/// are named.
+///
+/// # Errors
+///
+/// A message naming an unknown scope, an empty name, a blank outbox, or an
+/// operator's scope on a key limited to outboxes.
+pub fn mint_for(name: &str, scopes: &[String], outboxes: &[String]) -> Result<Minted, String> {
+    if !outboxes.is_empty() {
+        if let Some(scope) = scopes.iter().find(|s| !OUTBOX_SCOPES.contains(&s.as_str())) {
+            return Err(format!(
+                "a key limited to outboxes carries only {}; {scope:?} reads or changes every outbox",
+                OUTBOX_SCOPES.join(" and ")
+            ));
+        }
+        if let Some(bad) = outboxes.iter().find(|o| o.trim().is_empty() || o.len() > 2048) {
+            return Err(format!("outbox {bad:?}: expected 1 to 2048 bytes, not blank"));
+        }
+    }
     if name.trim().is_empty() || name.len() > 100 {
         return Err("a key needs a name of 1 to 100 characters".to_owned());
     }
@@ -65,7 +97,16 @@ pub fn mint(name: &str, scopes: &[String]) -> Result<Minted, String> {
             id: id.clone(),
             name: name.to_owned(),
             secret_hash: Sha256::digest(secret.as_bytes()).to_vec(),
-            scopes: scopes.to_vec(),
+            scopes: scopes
+                .iter()
+                .cloned()
+                .chain(outboxes.iter().map(|o| {
+                    format!(
+                        "{ONLY}{}",
+                        url::form_urlencoded::byte_serialize(o.as_bytes()).collect::<String>()
+                    )
+                }))
+                .collect(),
         },
         secret: format!("lw_{id}_{secret}"),
     })
@@ -84,6 +125,41 @@ impl Actor {
     /// Whether the key also carries `scope`.
     pub fn may(&self, scope: &str) -> bool {
         self.1.iter().any(|s| s == scope)
+    }
+
+    /// The outboxes the key is limited to; `None`: every outbox.
+    pub fn outboxes(&self) -> Option<Vec<String>> {
+        let only: Vec<String> = self
+            .1
+            .iter()
+            .filter_map(|s| s.strip_prefix(ONLY))
+            .map(|o| {
+                url::form_urlencoded::parse(format!("o={o}").as_bytes())
+                    .map(|(_, v)| v.into_owned())
+                    .next()
+                    .unwrap_or_default()
+            })
+            .collect();
+        (!only.is_empty()).then_some(only)
+    }
+
+    /// Whether the key may act on `outbox`.
+    pub fn covers(&self, outbox: &str) -> bool {
+        self.outboxes().is_none_or(|only| only.iter().any(|o| o == outbox))
+    }
+
+    /// 403 unless the key may act on `outbox`.
+    ///
+    /// # Errors
+    ///
+    /// [`ApiError::forbidden`] naming the outboxes it may use.
+    pub fn must_cover(&self, outbox: &str) -> Result<(), ApiError> {
+        match self.outboxes() {
+            Some(only) if !only.iter().any(|o| o == outbox) => Err(ApiError::forbidden(format!(
+                "this key is limited to outboxes {only:?}; not {outbox:?}"
+            ))),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -166,6 +242,26 @@ mod tests {
             .unwrap_err()
             .contains("unknown scope"));
         assert!(mint("x", &[]).is_err());
+        let producer = |scopes: &[&str], outboxes: &[&str]| {
+            let own = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+            mint_for("p", &own(scopes), &own(outboxes))
+        };
+        assert!(
+            producer(&["ops:write", "outbox:read"], &["shop"]).is_err(),
+            "an operator's scope"
+        );
+        assert!(producer(&["ops:write"], &[" "]).is_err(), "a blank outbox");
+        let limited = producer(&["ops:write", "outcomes:read"], &["shop", "a b+c/d"]).expect("valid");
+        let actor = Actor("key:p".to_owned(), limited.stored.scopes.clone());
+        assert!(actor.may("ops:write") && actor.covers("shop") && actor.covers("a b+c/d"));
+        assert!(!actor.covers("billing") && actor.must_cover("billing").is_err());
+        assert!(
+            limited.stored.scopes.iter().all(|s| !s.contains(' ')),
+            "{:?}",
+            limited.stored.scopes
+        );
+        let open = Actor("key:q".to_owned(), vec!["ops:write".to_owned()]);
+        assert!(open.outboxes().is_none() && open.covers("anything"));
         assert!(mint(" ", &["outbox:read".to_owned()]).is_err());
     }
 }

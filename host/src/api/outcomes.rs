@@ -53,8 +53,11 @@ pub(super) async fn feed(
     headers: HeaderMap,
     query: Result<Query<FeedQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    state.authorize(&headers, "outcomes:read").await?;
+    let actor = state.authorize(&headers, "outcomes:read").await?;
     let Query(q) = query?;
+    if let Some(outbox) = &q.outbox {
+        actor.must_cover(outbox)?;
+    }
     let limit = state.page_limit(q.limit)?;
     let status: Option<crate::op::Status> = match q.status.as_deref() {
         None => None,
@@ -69,7 +72,8 @@ pub(super) async fn feed(
     let next = entries.last().map(|e| e.cursor.clone()).or(q.after);
     let config = state.dispatcher().config();
     let wanted = |e: &&OutcomeEntry| {
-        (q.internal || !config.is_internal_kind(&e.op.kind))
+        actor.covers(&e.op.outbox)
+            && (q.internal || !config.is_internal_kind(&e.op.kind))
             && q.outbox.as_ref().is_none_or(|o| *o == e.op.outbox)
             && q.kind.as_ref().is_none_or(|k| *k == e.op.kind)
             && status.is_none_or(|s| s == e.status)

@@ -236,6 +236,13 @@ pub(super) async fn enqueue(
             bodies.len()
         )));
     }
+    // A key limited to outboxes enqueues into those only (checked before
+    // anything is prepared: a refused batch asks no plugin anything).
+    for (i, body) in bodies.iter().enumerate() {
+        actor
+            .must_cover(&body.outbox)
+            .map_err(|e| if batch { at_index(i, e) } else { e })?;
+    }
     let config = state.dispatcher().config();
     let mut ops = Vec::with_capacity(bodies.len());
     for (i, body) in bodies.into_iter().enumerate() {
@@ -442,8 +449,9 @@ pub(super) async fn deliveries(
     headers: HeaderMap,
     body: Result<Json<DeliveriesBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    state.authorize(&headers, "ops:write").await?;
+    let actor = state.authorize(&headers, "ops:write").await?;
     let Json(body) = body?;
+    actor.must_cover(&body.outbox)?;
     if body.recipients.len() > MAX_RECIPIENTS {
         return Err(ApiError::invalid(format!(
             "recipients: expected at most {MAX_RECIPIENTS}, got {}",

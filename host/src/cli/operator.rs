@@ -29,9 +29,13 @@ pub struct ApiKeyNewArgs {
     /// Its name (who or what uses it), unique.
     #[arg(long)]
     pub name: String,
-    /// Comma-separated: ops:write, outbox:read, outbox:write, plugins:admin, metrics:read.
+    /// Comma-separated: ops:write, outcomes:read, outbox:read, outbox:write, plugins:admin, metrics:read.
     #[arg(long, value_delimiter = ',', required = true)]
     pub scopes: Vec<String>,
+    /// Limit the key to this outbox (repeat for several): it enqueues there
+    /// and reads those outboxes' outcomes only (ops:write and outcomes:read).
+    #[arg(long = "outbox")]
+    pub outboxes: Vec<String>,
     /// Print JSON (the secret in `secret`) instead of text.
     #[arg(long)]
     pub json: bool,
@@ -199,7 +203,7 @@ pub(super) async fn api_keys_cmd(
 ) -> Result<(), CliError> {
     match command {
         ApiKeysCommand::New(args) => {
-            let minted = auth::mint(&args.name, &args.scopes).map_err(CliError::Input)?;
+            let minted = auth::mint_for(&args.name, &args.scopes, &args.outboxes).map_err(CliError::Input)?;
             let key = queue.create_api_key(&minted.stored).await?;
             audit(
                 queue,

@@ -343,6 +343,38 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_contracts_refusals_are_the_callers_mistakes_and_nothing_else_is() {
+        let refused = |m: &str| contract_refusal(m).map(|e| e.to_string());
+        assert_eq!(
+            refused("laneway: idempotency_conflict: key 'k' already names an op"),
+            Some("key 'k' already names an op".to_owned())
+        );
+        for code in [
+            "invalid_op",
+            "unknown_kind",
+            "lanes_required",
+            "payload_too_large",
+            "internal_kind",
+        ] {
+            let e = contract_refusal(&format!("laneway: {code}: change this"));
+            assert!(
+                matches!(&e, Some(QueueError::InvalidOp(m)) if m == &format!("{code}: change this")),
+                "{code}: {e:?}"
+            );
+        }
+        // laneway's own guards (an op's identity is immutable) are not a
+        // producer's refusal, nor is anything else the database says.
+        for other in [
+            "laneway: an op's outbox, kind, lanes, payload and idempotency key are immutable",
+            "laneway: nonsense_code: x",
+            "database is locked",
+            "",
+        ] {
+            assert!(contract_refusal(other).is_none(), "{other}");
+        }
+    }
+
+    #[test]
     fn a_host_hands_back_what_it_holds_beyond_an_even_share() {
         let share = |hosts, slots, mine| HostShare { hosts, slots, mine }.excess();
         assert_eq!(share(1, 3, 3), 0, "alone, a host keeps everything");
