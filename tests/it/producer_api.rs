@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context};
 use laneway::api::auth;
-use laneway::queue::prelude::*;
 use serde_json::Value;
 
 use crate::api::Served;

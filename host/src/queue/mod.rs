@@ -62,9 +62,9 @@ impl From<sqlx::Error> for QueueError {
             };
             if busy {
                 return QueueError::Busy(format!(
-                    "another transaction held a lock laneway needed past its bound ({}); most often a \
-                     producer's transaction that enqueued into the same outbox and has not committed: \
-                     retry, and keep such transactions short",
+                    "another transaction held a lock laneway needed past its bound ({}): on PostgreSQL most \
+                     often a producer's transaction that enqueued into the same outbox and has not committed, \
+                     on SQLite any other write transaction on the file; retry, and keep such transactions short",
                     db.message()
                 ));
             }

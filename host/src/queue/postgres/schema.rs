@@ -88,9 +88,16 @@ pub async fn prepare(conn: &mut Conn, schema: &str, migrator: &Migrator) -> Resu
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext('laneway.schema'))")
         .execute(&mut *tx)
         .await?;
-    sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
-        .execute(&mut *tx)
+    // Asked first: IF NOT EXISTS would log a notice on every migrate.
+    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+        .bind(schema)
+        .fetch_one(&mut *tx)
         .await?;
+    if !exists {
+        sqlx::query(&format!("CREATE SCHEMA {schema}"))
+            .execute(&mut *tx)
+            .await?;
+    }
     if schema != "public" && legacy_install(&mut tx, schema, migrator).await? {
         adopt(&mut tx, schema, migrator).await?;
     }
