@@ -230,6 +230,21 @@ async fn the_outcome_feed_pages_every_terminal_transition_once_in_order(db: Test
             "{query}: the cursor moved past the page: {page}"
         );
     }
+    // The CLI's filters are the route's (through the API here).
+    let lines = cli(
+        &["--url", &served.base, "outcomes", "--json", "--status", "failed"],
+        &[("LW_API_KEY", reader.as_str())],
+    )
+    .await?
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let ids_printed: Vec<i64> = lines
+        .lines()
+        .map(|l| Ok(serde_json::from_str::<Value>(l)?["op"]["id"].as_i64().unwrap_or(0)))
+        .collect::<anyhow::Result<_>>()?;
+    ensure!(
+        ids_printed == [ids[1]],
+        "the CLI's --status failed printed {ids_printed:?}"
+    );
     for bad in [
         "/api/v1/outcomes?after=yesterday",
         "/api/v1/outcomes?limit=0",

@@ -520,7 +520,9 @@ pub async fn run(cli: Cli, io: Io<'_>) -> Result<(), CliError> {
             operator::pauses_cmd(open_checked(&config).await?.as_ref(), args.json, io.stdout).await
         }
         Command::Audit(args) => operator::audit_cmd(open_checked(&config).await?.as_ref(), args, io.stdout).await,
-        Command::Outcomes(args) => operator::outcomes_cmd(open_checked(&config).await?.as_ref(), args, io.stdout).await,
+        Command::Outcomes(args) => {
+            operator::outcomes_cmd(open_checked(&config).await?.as_ref(), &config, args, io.stdout).await
+        }
         Command::Archive(ArchiveCommand::Show(args)) => archive_show(&config, &args, io.stdout),
         Command::Destinations(command) => {
             operator::destinations_cmd(&config, open_checked(&config).await?.as_ref(), command, io.stdout).await

@@ -81,7 +81,7 @@ pub struct AuditArgs {
 }
 
 /// `laneway outcomes`
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct OutcomesArgs {
     /// Start after this cursor (the first field of a line printed before).
     #[arg(long)]
@@ -92,9 +92,44 @@ pub struct OutcomesArgs {
     /// Exit after this many (default: one page of 100; with --follow, never).
     #[arg(long)]
     pub count: Option<u64>,
+    /// Only this outbox's outcomes.
+    #[arg(long)]
+    pub outbox: Option<String>,
+    /// Only ops of this kind.
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// Only transitions to this status.
+    #[arg(long, value_parser = ["confirmed", "failed", "cancelled"])]
+    pub status: Option<String>,
+    /// Also laneway's own ops (outcome webhooks, inbound activities).
+    #[arg(long)]
+    pub internal: bool,
     /// One JSON object per line instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+impl OutcomesArgs {
+    /// The filters as the feed route's query parameters.
+    pub(super) fn query(&self) -> Vec<(&'static str, Option<String>)> {
+        vec![
+            ("outbox", self.outbox.clone()),
+            ("kind", self.kind.clone()),
+            ("status", self.status.clone()),
+            ("internal", self.internal.then(|| "true".to_owned())),
+        ]
+    }
+
+    /// Whether an entry (as the feed prints it) passes the filters; `internal`
+    /// says whether a kind is laneway's own.
+    fn wants(&self, entry: &serde_json::Value, internal: &dyn Fn(&str) -> bool) -> bool {
+        let op = &entry["op"];
+        let kind = op["kind"].as_str().unwrap_or_default();
+        (self.internal || !internal(kind))
+            && self.outbox.as_deref().is_none_or(|o| op["outbox"] == o)
+            && self.kind.as_deref().is_none_or(|k| kind == k)
+            && self.status.as_deref().is_none_or(|s| entry["status"] == s)
+    }
 }
 
 /// How often `outcomes --follow` asks for more.
@@ -134,17 +169,23 @@ pub(super) async fn follow_outcomes(
     mut fetch: impl AsyncFnMut(Option<String>, u32) -> Result<(Vec<serde_json::Value>, Option<String>), CliError>,
 ) -> Result<(), CliError> {
     let limit = args.count.unwrap_or(if args.follow { u64::MAX } else { 100 });
-    let mut cursor = args.after;
+    let mut cursor = args.after.clone();
     let mut printed = 0u64;
     while printed < limit {
         let page = u32::try_from((limit - printed).min(500)).unwrap_or(500);
         let (entries, next) = fetch(cursor.clone(), page).await?;
-        for entry in &entries {
+        for entry in entries
+            .iter()
+            .take(usize::try_from(limit - printed).unwrap_or(usize::MAX))
+        {
             print_outcome(out, entry, args.json)?;
             printed += 1;
         }
+        // A filtered page can be empty while the feed moved on: the cursor
+        // says whether there was anything to read.
+        let moved = next.is_some() && next != cursor;
         cursor = next.or(cursor);
-        if entries.is_empty() {
+        if !moved {
             if !args.follow {
                 break;
             }
@@ -154,11 +195,29 @@ pub(super) async fn follow_outcomes(
     Ok(())
 }
 
-pub(super) async fn outcomes_cmd(queue: &dyn Queue, args: OutcomesArgs, out: &mut dyn Write) -> Result<(), CliError> {
+pub(super) async fn outcomes_cmd(
+    queue: &dyn Queue,
+    config: &crate::config::Config,
+    args: OutcomesArgs,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let filter = OutcomesArgs {
+        after: None,
+        follow: false,
+        count: None,
+        json: false,
+        ..args.clone()
+    };
+    let internal = |kind: &str| config.is_internal_kind(kind);
     follow_outcomes(args, out, async |after: Option<String>, limit: u32| {
         let entries = queue.outcomes(after.as_deref(), limit).await?;
         let next = entries.last().map(|e| e.cursor.clone());
-        Ok((entries.iter().map(crate::queue::OutcomeEntry::summary).collect(), next))
+        let wanted = entries
+            .iter()
+            .map(crate::queue::OutcomeEntry::summary)
+            .filter(|e| filter.wants(e, &internal))
+            .collect();
+        Ok((wanted, next))
     })
     .await
 }

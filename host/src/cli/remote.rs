@@ -174,11 +174,11 @@ pub async fn run(base: &str, command: Command, env: &[(String, String)], out: &m
 
 /// `outcomes` over the feed route: the same lines as against the database.
 async fn outcomes(api: &Api, args: super::operator::OutcomesArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    let filters = args.query();
     super::operator::follow_outcomes(args, out, async |after: Option<String>, limit: u32| {
-        let path = format!(
-            "/api/v1/outcomes{}",
-            query(&[("after", after), ("limit", Some(limit.to_string()))])
-        );
+        let mut params = vec![("after", after), ("limit", Some(limit.to_string()))];
+        params.extend(filters.iter().cloned());
+        let path = format!("/api/v1/outcomes{}", query(&params));
         let body = api.send(&Call::get(path, true)).await?;
         let entries = body["outcomes"].as_array().cloned().unwrap_or_default();
         Ok((entries, body["next"].as_str().map(str::to_owned)))
