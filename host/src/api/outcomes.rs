@@ -18,7 +18,7 @@ use utoipa::IntoParams;
 
 use super::error::Refusals;
 use super::{ApiError, ApiState};
-use crate::queue::OutcomeEntry;
+use crate::queue::{FeedFilter, OutcomeEntry};
 
 /// A page of the feed.
 #[derive(Debug, Deserialize, IntoParams)]
@@ -71,13 +71,14 @@ pub(super) async fn feed(
     let entries = state.queue().outcomes(q.after.as_deref(), limit).await?;
     let next = entries.last().map(|e| e.cursor.clone()).or(q.after);
     let config = state.dispatcher().config();
-    let wanted = |e: &&OutcomeEntry| {
-        actor.covers(&e.op.outbox)
-            && (q.internal || !config.is_internal_kind(&e.op.kind))
-            && q.outbox.as_ref().is_none_or(|o| *o == e.op.outbox)
-            && q.kind.as_ref().is_none_or(|k| *k == e.op.kind)
-            && status.is_none_or(|s| s == e.status)
+    let filter = FeedFilter {
+        outbox: q.outbox,
+        kind: q.kind,
+        status,
+        internal: q.internal,
     };
+    let wanted =
+        |e: &&OutcomeEntry| actor.covers(&e.op.outbox) && filter.wants(e, |kind| config.is_internal_kind(kind));
     let outcomes: Vec<Value> = entries.iter().filter(wanted).map(OutcomeEntry::summary).collect();
     Ok(Json(json!({ "outcomes": outcomes, "next": next })))
 }

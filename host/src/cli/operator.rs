@@ -120,15 +120,15 @@ impl OutcomesArgs {
         ]
     }
 
-    /// Whether an entry (as the feed prints it) passes the filters; `internal`
-    /// says whether a kind is laneway's own.
-    fn wants(&self, entry: &serde_json::Value, internal: &dyn Fn(&str) -> bool) -> bool {
-        let op = &entry["op"];
-        let kind = op["kind"].as_str().unwrap_or_default();
-        (self.internal || !internal(kind))
-            && self.outbox.as_deref().is_none_or(|o| op["outbox"] == o)
-            && self.kind.as_deref().is_none_or(|k| kind == k)
-            && self.status.as_deref().is_none_or(|s| entry["status"] == s)
+    /// The filters as the feed's one reading of them (`--status` takes
+    /// only terminal statuses, by clap).
+    fn filter(&self) -> crate::queue::FeedFilter {
+        crate::queue::FeedFilter {
+            outbox: self.outbox.clone(),
+            kind: self.kind.clone(),
+            status: self.status.as_deref().and_then(|s| s.parse().ok()),
+            internal: self.internal,
+        }
     }
 }
 
@@ -201,21 +201,14 @@ pub(super) async fn outcomes_cmd(
     args: OutcomesArgs,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
-    let filter = OutcomesArgs {
-        after: None,
-        follow: false,
-        count: None,
-        json: false,
-        ..args.clone()
-    };
-    let internal = |kind: &str| config.is_internal_kind(kind);
+    let filter = args.filter();
     follow_outcomes(args, out, async |after: Option<String>, limit: u32| {
         let entries = queue.outcomes(after.as_deref(), limit).await?;
         let next = entries.last().map(|e| e.cursor.clone());
         let wanted = entries
             .iter()
+            .filter(|e| filter.wants(e, |kind| config.is_internal_kind(kind)))
             .map(crate::queue::OutcomeEntry::summary)
-            .filter(|e| filter.wants(e, &internal))
             .collect();
         Ok((wanted, next))
     })

@@ -29,8 +29,8 @@ use crate::clock::Clock;
 use crate::op::{IllegalTransition, OpId};
 
 pub use operator::{
-    ApiKey, AuditEntry, Latency, NewApiKey, NewAuditEntry, OldestDue, OutcomeEntry, Pause, PauseScope, PruneQuery,
-    QueueGauges, Tombstone,
+    ApiKey, AuditEntry, FeedFilter, Latency, NewApiKey, NewAuditEntry, OldestDue, OutcomeEntry, Pause, PauseScope,
+    PruneQuery, QueueGauges, Tombstone,
 };
 pub use policy::{validate_new_op, validate_new_ops, MAX_LANES_PER_OP};
 pub use postgres::{check_schema_name, DEFAULT_SCHEMA};

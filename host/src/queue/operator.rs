@@ -187,6 +187,31 @@ pub struct OutcomeEntry {
     pub op: crate::op::Op,
 }
 
+/// Which of the feed's transitions a reader asked for: the outcome route's
+/// and the CLI's filters, the one reading of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FeedFilter {
+    /// Only this outbox's ops.
+    pub outbox: Option<String>,
+    /// Only ops of this kind.
+    pub kind: Option<String>,
+    /// Only transitions to this status.
+    pub status: Option<crate::op::Status>,
+    /// Also laneway's own ops (outcome webhooks, inbound activities).
+    pub internal: bool,
+}
+
+impl FeedFilter {
+    /// Whether `entry` passes; `is_internal` says whether a kind is
+    /// laneway's own (the config knows).
+    pub fn wants(&self, entry: &OutcomeEntry, is_internal: impl Fn(&str) -> bool) -> bool {
+        (self.internal || !is_internal(&entry.op.kind))
+            && self.outbox.as_ref().is_none_or(|o| *o == entry.op.outbox)
+            && self.kind.as_ref().is_none_or(|k| *k == entry.op.kind)
+            && self.status.is_none_or(|s| s == entry.status)
+    }
+}
+
 /// What an idempotency key remembers of its pruned op.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Tombstone {
