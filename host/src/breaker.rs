@@ -3,12 +3,18 @@
 //! attempted, not dead-lettered, no attempt consumed), then one trial op is
 //! let through; its success closes the breaker, its failure re-opens it.
 //!
-//! Pure state keyed by destination; the caller passes the time.
+//! Pure state keyed by destination; the caller passes the time. At most
+//! [`MAX_BREAKERS`] destinations are remembered: a breaker that closes is
+//! forgotten, and past the bound the oldest run of failures (never an
+//! operator's) gives way, so a flood of failing hosts cannot grow it.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+
+/// Destinations with a breaker state remembered at most.
+pub const MAX_BREAKERS: usize = 10_000;
 
 /// Breaker settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,6 +137,9 @@ impl Breakers {
     pub fn record(&mut self, destination: &str, failed: Option<bool>, error: Option<&str>, now: DateTime<Utc>) {
         let threshold = self.config.threshold;
         let cool_off = crate::clock::chrono_duration(self.config.cool_off);
+        if failed == Some(true) && !self.states.contains_key(destination) && self.states.len() >= MAX_BREAKERS {
+            self.evict_oldest();
+        }
         let s = self.states.entry(destination.to_owned()).or_default();
         let was_trial = s.trial_out;
         s.trial_out = false;
@@ -150,6 +159,30 @@ impl Breakers {
         if s.failures == 0 && s.open_until.is_none() && !s.manual {
             self.states.remove(destination);
         }
+    }
+
+    /// Forgets the breaker whose run of failures began longest ago, of
+    /// those an operator did not open and with no trial out.
+    fn evict_oldest(&mut self) {
+        let oldest = self
+            .states
+            .iter()
+            .filter(|(_, s)| !s.manual && !s.trial_out)
+            .min_by_key(|(_, s)| s.first_failure)
+            .map(|(d, _)| d.clone());
+        if let Some(destination) = oldest {
+            self.states.remove(&destination);
+        }
+    }
+
+    /// Destinations remembered now (at most [`MAX_BREAKERS`]).
+    pub fn len(&self) -> usize {
+        self.states.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.states.is_empty()
     }
 
     /// Opens a destination's breaker by hand: it holds every op until
@@ -323,5 +356,30 @@ mod tests {
         assert_eq!(destination("http://127.0.0.1:8080/inbox"), Some("127.0.0.1:8080"));
         assert_eq!(destination("https://u:p@h.example?x"), Some("h.example"));
         assert_eq!(destination("GABCDEF"), None);
+    }
+
+    #[test]
+    fn a_flood_of_failing_destinations_stays_bounded_and_keeps_the_operators() {
+        let mut b = Breakers::new(BreakerConfig::default());
+        let t0 = chrono::Utc::now();
+        b.force_open("held.example");
+        for n in 0..(MAX_BREAKERS + 5_000) {
+            let at = t0 + chrono::Duration::milliseconds(i64::try_from(n).unwrap_or(0));
+            b.record(&format!("h{n}.example"), Some(true), Some("refused"), at);
+        }
+        assert_eq!(b.len(), MAX_BREAKERS);
+        assert_eq!(
+            b.peek("held.example", t0),
+            Admission::Hold,
+            "an operator's breaker stays"
+        );
+        let listed = b.list(t0);
+        assert!(
+            listed.iter().all(|v| v.destination != "h0.example"),
+            "the oldest run gave way"
+        );
+        assert!(listed
+            .iter()
+            .any(|v| v.destination == format!("h{}.example", MAX_BREAKERS + 4_999)));
     }
 }

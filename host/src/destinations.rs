@@ -275,6 +275,12 @@ impl HealthView {
     }
 }
 
+/// Whether a stored health record holds its host suspended (an
+/// operator's decision, never forgotten by age).
+pub fn is_suspended(value: &str) -> bool {
+    serde_json::from_str::<Health>(value).is_ok_and(|h| h.state == HealthState::Suspended)
+}
+
 /// Marks inboxes as shared inboxes (a fan-out delivers to them for several
 /// recipients), so a 410 from one suspends its host.
 ///

@@ -884,6 +884,9 @@ pub struct PruneReport {
     pub tombstones: u64,
     /// Expired tombstones dropped.
     pub expired: u64,
+    /// Per-remote-host records forgotten (destination health, inboxes,
+    /// rate buckets, plugin notes) that nothing had written for long.
+    pub forgotten: u64,
 }
 
 /// A pruning run ended.
@@ -899,12 +902,13 @@ impl PruneRan<'_> {
     pub fn emit(&self, metrics: &Metrics) {
         match self {
             Self::Done(r) => {
-                if r.deleted + r.expired > 0 {
+                if r.deleted + r.expired + r.forgotten > 0 {
                     info!(
                         deleted = r.deleted,
                         archived = r.archived,
                         tombstones = r.tombstones,
                         expired = r.expired,
+                        forgotten = r.forgotten,
                         "Pruned terminal ops past their retention."
                     );
                 }
@@ -913,6 +917,7 @@ impl PruneRan<'_> {
                     ("archived", r.archived),
                     ("tombstoned", r.tombstones),
                     ("tombstone_expired", r.expired),
+                    ("remote_state_forgotten", r.forgotten),
                 ] {
                     metrics
                         .pruned

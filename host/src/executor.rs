@@ -119,7 +119,11 @@ impl NoteCache {
         if claims.len() >= NOTE_CACHE_ENTRIES {
             claims.retain(|_, until| *until > now);
         }
-        claims.insert(key.to_owned(), now + ttl);
+        // Still full (a flood of claims on distinct hosts, each held up to
+        // an hour): the database alone decides, and nothing more is kept.
+        if claims.len() < NOTE_CACHE_ENTRIES {
+            claims.insert(key.to_owned(), now + ttl);
+        }
         true
     }
 
@@ -128,9 +132,10 @@ impl NoteCache {
     fn claim_held_until(&self, key: &str, until: Option<std::time::Instant>) {
         let mut claims = self.claims();
         match until {
-            Some(until) => {
+            Some(until) if claims.len() < NOTE_CACHE_ENTRIES || claims.contains_key(key) => {
                 claims.insert(key.to_owned(), until);
             }
+            Some(_) => {}
             None => {
                 claims.remove(key);
             }
@@ -144,6 +149,11 @@ impl NoteCache {
         }
         entries.insert(key, (value, std::time::Instant::now()));
     }
+}
+
+/// The records namespace of a plugin's notes.
+pub fn note_namespace(plugin: &str) -> String {
+    format!("note:{plugin}")
 }
 
 impl QueueNotes {
@@ -190,7 +200,7 @@ impl QueueNotes {
     }
 
     fn namespace(plugin: &str) -> String {
-        format!("note:{plugin}")
+        note_namespace(plugin)
     }
 
     fn key(host: &str, key: &str) -> String {

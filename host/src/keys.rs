@@ -213,6 +213,21 @@ impl Key {
         }
     }
 
+    /// The public half as an SPKI PEM (`-----BEGIN PUBLIC KEY-----`), as an
+    /// actor document's `publicKeyPem` carries it; none for a shared secret.
+    pub fn public_key_pem(&self) -> Option<String> {
+        use ed25519_dalek::pkcs8::EncodePublicKey as _;
+        use rsa::pkcs1::DecodeRsaPublicKey as _;
+        match &self.secret {
+            Secret::Ed25519(k) => k.verifying_key().to_public_key_pem(Default::default()).ok(),
+            Secret::Rsa(_, public) => rsa::RsaPublicKey::from_pkcs1_der(public)
+                .ok()?
+                .to_public_key_pem(Default::default())
+                .ok(),
+            Secret::Hmac(_) => None,
+        }
+    }
+
     fn sign(&self, data: &[u8]) -> Option<Vec<u8>> {
         match &self.secret {
             Secret::Ed25519(k) => Some(k.sign(data).to_bytes().to_vec()),

@@ -2,8 +2,10 @@
 //! on one host at a time (a lease in `singletons`). Per pass (from
 //! [`crate::retention::passes`]) and batch it archives the ops of archived
 //! kinds, commits their idempotency tombstones, then deletes the ops with
-//! their attempts, lanes and outcome rows; last it drops expired
-//! tombstones.
+//! their attempts, lanes and outcome rows; then it drops expired
+//! tombstones; last it forgets what laneway keeps per remote host (health,
+//! inboxes, rate buckets, plugin notes) that nothing has written for long,
+//! so a flood of distinct hosts cannot grow those records without bound.
 //!
 //! Crash windows, in order: after the archive line (the op is archived
 //! again next time: a repeated line); after the tombstones (the op is
@@ -108,6 +110,60 @@ impl Pruner {
                 break;
             }
         }
+        report.forgotten = self.forget_remote_state(config).await?;
         Ok(Some(report))
+    }
+
+    /// Deletes per-remote-host records nothing has written within their
+    /// age: destination health and inbox notes after
+    /// `destinations.forget_after_ms` (a host an operator suspended is kept
+    /// until resumed), plugin notes the same, and a rate bucket once it
+    /// would have refilled (deleting a full bucket changes nothing). Each
+    /// delete is a compare-and-set on the version read, so a record written
+    /// meanwhile stays.
+    async fn forget_remote_state(&self, config: &Config) -> Result<u64, QueueError> {
+        use crate::destinations::{HEALTH, INBOXES};
+        let now = self.clock.now();
+        let forget_after = crate::clock::chrono_duration(Duration::from_millis(config.destinations.forget_after_ms));
+        let d = &config.destinations;
+        let refill = if d.rate_per_second > 0.0 {
+            Duration::from_secs_f64((f64::from(d.rate_burst) / d.rate_per_second).min(86_400.0))
+        } else {
+            Duration::ZERO
+        };
+        let mut namespaces: Vec<(String, chrono::Duration)> = vec![
+            (HEALTH.to_owned(), forget_after),
+            (INBOXES.to_owned(), forget_after),
+            (
+                crate::ratelimit::BUCKETS.to_owned(),
+                crate::clock::chrono_duration(refill + Duration::from_secs(60)),
+            ),
+        ];
+        namespaces.extend(
+            config
+                .plugins
+                .keys()
+                .map(|p| (crate::executor::note_namespace(p), forget_after)),
+        );
+        let mut forgotten = 0;
+        for (namespace, age) in namespaces {
+            for record in self.queue.records(&namespace, None).await? {
+                if now - record.updated_at < age {
+                    continue;
+                }
+                if namespace == HEALTH && crate::destinations::is_suspended(&record.value) {
+                    continue;
+                }
+                if self
+                    .queue
+                    .delete_record(&namespace, &record.key, crate::queue::Expect::Version(record.version))
+                    .await?
+                    .applied()
+                {
+                    forgotten += 1;
+                }
+            }
+        }
+        Ok(forgotten)
     }
 }

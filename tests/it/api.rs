@@ -1322,6 +1322,27 @@ async fn hostile_producer_input_is_refused_quickly_and_changes_nothing(db: TestD
     let body = "{\"kind\":\"activitypub\",\"outbox\":\"o\",\"lanes\":[\"x\"],\"payload\":{\"a\":\"\\u0000\"}}";
     let (status, answer) = served.call("POST", "/api/v1/ops", Some(&producer), Some(body)).await?;
     ensure!(status < 500, "NUL in a payload: {status} {answer}");
+    // Deep nesting is bad input, not an outage (a client retries a 503 for
+    // ever): refused at the API, in the op and in a fan-out's activity.
+    for depth in [129usize, 5_000, 100_000] {
+        let nested = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        let body = format!(r#"{{"kind":"activitypub","outbox":"o","lanes":["x"],"payload":{nested}}}"#);
+        let (status, answer) = served.call("POST", "/api/v1/ops", Some(&producer), Some(&body)).await?;
+        ensure!(
+            status == 422 && code(&answer) == "invalid_op" && answer.to_string().contains("level"),
+            "{depth} deep: {status} {answer}"
+        );
+        let body = format!(
+            r#"{{"outbox":"o","activity":{{"id":"https://a/3","x":{nested}}},"recipients":["https://b.example/inbox"]}}"#
+        );
+        let (status, answer) = served
+            .call("POST", "/api/v1/activitypub/deliveries", Some(&producer), Some(&body))
+            .await?;
+        ensure!(
+            (400..500).contains(&status),
+            "a fan-out {depth} deep: {status} {answer}"
+        );
+    }
     for path in [
         "/api/admin/outbox?subject=a%00b",
         "/api/admin/outbox?lane=a%00b",

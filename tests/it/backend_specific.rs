@@ -679,3 +679,120 @@ async fn postgres_an_outboxs_ops_become_visible_in_id_order() -> anyhow::Result<
     ensure!(x.is_ok() && y.is_ok(), "{x:?} {y:?}");
     Ok(())
 }
+
+/// A value the database itself refuses, past every check laneway makes
+/// first (a CHECK or NOT NULL constraint, JSON its functions refuse, a
+/// statement too deep), is the caller's bad input: never `database
+/// unavailable`, which a client retries for ever. Through the real drivers.
+async fn database_refusals_read_as_bad_input(db: support::TestDb, statements: &[&str]) -> anyhow::Result<()> {
+    let setup = "CREATE TABLE refusals_probe (x INTEGER CHECK (x > 0), y TEXT NOT NULL)";
+    db.tamper(&[setup], &[setup]).await?;
+    for statement in statements {
+        let error = match &db.kind {
+            support::TestBackend::Sqlite(q) => sqlx::query(statement).execute(q.pool()).await.err(),
+            support::TestBackend::Postgres(q) => sqlx::query(statement).execute(q.pool()).await.err(),
+        }
+        .with_context(|| format!("{statement} succeeded"))?;
+        let mapped = laneway::queue::QueueError::from(error);
+        ensure!(
+            matches!(mapped, laneway::queue::QueueError::InvalidOp(_)),
+            "{statement}: {mapped:?}"
+        );
+    }
+    Ok(())
+}
+
+const REFUSED_ROWS: [&str; 2] = [
+    "INSERT INTO refusals_probe (x, y) VALUES (0, 'a')",
+    "INSERT INTO refusals_probe (x, y) VALUES (1, NULL)",
+];
+
+#[tokio::test]
+async fn sqlite_database_refusals_read_as_bad_input() -> anyhow::Result<()> {
+    let deep = format!("SELECT json('{}{}')", "[".repeat(5000), "]".repeat(5000));
+    let statements = [REFUSED_ROWS[0], REFUSED_ROWS[1], "SELECT json('[1,')", deep.as_str()];
+    database_refusals_read_as_bad_input(support::sqlite().await?, &statements).await
+}
+
+#[tokio::test]
+async fn postgres_database_refusals_read_as_bad_input() -> anyhow::Result<()> {
+    let statements = [
+        REFUSED_ROWS[0],
+        REFUSED_ROWS[1],
+        "SELECT '[1,'::jsonb",
+        "SELECT 'x'::int",
+    ];
+    database_refusals_read_as_bad_input(support::postgres().await?, &statements).await
+}
+
+/// A settle's cost does not grow with the ops in flight: the occupants
+/// triggers reach `lane_occupants` by its primary key whatever the table's
+/// statistics say. The statistics are taken while the table is empty (as
+/// autovacuum may leave them), then 20,000 ops occupy their lanes, and one
+/// settles: the table must not be scanned whole.
+#[tokio::test]
+async fn postgres_settles_reach_lane_occupants_by_index_whatever_the_statistics() -> anyhow::Result<()> {
+    let db = support::postgres().await?;
+    let TestBackend::Postgres(queue) = &db.kind else {
+        anyhow::bail!("not postgres")
+    };
+    // Every statement on one connection, whose counters it flushes itself
+    // before reading them (another backend's flush could land at any time).
+    let mut conn = queue.pool().acquire().await?;
+    let conn = &mut *conn;
+    for statement in [
+        "ANALYZE lane_occupants",
+        "INSERT INTO ops (outbox, kind, lanes, payload)
+         SELECT 'o', 'k', ARRAY['lane-' || n, 'shared-' || (n % 50)], '{}' FROM generate_series(1, 20000) AS n",
+        "UPDATE ops SET status = 'submitted', attempts = 1, lease_token = gen_random_uuid(),
+         lease_until = now() + interval '1 hour'",
+    ] {
+        sqlx::query(statement).execute(&mut *conn).await?;
+    }
+    let before = seq_scans(conn).await?;
+    for batch in [1_i64, 400] {
+        sqlx::query(
+            "UPDATE ops SET status = 'confirmed', lease_token = NULL, lease_until = NULL
+             WHERE id IN (SELECT id FROM ops WHERE status = 'submitted' ORDER BY id LIMIT $1)",
+        )
+        .bind(batch)
+        .execute(&mut *conn)
+        .await?;
+    }
+    for statement in [
+        "DELETE FROM op_lanes WHERE op_id IN (SELECT id FROM ops WHERE status = 'submitted' ORDER BY id LIMIT 10)",
+        "DELETE FROM ops WHERE id IN (SELECT id FROM ops WHERE status = 'submitted' ORDER BY id LIMIT 10)",
+    ] {
+        sqlx::query(statement).execute(&mut *conn).await?;
+    }
+    let after = seq_scans(conn).await?;
+    ensure!(
+        after == before,
+        "settles and deletes scanned every occupant {} times",
+        after - before
+    );
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM lane_occupants")
+        .fetch_one(&mut *conn)
+        .await?;
+    ensure!(
+        left == 2 * (20_000 - 411),
+        "the settled and deleted ops left their lanes: {left} rows"
+    );
+    Ok(())
+}
+
+/// How many times `lane_occupants` has been read whole, this connection's
+/// own counts flushed first.
+async fn seq_scans(conn: &mut sqlx::PgConnection) -> anyhow::Result<i64> {
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query("SELECT pg_stat_clear_snapshot()")
+        .execute(&mut *conn)
+        .await?;
+    Ok(
+        sqlx::query_scalar("SELECT seq_scan FROM pg_stat_user_tables WHERE relid = 'lane_occupants'::regclass")
+            .fetch_one(&mut *conn)
+            .await?,
+    )
+}

@@ -536,3 +536,36 @@ async fn check_config_refuses_a_webhook_outside_the_allow_list_or_with_an_unknow
     }
     Ok(())
 }
+
+/// The remote CLI as a process: an API key is not sent over plain http:// to
+/// a host that is not this machine unless the operator says `--insecure`.
+/// It runs in a network namespace of its own, so nothing could leave the
+/// machine even if the refusal were gone (then the error would be "cannot
+/// reach", and the test fails).
+#[test]
+fn the_remote_cli_keeps_a_key_off_plain_http_to_another_machine() -> anyhow::Result<()> {
+    let bin = crate::support::laneway_binary()?;
+    let run = |args: &[&str]| {
+        std::process::Command::new("unshare")
+            .arg("-n")
+            .arg(&bin)
+            .args(args)
+            .env("LW_API_KEY", "lw_1_secret")
+            .output()
+    };
+    let refused = run(&["--url", "http://192.0.2.10:7480", "ops", "stats"])?;
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    ensure!(!refused.status.success(), "plain http to another machine: {stderr}");
+    ensure!(
+        stderr.contains("--insecure") && stderr.contains("192.0.2.10"),
+        "the refusal says what to do: {stderr}"
+    );
+    // With --insecure it tries (and, with no network in here, cannot reach).
+    let tried = run(&["--url", "http://192.0.2.10:7480", "--insecure", "ops", "stats"])?;
+    let stderr = String::from_utf8_lossy(&tried.stderr);
+    ensure!(
+        !tried.status.success() && stderr.contains("cannot reach"),
+        "--insecure sends: {stderr}"
+    );
+    Ok(())
+}

@@ -3,7 +3,7 @@
 //! Chromium driving it against the `laneway` binary run as its own process
 //! with the real noop and ActivityPub plugins and a fake inbox.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -204,27 +204,6 @@ async fn whoami_names_the_key_and_activity_and_dead_letters_count_outcomes(db: T
     served.running.stop().await
 }
 
-/// The `laneway` binary `./dev test` builds beside the tests (the dev
-/// profile: the release binary's code, built once with the tests' deps).
-fn laneway_binary() -> anyhow::Result<PathBuf> {
-    if let Some(path) = std::env::var_os("LW_LANEWAY_BIN") {
-        return Ok(PathBuf::from(path));
-    }
-    // target/<profile>/deps/it-… → target/<profile>/laneway
-    let exe = std::env::current_exe()?;
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|dir| dir.join("laneway"))
-        .context("the test binary's directory")?;
-    ensure!(
-        bin.exists(),
-        "{} is missing: run ./dev test, or cargo build -p laneway first",
-        bin.display()
-    );
-    Ok(bin)
-}
-
 /// An inbox that refuses every delivery (400: permanent) until fixed.
 async fn fake_inbox(broken: Arc<AtomicBool>, delivered: Arc<AtomicUsize>) -> anyhow::Result<String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -302,7 +281,7 @@ async fn a_browser_operator_recovers_a_dead_letter_live_and_a_read_only_key_cann
         tool.join("node_modules/playwright-core").exists(),
         "run npm ci --prefix tests/tools/console (./dev test does)"
     );
-    let bin = laneway_binary()?;
+    let bin = crate::support::laneway_binary()?;
     let dir = tempfile::tempdir()?;
     let key = rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 2048)?;
     let pem = dir.path().join("actor.pem");

@@ -8,6 +8,7 @@ mod activitypub;
 mod api;
 mod assets;
 mod backend_specific;
+mod bounded;
 mod checks;
 mod cli;
 mod console;

@@ -1,10 +1,11 @@
 //! Test databases: a fresh SQLite file per test, or a fresh PostgreSQL schema
 //! per test in the shared test database.
 
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 
-use anyhow::Context;
+use anyhow::{ensure, Context};
 use chrono::{SubsecRound, Utc};
 use laneway::clock::{Clock, ManualClock, SystemClock};
 use laneway::config::{self, DatabaseConfig};
@@ -433,4 +434,25 @@ where
     })
     .join()
     .map_err(|_| anyhow::anyhow!("the doomed host's thread panicked"))?
+}
+
+/// The `laneway` binary `./dev test` builds beside the tests (the dev
+/// profile: the release binary's code, built once with the tests' deps).
+pub(crate) fn laneway_binary() -> anyhow::Result<PathBuf> {
+    if let Some(path) = std::env::var_os("LW_LANEWAY_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    // target/<profile>/deps/it-… → target/<profile>/laneway
+    let exe = std::env::current_exe()?;
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join("laneway"))
+        .context("the test binary's directory")?;
+    ensure!(
+        bin.exists(),
+        "{} is missing: run ./dev test, or cargo build -p laneway first",
+        bin.display()
+    );
+    Ok(bin)
 }

@@ -4,6 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
+use anyhow::Context as _;
+
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
@@ -430,5 +432,27 @@ fn migration_versions_are_unique_per_dialect() -> anyhow::Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// The README's route table names every route the API serves, each by its
+/// whole method and path (a route missing from it was found from outside).
+#[test]
+fn the_readme_names_every_route() -> anyhow::Result<()> {
+    let readme = std::fs::read_to_string(repo().join("README.md"))?;
+    let document = laneway::api::openapi_document();
+    let paths = document["paths"].as_object().context("paths")?;
+    let mut missing = Vec::new();
+    for (path, item) in paths {
+        for method in item.as_object().context("path item")?.keys() {
+            let route = format!("{} {path}", method.to_ascii_uppercase());
+            let listed = readme.contains(&format!("`{route}`"))
+                || (["get", "post"].contains(&method.as_str()) && readme.contains(&format!("`GET/POST {path}`")));
+            if !listed {
+                missing.push(route);
+            }
+        }
+    }
+    anyhow::ensure!(missing.is_empty(), "README's route table lacks: {missing:?}");
     Ok(())
 }

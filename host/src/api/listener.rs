@@ -3,8 +3,12 @@
 //! request's headers must arrive within `header_timeout_ms` (slowloris), its
 //! body within `body_timeout_ms` of the request's start however slowly it
 //! trickles, and connections are capped in all and per client address, so
-//! one client holding many slow connections cannot take every slot (a
-//! connection over a cap is closed at once).
+//! one client holding many slow connections cannot take every slot. At the
+//! cap in all, the connection that has waited longest for a request's
+//! headers (a slow client, or an idle keep-alive) gives way to the new one,
+//! so slow connections from many addresses cannot shut out `/healthz` or a
+//! sender; a connection in the middle of a request is never cut. Over its
+//! address's cap, a new connection is closed at once.
 
 use std::collections::HashMap;
 use std::future::Future as _;
@@ -50,6 +54,103 @@ impl Limits {
 }
 
 type Counts = Arc<Mutex<HashMap<IpAddr, usize>>>;
+
+/// One open connection, as the cap sees it.
+struct Live {
+    /// Requests it is serving now (headers in, answer not yet sent).
+    in_request: std::sync::atomic::AtomicUsize,
+    /// Cancelled to make it give way.
+    evict: tokio_util::sync::CancellationToken,
+}
+
+/// Every open connection by accept order, for choosing one to give way.
+#[derive(Default)]
+struct Open(Mutex<std::collections::BTreeMap<u64, Arc<Live>>>);
+
+impl Open {
+    fn insert(&self, seq: u64, live: Arc<Live>) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).insert(seq, live);
+    }
+
+    fn remove(&self, seq: u64) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).remove(&seq);
+    }
+
+    /// Makes the oldest connection waiting for a request's headers give
+    /// way; whether there was one.
+    fn evict_oldest_waiting(&self) -> bool {
+        let open = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let waiting = open
+            .values()
+            .find(|l| l.in_request.load(std::sync::atomic::Ordering::Acquire) == 0 && !l.evict.is_cancelled());
+        match waiting {
+            Some(live) => {
+                live.evict.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Counts a request in flight on its connection while alive.
+struct InRequest(Arc<Live>);
+
+impl InRequest {
+    fn new(live: &Arc<Live>) -> Self {
+        live.in_request.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Self(live.clone())
+    }
+}
+
+impl Drop for InRequest {
+    fn drop(&mut self) {
+        self.0.in_request.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// Raises the process's soft limit on open files to its hard limit, so
+/// `max_connections` is not cut short by a service manager's default
+/// (1,024 under systemd), and says so. Returns the limit now in force.
+pub fn raise_open_files_limit() -> Option<u64> {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let (soft, hard) = (limit.current, limit.maximum);
+    match (soft, hard) {
+        (Some(soft), Some(hard)) if soft < hard => {
+            match setrlimit(
+                Resource::Nofile,
+                Rlimit {
+                    current: Some(hard),
+                    maximum: Some(hard),
+                },
+            ) {
+                Ok(()) => {
+                    tracing::info!(from = soft, to = hard, "Raised the open-files limit to its hard limit.");
+                    Some(hard)
+                }
+                Err(e) => {
+                    tracing::warn!(limit = soft, error = %e, "Could not raise the open-files limit.");
+                    Some(soft)
+                }
+            }
+        }
+        (Some(soft), None) => {
+            // No hard limit: take a generous one rather than none.
+            let wanted = soft.max(1 << 20);
+            let raised = setrlimit(
+                Resource::Nofile,
+                Rlimit {
+                    current: Some(wanted),
+                    maximum: None,
+                },
+            )
+            .is_ok();
+            Some(if raised { wanted } else { soft })
+        }
+        (soft, _) => soft,
+    }
+}
 
 /// One connection's place in its address's count, given back on drop.
 struct PerAddress {
@@ -98,6 +199,8 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let total = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     let counts: Counts = Arc::default();
+    let open = Arc::new(Open::default());
+    let mut seq: u64 = 0;
     let tracker = tokio_util::task::TaskTracker::new();
     let shutdown = tokio_util::sync::CancellationToken::new();
     tokio::pin!(stop);
@@ -114,19 +217,40 @@ pub async fn serve(
             },
             () = &mut stop => break,
         };
-        let Ok(permit) = total.clone().try_acquire_owned() else {
-            tracing::debug!(peer = %peer, "API connection refused: the connection limit is reached.");
-            continue;
-        };
         let Some(place) = PerAddress::take(&counts, peer.ip(), limits.max_connections_per_ip) else {
             tracing::debug!(peer = %peer, "API connection refused: the per-address limit is reached.");
             continue;
         };
+        let permit = match total.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            // At the cap: the oldest connection still waiting for headers
+            // gives way (its task drops it and its permit at once).
+            Err(_) if open.evict_oldest_waiting() => {
+                match tokio::time::timeout(Duration::from_millis(200), total.clone().acquire_owned()).await {
+                    Ok(Ok(permit)) => permit,
+                    _ => continue,
+                }
+            }
+            Err(_) => {
+                tracing::debug!(peer = %peer, "API connection refused: every connection is in a request.");
+                continue;
+            }
+        };
+        seq += 1;
+        let id = seq;
+        let live = Arc::new(Live {
+            in_request: std::sync::atomic::AtomicUsize::new(0),
+            evict: tokio_util::sync::CancellationToken::new(),
+        });
+        open.insert(id, live.clone());
         let router = router.clone();
         let (body_timeout, max_body) = (limits.body_timeout, limits.max_body_bytes);
+        let serving = live.clone();
         let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
             let router = router.clone();
+            let busy = InRequest::new(&serving);
             async move {
+                let _busy = busy;
                 if declared_length(&request).is_some_and(|n| n > max_body) {
                     return Ok(too_large(max_body));
                 }
@@ -136,8 +260,10 @@ pub async fn serve(
         });
         let stopping = shutdown.clone();
         let header_timeout = limits.header_timeout;
+        let open = open.clone();
         tracker.spawn(async move {
             let _held = (permit, place);
+            let evicted = live.evict.clone();
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder.timer(TokioTimer::new()).header_read_timeout(header_timeout);
             let connection = builder.serve_connection(TokioIo::new(stream), service);
@@ -148,7 +274,19 @@ pub async fn serve(
                     connection.as_mut().graceful_shutdown();
                     connection.await
                 }
+                // Chosen to give way: dropped if still waiting for headers
+                // (no request has begun, nothing was answered); a request
+                // that began meanwhile is finished first.
+                () = evicted.cancelled() => {
+                    if live.in_request.load(std::sync::atomic::Ordering::Acquire) == 0 {
+                        Ok(())
+                    } else {
+                        connection.as_mut().graceful_shutdown();
+                        connection.await
+                    }
+                }
             };
+            open.remove(id);
             if let Err(e) = result {
                 tracing::debug!(peer = %peer, error = %e, "API connection ended with an error.");
             }

@@ -26,7 +26,7 @@ mod steering;
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::HeaderMap;
 use axum::Router;
 use serde_json::Value;
@@ -60,6 +60,8 @@ struct StateInner {
     /// Actors' keys for the inboxes (absent if `[inbound]`'s client could
     /// not be built, which `check-config` reports).
     keys: Option<Arc<crate::inbound::KeyCache>>,
+    /// The instance actor's path and document, when laneway serves it.
+    actor: Option<(String, Value)>,
     /// Places for `?wait=` requests held at once.
     waiters: Arc<tokio::sync::Semaphore>,
 }
@@ -70,21 +72,40 @@ impl ApiState {
     pub fn new(dispatcher: Dispatcher, plugins: Option<(Arc<PluginHost>, FileSource)>) -> Self {
         let inbound = dispatcher.config().inbound.clone();
         let max_waiters = dispatcher.config().api.max_waiters;
+        // The instance actor whose key signs every key fetch; a problem
+        // with it (check-config reports it) leaves fetches unsigned.
+        let signer = match crate::inbound::FetchSigner::from_config(&dispatcher.config()) {
+            Ok(signer) => signer.map(Arc::new),
+            Err(e) => {
+                tracing::warn!(error = %e, "Cannot load the instance actor's key; key fetches go unsigned.");
+                None
+            }
+        };
         let keys = match crate::inbound::key_client(&inbound) {
-            Ok(client) => Some(Arc::new(crate::inbound::KeyCache::new(
-                client,
-                crate::inbound::KeySettings::of(&inbound),
-            ))),
+            Ok(client) => Some(Arc::new(
+                crate::inbound::KeyCache::new(client, crate::inbound::KeySettings::of(&inbound))
+                    .signed_by(signer.clone()),
+            )),
             Err(e) => {
                 tracing::warn!(error = %e, "Cannot build the inbound key client; the inboxes refuse every request.");
                 None
             }
         };
+        let actor = signer
+            .filter(|_| inbound.serve_fetch_actor)
+            .and_then(|signer| match signer.actor_document() {
+                Ok(document) => Some((signer.actor_path(), document)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "Cannot publish the instance actor's document.");
+                    None
+                }
+            });
         Self {
             inner: Arc::new(StateInner {
                 dispatcher,
                 plugins,
                 keys,
+                actor,
                 waiters: Arc::new(tokio::sync::Semaphore::new(max_waiters)),
                 public_bucket: Mutex::default(),
             }),
@@ -258,9 +279,27 @@ pub fn router(state: ApiState) -> Router {
         router = router.merge(console::router());
     }
     router
-        .fallback(|| async { ApiError::not_found("no such route") })
+        .fallback(instance_actor_or_not_found)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
+}
+
+/// The instance actor's document at its path (served from the fallback, so
+/// no configured path can collide with a route), else 404.
+async fn instance_actor_or_not_found(
+    State(state): State<ApiState>,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    match &state.inner.actor {
+        Some((path, document)) if method == axum::http::Method::GET && uri.path() == path => (
+            [(axum::http::header::CONTENT_TYPE, "application/activity+json")],
+            document.to_string(),
+        )
+            .into_response(),
+        _ => ApiError::not_found("no such route").into_response(),
+    }
 }
 
 /// Serves the API on `listener` until `stop` resolves.

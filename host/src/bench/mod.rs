@@ -46,6 +46,8 @@
 //! - `backlog`: PostgreSQL rows read per settled op with 10k and with 1M ops
 //!   waiting (`--backlog N` changes the big one).
 //! - `lanes`: 10,000 strict lanes with 5 ops each.
+//! - `settle`: PostgreSQL settle µs per op (100 a settle) with 10 and with
+//!   5,000 other ops in flight: the same, or a settle scans what is in flight.
 //! - `deep-backlog`: 4 outboxes of 20,000 ops each over 20 strict inbox
 //!   lanes on 3 destination hosts, every lane crowded, 5 ms an op: starts
 //!   per second against the same lanes 1,000 ops deep.
@@ -58,6 +60,7 @@
 
 mod activitypub;
 mod plain;
+mod settle;
 mod stellar;
 
 use std::collections::HashMap;
@@ -819,7 +822,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub quick: bool,
     /// Only these sections (throughput, latency, activitypub,
-    /// slow-fediverse, signing, stellar-pool, backlog, lanes, soak,
+    /// slow-fediverse, signing, stellar-pool, backlog, lanes, settle, soak,
     /// deep-backlog).
     #[arg(long, value_delimiter = ',')]
     pub only: Option<Vec<String>>,
@@ -907,6 +910,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if wants("lanes") {
         many_lanes().await?;
+    }
+    if wants("settle") {
+        settle::settles_by_in_flight().await?;
     }
     if named("soak") {
         soak(soak_n).await?;

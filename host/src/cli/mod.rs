@@ -37,6 +37,10 @@ pub struct Cli {
     /// audit and outcomes. The API key is read from LW_API_KEY.
     #[arg(long, global = true, value_name = "URL")]
     pub url: Option<String>,
+    /// With --url: allow plain http:// to a host that is not loopback (the
+    /// API key then crosses the network readable by anyone on the path).
+    #[arg(long, global = true)]
+    pub insecure: bool,
     /// The command.
     #[command(subcommand)]
     pub command: Command,
@@ -462,7 +466,7 @@ pub async fn run(cli: Cli, io: Io<'_>) -> Result<(), CliError> {
     }
     // Remote mode needs no config file or database: only the API and a key.
     if let Some(url) = &cli.url {
-        return remote::run(url, cli.command, &io.env, io.stdout).await;
+        return remote::run(url, cli.insecure, cli.command, &io.env, io.stdout).await;
     }
     let file = match &cli.config {
         Some(path) => FileSource::Explicit(path.clone()),
@@ -473,20 +477,29 @@ pub async fn run(cli: Cli, io: Io<'_>) -> Result<(), CliError> {
         Command::CheckConfig(args) => {
             check_plugins(&config).await?;
             let database = queue::redact_url(&config.database.url);
+            let lookalikes = config::env_lookalikes(&io.env);
+            let mut text = format!(
+                "configuration is valid (database: {database}; {} plugin{}, {} kind{})",
+                config.plugins.len(),
+                if config.plugins.len() == 1 { "" } else { "s" },
+                config.kinds.len(),
+                if config.kinds.len() == 1 { "" } else { "s" },
+            );
+            for l in &lookalikes {
+                text.push_str(&format!(
+                    "\nnote: {} is not read as config (keys are LANEWAY_SECTION__KEY); did you mean {}?",
+                    l.name, l.did_you_mean
+                ));
+            }
             render::done(
                 io.stdout,
                 args.json,
                 &serde_json::json!({
                     "valid": true, "database": database,
                     "plugins": config.plugins.len(), "kinds": config.kinds.len(),
+                    "ignored_env": lookalikes,
                 }),
-                &format!(
-                    "configuration is valid (database: {database}; {} plugin{}, {} kind{})",
-                    config.plugins.len(),
-                    if config.plugins.len() == 1 { "" } else { "s" },
-                    config.kinds.len(),
-                    if config.kinds.len() == 1 { "" } else { "s" },
-                ),
+                &text,
             )
         }
         Command::Migrate(args) => {
@@ -504,7 +517,12 @@ pub async fn run(cli: Cli, io: Io<'_>) -> Result<(), CliError> {
         Command::Enqueue(args) => enqueue_cmd(&config, args, io).await,
         Command::Fanout(args) => fanout_cmd(&config, args, io).await,
         Command::Ops(ops) => ops_cmd(&config, ops, io.stdout).await,
-        Command::Run => run_cmd(config, file).await,
+        Command::Run => {
+            for l in config::env_lookalikes(&io.env) {
+                tracing::warn!(variable = %l.name, did_you_mean = %l.did_you_mean, "An environment variable is not read as config (keys are LANEWAY_SECTION__KEY).");
+            }
+            run_cmd(config, file).await
+        }
         // Handled above, before any config is loaded.
         Command::Demo(_) | Command::Bench(_) => Ok(()),
         Command::Plugin(PluginCommand::Check(args)) => plugin_check(&config, args, io.stdout).await,
@@ -883,6 +901,10 @@ async fn ops_cmd(config: &Config, command: OpsCommand, out: &mut dyn Write) -> R
 }
 
 async fn run_cmd(config: Config, source: FileSource) -> Result<(), CliError> {
+    // Every connection, database handle and plugin file is a descriptor:
+    // a service manager's default soft limit (1,024) is under the API's own
+    // connection cap.
+    crate::api::listener::raise_open_files_limit();
     let node = crate::node::Node::open(config, Some(source)).await?;
     let stopper = node.dispatcher.clone();
     tokio::spawn(async move {
@@ -1065,6 +1087,7 @@ fn keys_show(config: &Config, args: &KeyShowArgs, out: &mut dyn Write) -> Result
                 "id": args.id,
                 "algorithm": key.algorithm().to_string(),
                 "public_key": public,
+                "public_key_pem": key.public_key_pem(),
                 "stellar_account": account,
             }),
         );
@@ -1078,6 +1101,10 @@ fn keys_show(config: &Config, args: &KeyShowArgs, out: &mut dyn Write) -> Result
     }
     if let Some(account) = account {
         writeln!(out, "account:    {account}")?;
+    }
+    // What an actor document's publicKeyPem carries.
+    if let Some(pem) = key.public_key_pem() {
+        write!(out, "{pem}")?;
     }
     Ok(())
 }

@@ -215,12 +215,31 @@ pub(super) async fn outcomes_cmd(
     .await
 }
 
-/// Who the CLI acts as in the audit log.
+/// Who the CLI acts as in the audit log: `$USER` or `$LOGNAME`, else the
+/// account the process runs as (a cron job or a container often has no
+/// `$USER`), so the audit never says `cli:unknown` for a known account.
 pub fn cli_actor() -> String {
     let user = std::env::var("USER")
         .or_else(|_| std::env::var("LOGNAME"))
-        .unwrap_or_else(|_| "unknown".to_owned());
+        .ok()
+        .filter(|u| !u.is_empty())
+        .or_else(process_account)
+        .unwrap_or_else(|| "unknown".to_owned());
     format!("cli:{user}")
+}
+
+/// The process's account name from `/etc/passwd`, else `uid:N`.
+fn process_account() -> Option<String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let uid = std::fs::metadata("/proc/self").ok()?.uid();
+    let name = std::fs::read_to_string("/etc/passwd").ok().and_then(|passwd| {
+        passwd.lines().find_map(|line| {
+            let mut fields = line.split(':');
+            let name = fields.next()?;
+            (fields.nth(1)?.parse::<u32>().ok()? == uid).then(|| name.to_owned())
+        })
+    });
+    Some(name.unwrap_or_else(|| format!("uid:{uid}")))
 }
 
 /// Records a CLI write.

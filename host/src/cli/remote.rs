@@ -156,8 +156,14 @@ fn call_for(command: Command) -> Result<Call, CliError> {
 ///
 /// [`CliError::Input`] for a command remote mode does not serve, a missing
 /// key or an unreachable host; [`CliError::Remote`] for the API's refusal.
-pub async fn run(base: &str, command: Command, env: &[(String, String)], out: &mut dyn Write) -> Result<(), CliError> {
-    let api = Api::new(base, env)?;
+pub async fn run(
+    base: &str,
+    insecure: bool,
+    command: Command,
+    env: &[(String, String)],
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let api = Api::new(base, insecure, env)?;
     if let Command::Outcomes(args) = command {
         return outcomes(&api, args, out).await;
     }
@@ -186,6 +192,33 @@ async fn outcomes(api: &Api, args: super::operator::OutcomesArgs, out: &mut dyn 
     .await
 }
 
+/// The key goes only over https, or plain http to this machine, unless the
+/// operator says `--insecure`.
+fn check_base(base: &str, insecure: bool) -> Result<(), CliError> {
+    let url = reqwest::Url::parse(base).map_err(|e| CliError::Input(format!("--url: {base:?} is not a URL: {e}")))?;
+    match url.scheme() {
+        "https" => Ok(()),
+        "http" if insecure || is_loopback(&url) => Ok(()),
+        "http" => Err(CliError::Input(format!(
+            "--url: refusing to send the API key over plain http:// to {}, which is not this machine \
+             (use https://, or --insecure to send it anyway)",
+            url.host_str().unwrap_or_default()
+        ))),
+        _ => Err(CliError::Input(format!(
+            "--url: expected http:// or https://, got {base:?}"
+        ))),
+    }
+}
+
+fn is_loopback(url: &reqwest::Url) -> bool {
+    match url.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
+        None => false,
+    }
+}
+
 /// A host's API and the key to use with it.
 struct Api {
     client: reqwest::Client,
@@ -194,7 +227,7 @@ struct Api {
 }
 
 impl Api {
-    fn new(base: &str, env: &[(String, String)]) -> Result<Self, CliError> {
+    fn new(base: &str, insecure: bool, env: &[(String, String)]) -> Result<Self, CliError> {
         let key = env
             .iter()
             .find(|(k, _)| k == KEY_VAR)
@@ -206,12 +239,11 @@ impl Api {
                 ))
             })?;
         let base = base.trim_end_matches('/').to_owned();
-        if !(base.starts_with("http://") || base.starts_with("https://")) {
-            return Err(CliError::Input(format!(
-                "--url: expected http:// or https://, got {base:?}"
-            )));
-        }
+        check_base(&base, insecure)?;
+        // No redirects: a redirect could carry the key somewhere the
+        // operator did not name (or to plain http).
         let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
             .timeout(std::time::Duration::from_secs(60))
             .build()
             .map_err(|e| CliError::Input(format!("cannot build an HTTP client: {e}")))?;
@@ -267,5 +299,29 @@ mod tests {
         );
         assert_eq!(query(&[("kind", None)]), "");
         assert_eq!(enc("josé"), "jos%C3%A9");
+    }
+
+    #[test]
+    fn the_key_goes_over_plain_http_only_to_loopback_or_when_told() {
+        for ok in [
+            "https://laneway.example",
+            "http://127.0.0.1:7480",
+            "http://127.8.0.1",
+            "http://[::1]:7480",
+            "http://localhost:7480",
+        ] {
+            assert!(check_base(ok, false).is_ok(), "{ok}");
+        }
+        for refused in [
+            "http://10.0.0.5:7480",
+            "http://laneway.example",
+            "http://localhost.evil.example",
+        ] {
+            let err = check_base(refused, false).unwrap_err().to_string();
+            assert!(err.contains("--insecure"), "{refused}: {err}");
+            assert!(check_base(refused, true).is_ok(), "{refused} with --insecure");
+        }
+        assert!(check_base("ftp://laneway.example", true).is_err());
+        assert!(check_base("not a url", true).is_err());
     }
 }

@@ -76,9 +76,8 @@ fn name_env_vars(error: ConfigError, env: &[(String, String)]) -> ConfigError {
     let ConfigError::Invalid(problems) = error;
     let from_env: Vec<(String, &str)> = env
         .iter()
-        .filter(|(name, _)| !ENV_RESERVED.contains(&name.as_str()))
         .filter_map(|(name, _)| {
-            let rest = name.strip_prefix(ENV_PREFIX)?;
+            let rest = env_key_path(name)?;
             let path: Vec<String> = rest.split("__").map(str::to_ascii_lowercase).collect();
             Some((path.join("."), name.as_str()))
         })
@@ -135,18 +134,52 @@ fn parse_table(text: &str, origin: &str, problems: &mut Vec<Problem>) -> toml::T
     }
 }
 
+/// The config key path a variable names: `LANEWAY_SECTION__KEY` shapes only.
+/// An operator's own `LANEWAY_BIN` or `LANEWAY_PLUGINS` (no `__`) is not
+/// config, so it cannot break a start; [`env_lookalikes`] names the ones
+/// that look like a misspelt key.
+fn env_key_path(name: &str) -> Option<&str> {
+    let rest = name.strip_prefix(ENV_PREFIX)?;
+    (!ENV_RESERVED.contains(&name) && rest.contains("__")).then_some(rest)
+}
+
+/// A `LANEWAY_*` variable that is not read as config but looks like a key
+/// spelt with one underscore where two belong.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct EnvLookalike {
+    /// The variable as set.
+    pub name: String,
+    /// The variable that would set the key it seems to mean.
+    pub did_you_mean: String,
+}
+
+/// The `LANEWAY_*` variables ignored as config whose name starts with a
+/// section (`LANEWAY_DATABASE_URL` → `LANEWAY_DATABASE__URL`), for
+/// `check-config` and the start-up log to name.
+pub fn env_lookalikes(env: &[(String, String)]) -> Vec<EnvLookalike> {
+    env.iter()
+        .filter(|(name, _)| !ENV_RESERVED.contains(&name.as_str()) && !name.contains("__"))
+        .filter_map(|(name, _)| {
+            let rest = name.strip_prefix(ENV_PREFIX)?.to_ascii_lowercase();
+            let section = SECTIONS.iter().find(|s| rest.starts_with(&format!("{s}_")))?;
+            let key = &name[ENV_PREFIX.len() + section.len() + 1..];
+            Some(EnvLookalike {
+                name: name.clone(),
+                did_you_mean: format!("{ENV_PREFIX}{}__{key}", section.to_ascii_uppercase()),
+            })
+        })
+        .collect()
+}
+
 /// Turns `LANEWAY_A__B=value` into `{a = {b = value}}`. A value that parses as
 /// a TOML value (number, boolean, array, quoted string) is taken as that;
 /// anything else is a string.
 fn env_table(env: impl IntoIterator<Item = (String, String)>, problems: &mut Vec<Problem>) -> toml::Table {
     let mut table = toml::Table::new();
     for (name, raw) in env {
-        let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
+        let Some(rest) = env_key_path(&name) else {
             continue;
         };
-        if ENV_RESERVED.contains(&name.as_str()) {
-            continue;
-        }
         let path: Vec<String> = rest.split("__").map(str::to_ascii_lowercase).collect();
         if path.iter().any(String::is_empty) {
             problems.push(Problem {
@@ -235,9 +268,7 @@ fn from_table(mut table: toml::Table) -> Result<Config, ConfigError> {
     for key in table.keys() {
         problems.push(Problem {
             path: key.clone(),
-            message:
-                "unknown key (expected one of: database, queue, dispatch, runtime, api, retention, outcomes, destinations, inbound, plugins, keys, oracles, pools, kinds)"
-                    .to_owned(),
+            message: format!("unknown key (expected one of: {})", SECTIONS.join(", ")),
         });
     }
     if let (

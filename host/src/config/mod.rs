@@ -13,10 +13,12 @@ use serde::Deserialize;
 pub use crate::lanes::LaneMode;
 use crate::op::Priority;
 
+mod inbound;
 mod load;
 mod validate;
 
-pub use load::{from_layers, from_toml_str, load, process_env, FileSource};
+pub use inbound::{fetch_actor_problems, FETCH_KEY_FRAGMENT};
+pub use load::{env_lookalikes, from_layers, from_toml_str, load, process_env, EnvLookalike, FileSource};
 pub use validate::{oracle_egress, oracle_url_unlisted, rpc_egress};
 
 /// The defaults, compiled in: the documented file is the defaults.
@@ -25,7 +27,26 @@ pub const DEFAULTS: &str = include_str!("../../../config/default.toml");
 /// Environment variables with this prefix set config keys.
 pub const ENV_PREFIX: &str = "LANEWAY_";
 
-/// `LANEWAY_*` variables that are not config keys.
+/// The configuration's top-level sections, in the order the docs give them.
+pub const SECTIONS: [&str; 14] = [
+    "database",
+    "queue",
+    "dispatch",
+    "runtime",
+    "api",
+    "retention",
+    "outcomes",
+    "destinations",
+    "inbound",
+    "plugins",
+    "keys",
+    "oracles",
+    "pools",
+    "kinds",
+];
+
+/// `LANEWAY_*` variables that are not config keys (the documented ones; any
+/// other name without `__` is not config either, see [`env_lookalikes`]).
 const ENV_RESERVED: [&str; 4] = [
     "LANEWAY_CONFIG",
     "LANEWAY_LOG",
@@ -152,6 +173,9 @@ pub struct DestinationsConfig {
     /// have been in flight this long, another after twice this more, and
     /// so on up to `max_in_flight`; an answer gives it the full cap at once.
     pub unanswered_patience_ms: u64,
+    /// What laneway keeps per remote host (health, gone and shared inboxes,
+    /// plugin notes) is forgotten once nothing has written it this long.
+    pub forget_after_ms: u64,
 }
 
 impl DestinationsConfig {
@@ -185,6 +209,17 @@ pub struct InboundConfig {
     pub key_refetch_ms: u64,
     /// How far a signature's time may be from now.
     pub clock_skew_ms: u64,
+    /// How long a key that could not be fetched is answered from memory
+    /// (one fetch per key id per this, however many requests name it).
+    pub key_failure_ms: u64,
+    /// The instance actor key and actor fetches are signed as (its id, a
+    /// URL); empty: fetches are unsigned.
+    pub fetch_actor: String,
+    /// The `[keys.ID]` that signs them.
+    pub fetch_key: String,
+    /// laneway serves the actor's document at its URL's path on the API
+    /// listener; off, the application publishes it.
+    pub serve_fetch_actor: bool,
 }
 
 /// The kind laneway delivers outcome webhooks as.
@@ -783,22 +818,52 @@ mod tests {
     }
 
     #[test]
-    fn a_stray_environment_variable_is_named_in_its_error() {
+    fn a_misspelt_key_path_in_the_environment_is_named_in_its_error() {
         let err = load(
             &FileSource::Default(PathBuf::from("/nonexistent/laneway.toml")),
             env(&[
-                ("LANEWAY_DATABASE_URL", "postgres://u@h/db"),
+                ("LANEWAY_DATABASE__URLL", "postgres://u@h/db"),
                 ("LANEWAY_LOG_FORMAT", "json"),
                 ("LANEWAY_FAILPOINT", "settling@3"),
             ]),
         )
         .unwrap_err();
         let text = err.to_string();
-        assert!(text.contains("database_url"), "{text}");
-        assert!(text.contains("LANEWAY_DATABASE_URL"), "{text}");
+        assert!(text.contains("database.urll"), "{text}");
+        assert!(text.contains("LANEWAY_DATABASE__URLL"), "{text}");
         for reserved in ["LANEWAY_LOG_FORMAT", "LANEWAY_FAILPOINT"] {
             assert!(!text.contains(reserved), "a reserved variable is not a key: {text}");
         }
+    }
+
+    #[test]
+    fn only_section_key_shaped_variables_are_config() {
+        // An operator's own LANEWAY_BIN or LANEWAY_PLUGINS is not a key.
+        let vars = env(&[
+            ("LANEWAY_BIN", "/usr/local/bin/laneway"),
+            ("LANEWAY_PLUGINS", "/srv/plugins"),
+            ("LANEWAY_DATABASE_URL", "postgres://u@h/db"),
+            ("LANEWAY_QUEUE__LEASE_MS", "7000"),
+        ]);
+        let config = load(
+            &FileSource::Default(PathBuf::from("/nonexistent/laneway.toml")),
+            vars.clone(),
+        )
+        .expect("unrelated variables are ignored");
+        assert_eq!(config.queue.lease_ms, 7000);
+        assert_eq!(
+            config.database.url, "sqlite://laneway.db",
+            "LANEWAY_DATABASE_URL is not config"
+        );
+        // A section name alone (LANEWAY_PLUGINS) is not a misspelt key, and
+        // LANEWAY_BIN names no section.
+        assert_eq!(
+            env_lookalikes(&vars),
+            vec![EnvLookalike {
+                name: "LANEWAY_DATABASE_URL".to_owned(),
+                did_you_mean: "LANEWAY_DATABASE__URL".to_owned()
+            }]
+        );
     }
 
     #[test]

@@ -189,6 +189,15 @@ pub(super) fn validate(config: &Config) -> Vec<Problem> {
             "expected at least 1 (to give every destination the full cap at once, set max_in_flight_unanswered = max_in_flight)".to_owned(),
         );
     }
+    if d.forget_after_ms < 3_600_000 {
+        bad(
+            "destinations.forget_after_ms",
+            format!(
+                "expected at least 3600000 (an hour: a host held unavailable must be remembered longer than its probes), got {}",
+                d.forget_after_ms
+            ),
+        );
+    }
     if d.rate_burst == 0 {
         bad("destinations.rate_burst", "expected at least 1".to_owned());
     }
@@ -209,6 +218,15 @@ pub(super) fn validate(config: &Config) -> Vec<Problem> {
         bad(
             "inbound.key_refetch_ms",
             format!("expected 1000 to 86400000, got {}", inbound.key_refetch_ms),
+        );
+    }
+    for (path, message) in super::fetch_actor_problems(config) {
+        bad(&path, message);
+    }
+    if !(1000..=86_400_000).contains(&inbound.key_failure_ms) {
+        bad(
+            "inbound.key_failure_ms",
+            format!("expected 1000 to 86400000, got {}", inbound.key_failure_ms),
         );
     }
     if !inbound.public_url.is_empty()

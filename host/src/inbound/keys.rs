@@ -12,8 +12,12 @@
 //! The cache is bounded (LRU), fetches each key id once however many
 //! requests ask at the same moment, refetches a key that stops verifying
 //! at most once per `refetch_after` (a rotation, not every bad
-//! signature), and limits fetches per origin and in all, so unauthenticated
-//! requests naming fresh key ids cannot make laneway fetch without bound.
+//! signature), remembers a key it could not fetch for `failure_ttl` (so
+//! every POST naming it does not fetch again), and limits fetches per
+//! origin and in all, so unauthenticated requests naming fresh key ids
+//! cannot make laneway fetch without bound. With a [`FetchSigner`], every
+//! fetch is signed as laneway's instance actor (authorized-fetch servers
+//! serve keys only to signed GETs).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -22,7 +26,7 @@ use std::time::{Duration, Instant};
 use hashlink::LruCache;
 use serde_json::Value;
 
-use super::{origin, InboundError, PublicKey};
+use super::{origin, FetchSigner, InboundError, PublicKey};
 use crate::egress::{self, Guarded};
 use crate::ratelimit::LocalBucket;
 
@@ -172,6 +176,8 @@ pub struct KeySettings {
     pub total_rate: f64,
     /// See `total_rate`.
     pub total_burst: u32,
+    /// How long a key that could not be fetched is answered from memory.
+    pub failure_ttl: Duration,
 }
 
 impl KeySettings {
@@ -180,6 +186,7 @@ impl KeySettings {
         Self {
             ttl: Duration::from_millis(config.key_cache_ms),
             refetch_after: Duration::from_millis(config.key_refetch_ms),
+            failure_ttl: Duration::from_millis(config.key_failure_ms),
             ..Self::default()
         }
     }
@@ -195,6 +202,7 @@ impl Default for KeySettings {
             origin_burst: 20,
             total_rate: 50.0,
             total_burst: 200,
+            failure_ttl: Duration::from_secs(60),
         }
     }
 }
@@ -209,6 +217,12 @@ pub struct KeyCache {
     http: Guarded,
     settings: KeySettings,
     keys: Mutex<LruCache<String, (Arc<ActorKey>, Instant)>>,
+    /// Key ids that could not be fetched: why, and when (bounded as `keys`).
+    failures: Mutex<LruCache<String, (String, Instant)>>,
+    /// Signs every fetch as laneway's instance actor, when configured.
+    signer: Option<Arc<FetchSigner>>,
+    /// Origins whose 401 asked for RFC 9421: fetched so from then on.
+    wants_rfc9421: Mutex<LruCache<String, Vec<String>>>,
     /// One fetch per key id at a time: later askers wait for it.
     flights: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     limits: Mutex<Limits>,
@@ -221,12 +235,27 @@ impl KeyCache {
             http,
             settings,
             keys: Mutex::new(LruCache::new(settings.capacity.max(1))),
+            failures: Mutex::new(LruCache::new(settings.capacity.max(1))),
+            signer: None,
+            wants_rfc9421: Mutex::new(LruCache::new(MAX_ORIGINS)),
             flights: Mutex::new(HashMap::new()),
             limits: Mutex::new(Limits {
                 origins: LruCache::new(MAX_ORIGINS),
                 total: LocalBucket::default(),
             }),
         }
+    }
+
+    /// The same cache, signing every fetch with `signer`.
+    #[must_use]
+    pub fn signed_by(mut self, signer: Option<Arc<FetchSigner>>) -> Self {
+        self.signer = signer;
+        self
+    }
+
+    /// Key ids remembered as unfetchable now (bounded as the keys are).
+    pub fn failures_len(&self) -> usize {
+        self.failures.lock().unwrap_or_else(PoisonError::into_inner).len()
     }
 
     /// Keys held now (bounded by the settings' capacity).
@@ -264,21 +293,65 @@ impl KeyCache {
         Ok(())
     }
 
-    /// GETs a document (rate-limited, guarded, capped), with the URL it
-    /// was finally served from.
-    async fn document(&self, url: &str) -> Result<(Value, String), String> {
-        let mut url = reqwest::Url::parse(url).map_err(|e| format!("{url:?}: {e}"))?;
-        url.set_fragment(None);
-        let response = self
+    /// One GET of `url`, signed as the instance actor when there is one:
+    /// RFC 9421 over `rfc9421` when given, else draft-cavage.
+    async fn get(&self, url: &reqwest::Url, rfc9421: Option<&[String]>) -> Result<reqwest::Response, String> {
+        let mut request = self
             .http
             .request(reqwest::Method::GET, url.as_str())
             .map_err(|refusal| format!("refused: {refusal}"))?
-            .header("accept", "application/activity+json, application/ld+json")
-            .send()
-            .await
-            .map_err(|e| egress::client::describe(&e))?;
+            .header("accept", "application/activity+json, application/ld+json");
+        if let Some(signer) = &self.signer {
+            let now = chrono::Utc::now();
+            let headers = match rfc9421 {
+                Some(components) => signer.rfc9421(url, components, now)?,
+                None => signer.cavage(url, now)?,
+            };
+            for (name, value) in headers {
+                request = request.header(name, value);
+            }
+        }
+        request.send().await.map_err(|e| egress::client::describe(&e))
+    }
+
+    /// GETs a document (rate-limited, guarded, capped), with the URL it
+    /// was finally served from. A signed fetch a server refuses with 401
+    /// and an `Accept-Signature` asking for RFC 9421 is sent once more so
+    /// signed, and that origin is fetched so from then on.
+    async fn document(&self, url: &str) -> Result<(Value, String), String> {
+        let mut url = reqwest::Url::parse(url).map_err(|e| format!("{url:?}: {e}"))?;
+        url.set_fragment(None);
+        let origin = origin(url.as_str()).unwrap_or_default();
+        let remembered = self
+            .wants_rfc9421
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&origin)
+            .cloned();
+        let mut response = self.get(&url, remembered.as_deref()).await?;
+        if response.status() == reqwest::StatusCode::UNAUTHORIZED && self.signer.is_some() && remembered.is_none() {
+            let asked = response
+                .headers()
+                .get("accept-signature")
+                .and_then(|v| v.to_str().ok())
+                .and_then(super::fetch::asked_components);
+            if let Some(components) = asked {
+                response = self.get(&url, Some(&components)).await?;
+                if response.status().is_success() {
+                    self.wants_rfc9421
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .insert(origin, components);
+                }
+            }
+        }
         if !response.status().is_success() {
-            return Err(format!("HTTP {}", response.status()));
+            let unsigned = if self.signer.is_none() && response.status() == reqwest::StatusCode::UNAUTHORIZED {
+                " (the server serves keys only to signed fetches: set [inbound] fetch_actor and fetch_key)"
+            } else {
+                ""
+            };
+            return Err(format!("HTTP {}{unsigned}", response.status()));
         }
         let served_from = response.url().to_string();
         let body = egress::client::read_capped(response, MAX_KEY_DOCUMENT)
@@ -286,6 +359,21 @@ impl KeyCache {
             .map_err(|e| e.to_string())?;
         let document = serde_json::from_slice(&body).map_err(|e| format!("not JSON: {e}"))?;
         Ok((document, served_from))
+    }
+
+    /// Why `key_id` could not be fetched, if that is still fresh.
+    fn failed(&self, key_id: &str) -> Option<InboundError> {
+        let mut failures = self.failures.lock().unwrap_or_else(PoisonError::into_inner);
+        let (why, at) = failures.get(key_id)?.clone();
+        if at.elapsed() >= self.settings.failure_ttl {
+            failures.remove(key_id);
+            return None;
+        }
+        let left = self.settings.failure_ttl.saturating_sub(at.elapsed()).as_secs();
+        Some(InboundError::KeyUnavailable {
+            key_id: key_id.to_owned(),
+            why: format!("{why} (remembered; fetched again in {left} s at most)"),
+        })
     }
 
     async fn fetch(&self, key_id: &str) -> Result<Arc<ActorKey>, InboundError> {
@@ -321,6 +409,9 @@ impl KeyCache {
         if let Some(key) = self.cached(key_id).and_then(usable) {
             return Ok(key);
         }
+        if let Some(failed) = self.failed(key_id) {
+            return Err(failed);
+        }
         let gate = self
             .flights
             .lock()
@@ -331,9 +422,19 @@ impl KeyCache {
         let result = {
             let _turn = gate.lock().await;
             // Whoever held the gate before may have fetched it for us.
-            match self.cached(key_id).and_then(usable) {
-                Some(key) => Ok(key),
-                None => self.fetch(key_id).await,
+            match (self.cached(key_id).and_then(usable), self.failed(key_id)) {
+                (Some(key), _) => Ok(key),
+                (None, Some(failed)) => Err(failed),
+                (None, None) => {
+                    let fetched = self.fetch(key_id).await;
+                    if let Err(InboundError::KeyUnavailable { why, .. }) = &fetched {
+                        self.failures
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .insert(key_id.to_owned(), (why.clone(), Instant::now()));
+                    }
+                    fetched
+                }
             }
         };
         let mut flights = self.flights.lock().unwrap_or_else(PoisonError::into_inner);

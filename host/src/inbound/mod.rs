@@ -12,8 +12,10 @@
 //! [`keys::KeyCache`] does I/O. The API's `POST /inbox` routes use this, then
 //! enqueue the activity as an op of the inbound kind.
 
+pub mod fetch;
 pub mod keys;
 
+pub use fetch::FetchSigner;
 pub use keys::{key_client, KeyCache, KeySettings};
 
 use std::collections::HashMap;

@@ -68,9 +68,7 @@ impl From<sqlx::Error> for QueueError {
                     db.message()
                 ));
             }
-            let data_exception = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>().is_some()
-                && db.code().is_some_and(|c| c.len() == 5 && c.starts_with("22"));
-            if data_exception || db.message().contains("producers cannot enqueue it") {
+            if refused_value(db.as_ref()) || db.message().contains("producers cannot enqueue it") {
                 return QueueError::InvalidOp(format!("the database refused a value: {}", db.message()));
             }
         }
@@ -84,6 +82,25 @@ impl From<sqlx::Error> for QueueError {
         }
         QueueError::Database(e)
     }
+}
+
+/// Whether the database refused what was written rather than failed: a
+/// value is bad input however deep in the database it was caught, so it is
+/// never answered as an outage (a client retries an outage for ever).
+/// PostgreSQL: data exceptions (22…: a NUL byte, a date out of range), a
+/// CHECK or NOT NULL constraint (23514, 23502), a statement past a limit
+/// (54…: too deep, too complex). SQLite: a CHECK or NOT NULL constraint
+/// (extended codes 275, 1299), a value too big (18), JSON its functions
+/// refuse (plain errors saying so).
+fn refused_value(db: &dyn sqlx::error::DatabaseError) -> bool {
+    let Some(code) = db.code() else {
+        return false;
+    };
+    if db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>().is_some() {
+        return code.starts_with("22") || code.starts_with("54") || code == "23514" || code == "23502";
+    }
+    matches!(code.as_ref(), "275" | "1299" | "18")
+        || (code == "1" && (db.message().contains("JSON") || db.message().contains("json")))
 }
 
 /// The producer contract's refusal in a database message (its triggers

@@ -20,6 +20,12 @@ const MAX_NAME_BYTES: usize = 2048;
 /// few dozen is generous.
 pub const MAX_LANES_PER_OP: usize = 64;
 
+/// Deepest nesting of arrays and objects a payload may have. No activity
+/// or transfer nests near this; past it a payload is an attack on whatever
+/// parses it next (SQLite's JSON functions stop at 1,000 levels, a
+/// recursive parser in a plugin at its stack).
+pub const MAX_PAYLOAD_DEPTH: usize = 128;
+
 /// Checks an op before anything is written, and returns it with duplicate
 /// lanes dropped (first occurrence kept).
 ///
@@ -94,6 +100,11 @@ fn check_op(op: &NewOp, limits: Limits, parse: bool) -> Result<NewOp, QueueError
         if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&op.payload) {
             return invalid(format!("payload is not valid JSON: {e}"));
         }
+        if let Some(depth) = nesting_over(&op.payload, MAX_PAYLOAD_DEPTH) {
+            return invalid(format!(
+                "payload nests at least {depth} levels deep, over the {MAX_PAYLOAD_DEPTH}-level limit"
+            ));
+        }
     }
     let mut lanes: Vec<String> = Vec::with_capacity(op.lanes.len());
     let mut seen: HashSet<&str> = HashSet::with_capacity(op.lanes.len());
@@ -115,6 +126,36 @@ fn check_op(op: &NewOp, limits: Limits, parse: bool) -> Result<NewOp, QueueError
         }
     }
     Ok(NewOp { lanes, ..op.clone() })
+}
+
+/// The depth at which valid JSON first goes past `limit` levels of arrays
+/// and objects, if it does: one pass over the bytes, brackets inside
+/// strings skipped, so a 100,000-deep payload costs what its size costs.
+fn nesting_over(json: &str, limit: usize) -> Option<usize> {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for b in json.bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return Some(depth);
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    None
 }
 
 /// Compares the migrations applied to a database with those this binary
@@ -421,6 +462,25 @@ mod tests {
 
     fn op(payload: &str) -> NewOp {
         NewOp::new("actor", "activitypub", payload)
+    }
+
+    #[test]
+    fn a_payload_nested_past_the_limit_is_refused_whatever_its_depth() {
+        let nested = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        let limits = Limits {
+            max_payload_bytes: 1 << 20,
+            ..Limits::default()
+        };
+        assert!(validate_new_op(&op(&nested(MAX_PAYLOAD_DEPTH)), limits).is_ok());
+        for depth in [MAX_PAYLOAD_DEPTH + 1, 5_000, 100_000] {
+            let err = validate_new_op(&op(&nested(depth)), limits).unwrap_err().to_string();
+            assert!(err.contains("128-level limit"), "{depth}: {err}");
+        }
+        // Brackets inside strings (escaped quotes too) are not nesting.
+        let text = format!(r#"{{"a":"{}\"{}","b":[[1]]}}"#, "[".repeat(500), "{".repeat(500));
+        assert!(validate_new_op(&op(&text), limits).is_ok(), "{text}");
+        let deep_objects = format!("{}1{}", r#"{"a":"#.repeat(200), "}".repeat(200));
+        assert!(validate_new_op(&op(&deep_objects), limits).is_err());
     }
 
     #[test]

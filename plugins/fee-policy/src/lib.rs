@@ -36,6 +36,8 @@ struct Config {
     spread_levels: [f64; 3],
     low_defer_ms: u64,
     low_max_defer_ms: u64,
+    /// Each attempt after the first bids this many times the last
+    /// (compounding, at most `max_bumps` times, at most `max_abs_fee`).
     bump_multiplier: f64,
     max_bumps: u32,
     max_abs_fee: u64,
@@ -58,7 +60,10 @@ impl Default for Config {
             spread_levels: [5.0, 20.0, 100.0],
             low_defer_ms: 15_000,
             low_max_defer_ms: 300_000,
-            bump_multiplier: 2.0,
+            // Stellar's queue replaces a stuck transaction only for ten
+            // times its bid: seed 003's 2x (2, 4, 8x over three bumps)
+            // never did, and a stuck payment waited out its bounds.
+            bump_multiplier: 10.0,
             max_bumps: 3,
             max_abs_fee: 100_000,
             eta_seconds: [6, 12, 30, 60],

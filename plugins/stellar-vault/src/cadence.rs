@@ -54,6 +54,31 @@ pub fn next_poll(tip: &Tip, now_unix_ms: u64, poll_ms: u64) -> Duration {
     Duration::from_millis(pause.min(poll_ms.max(FASTEST_MS)))
 }
 
+/// Stellar's queue replaces a transaction still waiting only with a fee bump
+/// bidding at least this many times its fee (replace-by-fee): anything less
+/// is refused, and the transaction stays queued at its old bid.
+pub const REPLACE_FACTOR: u64 = 10;
+
+/// Whether a fee bump bidding `bid` over a transaction still queued at
+/// `queued` could replace it and still land: it reaches the replace rule,
+/// and the next ledger is inside the transaction's bounds (ledger
+/// `max_ledger`, exclusive, and close time `max_time`, unix seconds), that
+/// ledger expected one ledger time after the latest closed (a bump sent
+/// after its bounds passed is refused `txTOO_LATE`, and teaches nothing).
+pub fn bump_can_land(bid: u64, queued: u64, tip: &Tip, max_ledger: u32, max_time: u64, now_unix_ms: u64) -> bool {
+    if bid < queued.saturating_mul(REPLACE_FACTOR) {
+        return false;
+    }
+    if tip.ledger.saturating_add(1) >= max_ledger {
+        return false;
+    }
+    let next_close_ms = match (tip.close_time, ledger_ms(tip)) {
+        (Some(closed), Some(ledger)) => closed.saturating_mul(1000).saturating_add(ledger).max(now_unix_ms),
+        _ => now_unix_ms,
+    };
+    next_close_ms / 1000 <= max_time
+}
+
 /// How long a sent transaction has stayed unincluded, in ledgers the
 /// vault saw while polling: due for a fee bump once `after` ledgers have
 /// closed since the first it saw (never with `after` 0).
@@ -100,6 +125,43 @@ mod tests {
             oldest: Some(oldest),
             oldest_close_time: Some(oldest_close_time),
         }
+    }
+
+    #[test]
+    fn a_bump_is_sent_only_where_it_can_replace_and_land() {
+        // 5 s ledgers, the latest (ledger 1000) closed at T; bounds: ledger
+        // 1010, time T + 30.
+        let t = tip(1000, T, 0, T - 5_000);
+        let now = T * 1000 + 500;
+        assert!(bump_can_land(1000, 100, &t, 1010, T + 30, now), "tenfold, in bounds");
+        assert!(
+            !bump_can_land(999, 100, &t, 1010, T + 30, now),
+            "under tenfold is refused"
+        );
+        assert!(
+            !bump_can_land(800, 100, &t, 1010, T + 30, now),
+            "seed 003's 8x never replaces"
+        );
+        assert!(
+            !bump_can_land(1000, 100, &t, 1001, T + 30, now),
+            "the next ledger is past the bound"
+        );
+        assert!(bump_can_land(1000, 100, &t, 1002, T + 30, now));
+        assert!(
+            !bump_can_land(1000, 100, &t, 1010, T + 4, now),
+            "the next close is past the time bound"
+        );
+        assert!(bump_can_land(1000, 100, &t, 1010, T + 5, now));
+        // The wall clock already past the bound, whatever the tip says.
+        assert!(!bump_can_land(1000, 100, &t, 1010, T + 30, (T + 31) * 1000));
+        // No ledger time from the server: the wall clock alone.
+        let bare = Tip {
+            ledger: 1000,
+            close_time: Some(T),
+            oldest: None,
+            oldest_close_time: None,
+        };
+        assert!(bump_can_land(1000, 100, &bare, 1010, T, T * 1000));
     }
 
     #[test]

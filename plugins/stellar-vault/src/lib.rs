@@ -781,11 +781,19 @@ impl Executor for Vault {
             }
             Lookup::NotFound => {}
         }
-        // It may still land. Priced higher than its newest envelope bids,
+        // It may still land. Priced so that a fee bump replaces the queued
+        // envelope (tenfold its bid) and with time left for the bump to land,
         // it is fee-bumped; either way the newest envelope is sent (again:
-        // a queued copy makes this a DUPLICATE) and its fate awaited.
+        // a queued copy makes this a DUPLICATE) and its fate awaited. A bump
+        // under tenfold would only be refused, and one past the bounds too.
+        let worth_bumping = |bid: u64| {
+            receipt.bid().is_some_and(|b| bid > b)
+                && receipt.queued_bid().is_some_and(|queued| {
+                    cadence::bump_can_land(bid, queued, &tip, receipt.max_ledger, receipt.max_time, unix_now_ms())
+                })
+        };
         let receipt = match fees::current() {
-            Some(bid) if settings.bump_after_ledgers > 0 && receipt.bid().is_some_and(|b| bid.base_fee > b) => {
+            Some(bid) if settings.bump_after_ledgers > 0 && worth_bumping(bid.base_fee) => {
                 match bump(&settings, receipt, bid.base_fee) {
                     Ok(bumped) => bumped,
                     Err(outcome) => return Reconciled::Settled(outcome),

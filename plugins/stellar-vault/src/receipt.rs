@@ -102,6 +102,17 @@ impl Receipt {
             .map_or(self.envelope.as_str(), |b| b.envelope.as_str())
     }
 
+    /// The inclusion fee of what may be waiting in the network's queue: the
+    /// newest envelope it did not refuse (the one [`Self::latest_envelope`]
+    /// sends). A fee bump replaces it only at ten times this.
+    pub fn queued_bid(&self) -> Option<u64> {
+        match self.bumps.iter().rev().find(|b| !b.refused) {
+            Some(bump) => Some(bump.inclusion_fee),
+            None if self.fee_key.is_some() => self.bumps.first().map(|b| b.inclusion_fee),
+            None => self.inclusion_fee,
+        }
+    }
+
     /// The highest inclusion fee bid for it so far (refused bumps too: a
     /// new bump must outbid them).
     pub fn bid(&self) -> Option<u64> {

@@ -110,7 +110,7 @@ fn b64(bytes: &[u8]) -> String {
 }
 
 /// A signed POST of `body` to `url`, as a fediverse server sends it.
-fn signed(
+pub(super) fn signed(
     http: &reqwest::Client,
     url: &str,
     body: &str,
@@ -164,7 +164,7 @@ fn signed(
     Ok(request)
 }
 
-fn activity(actor: &str, n: u32) -> String {
+pub(super) fn activity(actor: &str, n: u32) -> String {
     json!({
         "@context": "https://www.w3.org/ns/activitystreams",
         "id": format!("{actor}/activities/{n}"),

@@ -22,9 +22,9 @@ const ED_ACTOR: &str = "https://cm.example/ed";
 const ED_KEY_ID: &str = "https://cm.example/ed#main-key";
 
 /// The Node inbox, killed when dropped.
-struct NodeInbox {
+pub(super) struct NodeInbox {
     child: std::process::Child,
-    base: String,
+    pub(super) base: String,
     log: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -37,7 +37,7 @@ impl Drop for NodeInbox {
 }
 
 impl NodeInbox {
-    fn start(keys: &Value, flags: &[&str]) -> anyhow::Result<Self> {
+    pub(super) fn start(keys: &Value, flags: &[&str]) -> anyhow::Result<Self> {
         use std::io::BufRead as _;
         let dir = tempfile::tempdir()?;
         let keys_file = dir.path().join("keys.json");
@@ -70,7 +70,7 @@ impl NodeInbox {
         self.base.trim_start_matches("http://")
     }
 
-    fn requests(&self) -> Vec<Value> {
+    pub(super) fn requests(&self) -> Vec<Value> {
         std::fs::read_to_string(&self.log)
             .unwrap_or_default()
             .lines()

@@ -2,6 +2,7 @@
 //! host, signing through the host signer, against a fake inbox that checks
 //! every signature, on SQLite and PostgreSQL.
 
+mod authorized_fetch;
 mod fake_inbox;
 mod inbound;
 mod inbound_keys;

@@ -168,9 +168,33 @@ async fn quotes_follow_priority_bumps_caps_defers_and_staleness() -> anyhow::Res
     };
     let q = submitted(quote(&p, request(Priority::Normal, 1, Some(calm.clone()), now, now)).await?)?;
     ensure!(q.fee == 150 && !q.aggressive && !q.capped, "{q:?}");
-    // Bumps compound: attempt 3 pays 2^2 times; past max_bumps they stop.
-    ensure!(submitted(quote(&p, request(Priority::Normal, 3, Some(calm.clone()), now, now)).await?)?.fee == 600);
-    ensure!(submitted(quote(&p, request(Priority::Normal, 9, Some(calm.clone()), now, now)).await?)?.fee == 1_200);
+    // Bumps compound tenfold by default (Stellar replaces a queued
+    // transaction only for ten times its bid): attempt 2 pays 10x, attempt
+    // 3 100x; past max_bumps they stop, and max_abs_fee caps them.
+    ensure!(submitted(quote(&p, request(Priority::Normal, 2, Some(calm.clone()), now, now)).await?)?.fee == 1_500);
+    ensure!(submitted(quote(&p, request(Priority::Normal, 3, Some(calm.clone()), now, now)).await?)?.fee == 15_000);
+    let q = submitted(quote(&p, request(Priority::Normal, 9, Some(calm.clone()), now, now)).await?)?;
+    ensure!(q.fee == 100_000 && q.capped, "{q:?}");
+    // An operator's own multiplier compounds the same way.
+    let doubling = QuoteRequest {
+        config: r#"{"bump_multiplier":2.0}"#.to_owned(),
+        ..request(Priority::Normal, 3, Some(calm.clone()), now, now)
+    };
+    ensure!(submitted(quote(&p, doubling.clone()).await?)?.fee == 600);
+    ensure!(
+        submitted(
+            quote(
+                &p,
+                QuoteRequest {
+                    attempts: 9,
+                    ..doubling
+                }
+            )
+            .await?
+        )?
+        .fee == 1_200,
+        "past max_bumps"
+    );
     // CRITICAL uses the aggressive fee once congestion is elevated, and at
     // the absolute cap it still submits, flagged.
     let busy = Snapshot {

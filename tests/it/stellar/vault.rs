@@ -553,8 +553,10 @@ async fn a_recovered_receipt_goes_before_a_critical_op(url: String) -> anyhow::R
     // Lease 1 s, drain slot 2 s; the transaction is applied 30 ledgers
     // (4.5 s) after it is accepted, past both, well inside its ledger bound
     // (60 ledgers here).
+    // Bids doubling, so the recovery's higher bid is under the replace
+    // rule and no fee bump is sent: the same envelope is what lands.
     let config = chain.config(
-        "",
+        "bump_multiplier = 2.0",
         &format!("[database]\nurl = {url:?}\n[queue]\nlease_ms = 1000\n[kinds.deposit.config]\nledger_window = 60\n"),
     )?;
     chain
@@ -1123,8 +1125,8 @@ async fn after_the_fee_bump_cap_the_op_fails_with_its_whole_history() -> anyhow:
     );
     let bids: Vec<Option<i64>> = db.queue.attempts(id).await?.iter().map(|a| a.record.fee).collect();
     ensure!(
-        bids.len() == 5 && bids[..4] == [Some(100), Some(200), Some(400), Some(800)],
-        "every attempt, each bid doubled, then one that only reconciled: {bids:?}"
+        bids.len() == 5 && bids[..4] == [Some(100), Some(1_000), Some(10_000), Some(100_000)],
+        "every attempt, each bid tenfold (the shipped policy) up to the cap, then one that only reconciled: {bids:?}"
     );
     let sent = chain.fake.submitted();
     ensure!(sent.len() == 4 && chain.fake.landed().is_empty(), "{sent:?}");
@@ -1150,7 +1152,9 @@ async fn one_deposit_in_a_surge(policy: &str, extra: &str) -> anyhow::Result<(Te
 /// is confirmed under the inner hash with the bump's hash in its detail.
 #[tokio::test]
 async fn a_stuck_transaction_is_fee_bumped_and_lands_once_under_its_inner_hash() -> anyhow::Result<()> {
-    let (db, chain, host, id) = one_deposit_in_a_surge("bump_multiplier = 10.0", "").await?;
+    // The shipped policy: no multiplier set (it used to take 10 here, and
+    // the shipped 2 never reached the replace rule).
+    let (db, chain, host, id) = one_deposit_in_a_surge("", "").await?;
     settle(db.queue.as_ref(), Duration::from_secs(20)).await?;
     let (_, sent, landed) = bumped_once(db.queue.as_ref(), &chain, id).await?;
     ensure!(
@@ -1231,15 +1235,16 @@ async fn under_a_surge_an_expired_transaction_is_dropped_and_a_rebuild_outbids_i
     host.running.stop().await
 }
 
-/// A fee bump under replace-by-fee's tenfold (bids doubling: 200, 400, 800
-/// against a queued 100) is refused, and the transaction it wraps stays
-/// queued and valid. At the bump cap the op is not given up while that
+/// A fee bump under replace-by-fee's tenfold (a policy doubling its bids:
+/// 200, 400, 800 against a queued 100) is not sent (the network would
+/// refuse it), and the transaction stays queued and valid. At the bump cap the op is not given up while that
 /// transaction may still land: its receipt is reconciled, and when the
 /// surge passes it lands, once, and the op is confirmed (it used to be
 /// dead-lettered at the cap with its transaction still queued).
 #[tokio::test]
 async fn at_the_bump_cap_a_transaction_still_queued_is_awaited_not_given_up() -> anyhow::Result<()> {
-    let (db, chain, host, id) = one_deposit_in_a_surge("", "[kinds.deposit.config]\nledger_window = 60\n").await?;
+    let (db, chain, host, id) =
+        one_deposit_in_a_surge("bump_multiplier = 2.0", "[kinds.deposit.config]\nledger_window = 60\n").await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let op = db.queue.get(id).await?.context("op")?;

@@ -13,6 +13,12 @@
 // With a PEM under KEYS.json's "actor_pem", GET /actors/NAME serves an
 // actor document whose key (`#main-key`) is that PEM: the senders of
 // signed inbound traffic.
+// With --secure-fetch (Mastodon's AUTHORIZED_FETCH), those GETs are served
+// only when signed (draft-cavage over (request-target) host date, or RFC 9421
+// over @method and @target-uri) by a key found under KEYS.json's keyId or,
+// failing that, in the actor document its keyId URL serves (laneway's own
+// instance actor); unsigned or badly signed GETs get 401 (and, with
+// --challenge, an Accept-Signature asking for RFC 9421).
 // Every request is appended to OUT.jsonl as {path, scheme, status, id, why}.
 // Paths whose user name starts with "gone" answer 410; "flaky" ones answer
 // 503 to their first two POSTs. With --accept, the other scheme gets 401
@@ -34,13 +40,70 @@ const keys = JSON.parse(fs.readFileSync(keysFile, 'utf8'));
 const acceptAt = flags.indexOf('--accept');
 const accept = acceptAt >= 0 ? flags[acceptAt + 1] : 'both';
 const challenge = flags.includes('--challenge');
+const secureFetch = flags.includes('--secure-fetch');
 const seen = new Map();
 
-function actor(req, res) {
+// The key a fetch names: KEYS.json's, else the one the keyId's own actor
+// document lists (fetched, as Mastodon fetches the signer's actor).
+async function signerKey(keyId) {
+  if (keys[keyId]) return keys[keyId];
+  const response = await fetch(keyId.split('#')[0], { headers: { accept: 'application/activity+json' } });
+  if (!response.ok) throw new Error(`cannot fetch the signer's actor: HTTP ${response.status}`);
+  const doc = await response.json();
+  const listed = [].concat(doc.publicKey || []).find((k) => k.id === keyId);
+  if (!listed || listed.owner !== doc.id) throw new Error(`the signer's actor does not list ${keyId}`);
+  const type = crypto.createPublicKey(listed.publicKeyPem).asymmetricKeyType;
+  return { pem: listed.publicKeyPem, alg: type === 'ed25519' ? 'ed25519' : 'rsa-sha256' };
+}
+
+async function verifyFetch(req) {
+  if (req.headers['signature-input']) {
+    const url = `http://${req.headers.host}${req.url}`;
+    const ok = await httpbis.verifyMessage(
+      {
+        keyLookup: async (params) => {
+          const key = await signerKey(params.keyid);
+          const alg = key.alg === 'ed25519' ? 'ed25519' : 'rsa-v1_5-sha256';
+          return { id: params.keyid, algs: [alg], verify: createVerifier(key.pem, alg) };
+        },
+        requiredParams: ['created', 'keyid'],
+        requiredFields: ['@method', '@target-uri'],
+        tolerance: 3600,
+      },
+      { method: req.method, url, headers: req.headers },
+    );
+    if (ok !== true) throw new Error(`fetch signature not verified (${ok})`);
+    return 'rfc9421';
+  }
+  if (!req.headers['signature']) throw new Error('unsigned fetch');
+  const parsed = httpSignature.parseRequest(req, {
+    headers: ['(request-target)', 'host', 'date'],
+    clockSkew: 3600,
+  });
+  const key = await signerKey(parsed.keyId);
+  if (!httpSignature.verifySignature(parsed, key.pem)) throw new Error('bad fetch signature');
+  return 'cavage';
+}
+
+async function actor(req, res) {
   const name = (req.url.match(/^\/actors\/([A-Za-z0-9_-]+)$/) || [])[1];
   if (!name || !keys.actor_pem) {
     res.writeHead(404);
     return res.end();
+  }
+  if (secureFetch) {
+    const scheme = req.headers['signature-input'] ? 'rfc9421' : req.headers['signature'] ? 'cavage' : 'none';
+    try {
+      if (accept !== 'both' && scheme !== accept) throw new Error(`this server accepts ${accept} fetches only`);
+      await verifyFetch(req);
+      record({ path: req.url, method: 'GET', scheme, status: 200, id: null, why: null, inner: null });
+    } catch (e) {
+      record({ path: req.url, method: 'GET', scheme, status: 401, id: null, why: String(e.message || e), inner: null });
+      const headers = {};
+      if (challenge) headers['accept-signature'] = 'sig1=("@method" "@target-uri");alg="rsa-v1_5-sha256"';
+      res.writeHead(401, headers);
+      return res.end();
+    }
   }
   const id = `http://${req.headers.host}/actors/${name}`;
   res.writeHead(200, { 'content-type': 'application/activity+json' });
@@ -134,7 +197,7 @@ const server = http.createServer((req, res) => {
       res.writeHead(status, headers);
       res.end(why ? JSON.stringify({ error: why }) : '');
     };
-    if (req.method === 'GET') return actor(req, res);
+    if (req.method === 'GET') return actor(req, res).catch(() => answer(500, 'actor failed'));
     if (req.method !== 'POST') return answer(405, 'POST only');
     if (req.url.startsWith('/hooks/')) return answer(...verifyWebhook(req, body), inner(body));
     if (accept !== 'both' && scheme !== accept) return answer(401, `this inbox accepts ${accept} signatures only`);
