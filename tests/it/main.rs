@@ -16,6 +16,7 @@ mod demo;
 mod dispatch;
 mod egress;
 mod lifecycle;
+mod listener;
 mod namespace;
 mod producer_api;
 mod producer_contract;
