@@ -187,7 +187,9 @@ async function overview(main, live) {
     }
     const count = (s) => (activity.counts.find(c => c.status === s) || { count: 0 }).count;
     const hours = Math.max(activity.covered_seconds, 1) / 3600;
-    const held = dests.destinations.filter(d => d.state && d.state !== 'healthy' && d.state !== 'failing');
+    // Held as /metrics counts destinations_held: unavailable or suspended
+    // (an available host with failures counted is not held).
+    const held = dests.destinations.filter(d => d.state === 'unavailable' || d.state === 'suspended');
     const open = breakers.breakers.filter(b => b.state !== 'closed');
     const card = (label, n, cls) => h('div', { class: 'card' }, h('span', { class: `n ${cls || ''}` }, n), label);
     fill(live, 
@@ -205,6 +207,7 @@ async function overview(main, live) {
         card('destinations held', held.length, held.length ? 'warn' : ''),
         card('pauses', pauses.pauses.length, pauses.pauses.length ? 'warn' : '')),
       activity.covered_seconds < activity.window_seconds ? h('p', { class: 'muted' }, `Counted over the newest outcomes: the last ${activity.covered_seconds} s.`) : null,
+      chart(activity.per_minute || []),
       h('h2', {}, 'Depth'),
       table('Ops by status and priority', [
         { title: 'status', cell: r => h('a', { href: `#/ops${query({ status: r[0] })}` }, r[0]) },
@@ -257,6 +260,38 @@ async function overview(main, live) {
   };
 }
 
+// The last hour per minute as an SVG the page draws itself: confirmed,
+// retried and dead-lettered, one line each, with the totals written out
+// (the chart is never the only place a number is).
+const SERIES = [['confirmed', 'confirmed', 'ok'], ['retried', 'retried', 'warn'], ['failed', 'dead-lettered', 'bad']];
+function chart(minutes) {
+  const NS = 'http://www.w3.org/2000/svg';
+  const svg = (tag, attrs, ...kids) => {
+    const el = document.createElementNS(NS, tag);
+    for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, String(v));
+    el.append(...nodes(kids));
+    return el;
+  };
+  const [width, height, pad] = [600, 140, 24];
+  const top = Math.max(1, ...minutes.flatMap(m => SERIES.map(([k]) => m[k] || 0)));
+  const x = (i) => pad + (i * (width - 2 * pad)) / Math.max(1, minutes.length - 1);
+  const y = (n) => height - pad - (n * (height - 2 * pad)) / top;
+  const totals = Object.fromEntries(SERIES.map(([k]) => [k, minutes.reduce((n, m) => n + (m[k] || 0), 0)]));
+  const label = SERIES.map(([k, name]) => `${totals[k]} ${name}`).join(', ');
+  const lines = SERIES.map(([k, name, cls]) => svg('polyline', {
+    class: `line ${cls}`, 'data-series': k, 'data-total': totals[k],
+    points: minutes.map((m, i) => `${x(i).toFixed(1)},${y(m[k] || 0).toFixed(1)}`).join(' '),
+  }, svg('title', {}, `${name}: ${totals[k]} in the last hour`)));
+  return h('figure', { class: 'chart' },
+    svg('svg', { id: 'activity-chart', viewBox: `0 0 ${width} ${height}`, role: 'img', 'aria-label': `Per minute over the last hour: ${label}` },
+      svg('line', { class: 'axis', x1: pad, y1: height - pad, x2: width - pad, y2: height - pad }),
+      svg('text', { class: 'tick', x: pad, y: height - 6 }, '60 min ago'),
+      svg('text', { class: 'tick', x: width - pad, y: height - 6, 'text-anchor': 'end' }, 'now'),
+      svg('text', { class: 'tick', x: pad, y: pad - 8 }, `${top} a minute`),
+      ...lines),
+    h('figcaption', {}, SERIES.map(([k, name, cls]) => [h('span', { class: `key ${cls}` }, `■ ${name} ${totals[k]}`), ' '])));
+}
+
 function perMinute(rate) { return rate >= 10 ? Math.round(rate) : rate.toFixed(1); }
 
 const FILTERS = ['kind', 'outbox', 'status', 'priority', 'lane', 'subject', 'correlation_id', 'created_after', 'created_before'];
@@ -302,7 +337,12 @@ async function op(main, live, params, id) {
   return async () => {
     const { op: o, attempts } = await api('GET', `/api/admin/outbox/${encodeURIComponent(id)}`);
     const writes = may('outbox:write');
+    // A final op does not change by itself: polling stops (a retry or
+    // cancel from this page refreshes it, and polling starts again).
+    const final = ['confirmed', 'failed', 'cancelled'].includes(o.status);
+    polling(!final);
     fill(live, 
+      final ? h('p', { class: 'muted', id: 'not-polling' }, `This op is ${o.status}: the page no longer refreshes by itself.`) : null,
       h('dl', { class: 'fields' },
         ['status', 'kind', 'outbox', 'priority', 'attempts', 'subject', 'correlation_id', 'idempotency_key', 'next_attempt_at', 'lease_owner', 'lease_until', 'receipt', 'last_error', 'created_at', 'updated_at', 'finished_at']
           .map(k => [h('dt', {}, k.replace(/_/g, ' ')), h('dd', {}, k === 'status' ? statusText(o[k]) : (k.endsWith('_at') || k === 'lease_until' ? when(o[k]) : (o[k] ?? '')))])),
@@ -329,7 +369,7 @@ async function dead(main, live) {
   const form = h('form', { class: 'filters' },
     input('kind', 'kind'), input('outbox', 'outbox'),
     input('failed_after', 'failed after', '2026-12-01T00:00:00Z'), input('failed_before', 'failed before', ''),
-    input('limit', 'at most', '1000'), input('include_unknown', 'outcome-unknown ids to include', '12, 40'));
+    input('limit', 'at most (oldest first)', 'no limit'), input('include_unknown', 'outcome-unknown ids to include', '12, 40'));
   const body = (dryRun) => {
     const d = new FormData(form);
     const b = { dry_run: dryRun };
@@ -348,9 +388,18 @@ async function dead(main, live) {
           r.unknown_left_out.length ? `; ${r.unknown_left_out.length} with an unknown outcome are left out unless named.` : '.'),
         n ? h('p', {}, 'Sample: ', r.would_recover.slice(0, 20).map(id => [opLink(id), ' '])) : null,
         r.unknown_left_out.length ? h('p', {}, 'Left out (outcome unknown): ', r.unknown_left_out.slice(0, 20).map(id => [opLink(id), ' '])) : null,
-        n ? button(`Recover ${n}`, () => act(`Put ${n} dead letters back to pending? They are spread over time so a receiver is not stampeded.`,
-          () => api('POST', '/api/admin/outbox/recover', body(false)),
-          (res) => { fill(preview, ); return `Recovered ${res.recovered.length}; skipped ${res.skipped.length}; spread over ${res.over_seconds} s.`; }), { class: 'danger', id: 'recover-run' }) : null);
+        n ? h('p', { class: 'muted' }, 'Exactly these are recovered, each if it is still a dead letter: dead letters arriving after this preview are left alone.') : null,
+        // The confirmed recover names the previewed ids: the API recovers
+        // those and nothing else, and says how the set changed since.
+        n ? button(`Recover ${n}`, () => act(`Put these ${n} dead letters back to pending? They are spread over time so a receiver is not stampeded.`,
+          () => api('POST', '/api/admin/outbox/recover', Object.assign(body(false), { ids: r.would_recover })),
+          (res) => {
+            const changed = [];
+            if (res.changed.length) changed.push(`${res.changed.length} of the preview were no longer dead letters and were left alone`);
+            if (res.not_in_preview) changed.push(`${res.not_in_preview} dead letter${res.not_in_preview === 1 ? '' : 's'} matching the filter arrived after the preview and were not touched (preview again to include them)`);
+            fill(preview, changed.length ? h('p', { class: 'warn', id: 'recover-changed' }, `The set changed since the preview: ${changed.join('; ')}.`) : null);
+            return `Recovered ${res.recovered.length}; skipped ${res.skipped.length}; spread over ${res.over_seconds} s.`;
+          }), { class: 'danger', id: 'recover-run' }) : null);
     } catch (e) { say(e.message, true); }
   };
   main.append(h('h1', {}, 'Dead letters'), live);
@@ -406,7 +455,7 @@ async function destinations(main, live) {
   };
 }
 
-async function steering(main, live) {
+async function steering(main, live, params) {
   main.append(h('h1', {}, 'Lanes, pauses, subjects'));
   if (may('outbox:write')) {
     const scope = h('select', { id: 'pause-scope', name: 'scope' }, ['kind', 'outbox', 'destination'].map(s => h('option', { value: s }, s)));
@@ -426,7 +475,12 @@ async function steering(main, live) {
   }
   main.append(live);
   return async () => {
-    const [pauses, lanes, subjects] = await Promise.all([api('GET', '/api/admin/pauses'), api('GET', '/api/admin/lanes'), api('GET', '/api/admin/subjects')]);
+    const [pauses, lanes, subjects] = await Promise.all([
+      api('GET', '/api/admin/pauses'),
+      api('GET', `/api/admin/lanes${query({ after: params.get('lanes_after'), limit: PAGE })}`),
+      api('GET', '/api/admin/subjects')]);
+    const nextLanes = new URLSearchParams(params); if (lanes.next !== null) nextLanes.set('lanes_after', lanes.next);
+    const firstLanes = new URLSearchParams(params); firstLanes.delete('lanes_after');
     const writes = may('outbox:write');
     fill(live, 
       h('h2', {}, 'Pauses'),
@@ -440,7 +494,10 @@ async function steering(main, live) {
         { title: 'outbox', cell: r => r.outbox }, { title: 'lane', cell: r => r.lane }, { title: 'behind op', cell: r => r.op_id ? opLink(r.op_id) : '' },
         { title: 'since', cell: r => when(r.halted_at) },
         { title: 'action', cell: r => writes ? button('Skip', () => act(`Release lane ${r.lane} past its dead letter? Later ops go on without it.`, () => api('POST', '/api/admin/lanes/skip', { outbox: r.outbox, lane: r.lane }), () => `Released ${r.lane}.`)) : '' },
-      ], lanes.held, 'No lane is held.'),
+      ], lanes.held, params.get('lanes_after') ? 'No more held lanes.' : 'No lane is held.'),
+      h('p', { class: 'actions' },
+        params.get('lanes_after') ? h('a', { href: `#/steering?${firstLanes}` }, 'First held lanes') : null,
+        lanes.next !== null ? h('a', { href: `#/steering?${nextLanes}`, rel: 'next', id: 'lanes-next' }, 'More held lanes') : null),
       h('h2', {}, 'Halted subjects'),
       table('Subjects whose ops wait', [
         { title: 'subject', cell: r => r.subject }, { title: 'reason', cell: r => r.reason || '' }, { title: 'since', cell: r => when(r.halted_at) },
@@ -492,10 +549,21 @@ async function refresh() {
   }
 }
 
+// Starts or stops the current page's polling (a page whose data is final
+// stops it; an action that changes it starts it again).
+function polling(on) {
+  if (!on) { clearInterval(state.timer); state.timer = null; return; }
+  if (state.timer === null && state.interval) {
+    state.timer = setInterval(() => { if (!document.hidden) refresh(); }, state.interval);
+  }
+}
+
 async function route() {
   // A later navigation wins: an earlier one still awaiting stops there.
   const nav = ++state.nav;
   clearInterval(state.timer);
+  state.timer = undefined;
+  state.interval = null;
   state.route = null;
   const main = document.getElementById('main');
   main.replaceChildren();
@@ -525,7 +593,9 @@ async function route() {
   main.focus();
   await refresh();
   if (nav !== state.nav) return;
-  state.timer = setInterval(() => { if (!document.hidden) refresh(); }, page === overview ? OVERVIEW_POLL_MS : POLL_MS);
+  state.interval = page === overview ? OVERVIEW_POLL_MS : POLL_MS;
+  if (state.timer === null) return;
+  state.timer = setInterval(() => { if (!document.hidden) refresh(); }, state.interval);
 }
 
 window.addEventListener('hashchange', () => { say(''); route(); });

@@ -289,6 +289,9 @@ async fn a_browser_operator_recovers_a_dead_letter_live_and_a_read_only_key_cann
     let broken = Arc::new(AtomicBool::new(true));
     let delivered = Arc::new(AtomicUsize::new(0));
     let inbox = fake_inbox(broken.clone(), delivered.clone()).await?;
+    // An inbox that refuses everything for good, for dead letters the
+    // browser run makes itself (one arriving after a preview; lanes held).
+    let refusing = fake_inbox(Arc::new(AtomicBool::new(true)), Arc::default()).await?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let plugins = repo.join("plugins/target/wasm32-wasip2/release");
     let config = dir.path().join("laneway.toml");
@@ -314,6 +317,7 @@ keys = ["actor"]
 path = "{plugins}/noop.wasm"
 [kinds.activitypub]
 plugin = "activitypub"
+poison = "halt"
 backoff_base_ms = 50
 backoff_max_ms = 200
 config = {{ key = "actor", key_id = "https://console.laneway.example/actor#main-key", signature = "cavage" }}
@@ -415,6 +419,23 @@ plugin = "noop"
         ensure!(tokio::time::Instant::now() < deadline, "op {dead} never dead-lettered");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // A destination failing but not held (available, failures counted): the
+    // overview must not count it as held (/metrics does not).
+    let shared = laneway::config::from_toml_str(&format!(
+        "[database]\nurl = \"sqlite://{}\"\n",
+        dir.path().join("queue.db").display()
+    ))?;
+    let queue = laneway::queue::open(&shared.database, shared.limits(), Arc::new(laneway::clock::SystemClock)).await?;
+    laneway::destinations::apply(
+        queue.as_ref(),
+        &laneway::events::Metrics::default(),
+        "failing.example",
+        &[laneway::health::Event::Failed { error: "connection refused" }],
+        "test",
+        chrono::Utc::now(),
+        &shared.destinations.health(),
+    )
+    .await?;
     // The receiver is fixed; the operator takes over in the browser.
     broken.store(false, Ordering::SeqCst);
     let mut browser = std::process::Command::new("node");
@@ -425,6 +446,8 @@ plugin = "noop"
         .env("LW_READ_KEY", &reader)
         .env("LW_DEAD_ID", dead.to_string())
         .env("LW_HOSTILE_ID", hostile.to_string())
+        .env("LW_PRODUCER_KEY", &producer)
+        .env("LW_REFUSING_INBOX", &refusing)
         .env("CHROMIUM", &chromium);
     if let Some(dir) = std::env::var_os("LW_SHOTS") {
         browser.env("LW_SHOTS", dir);

@@ -136,7 +136,7 @@ const ACTIVITY_ROWS: u32 = 100_000;
 /// the newest outcomes only, so the answer costs the same at any size).
 #[utoipa::path(get, path = "/api/admin/outbox/activity", tag = "outbox",
     security(("bearer" = ["outbox:read"])),
-    responses((status = 200, description = "`window_seconds` (3600), `counts` ({status, count, since}), `covered_seconds` (less than the window when more outcomes came than are counted), `failure_rate` (failed of confirmed and failed)", body = Value), Refusals))]
+    responses((status = 200, description = "`window_seconds` (3600), `counts` ({status, count, since}), `covered_seconds` (less than the window when more outcomes came than are counted), `failure_rate` (failed of confirmed and failed), `per_minute` (60 of {minute, confirmed, failed, cancelled, retried}, oldest first; retried: attempts that failed short of a confirmation)", body = Value), Refusals))]
 pub(super) async fn activity(State(state): State<ApiState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     state.authorize(&headers, "outbox:read").await?;
     let now = Utc::now();
@@ -168,12 +168,42 @@ pub(super) async fn activity(State(state): State<ApiState>, headers: HeaderMap) 
     } else {
         None
     };
+    let minutes = state
+        .queue()
+        .recent_minutes(now - ACTIVITY_WINDOW, ACTIVITY_ROWS)
+        .await?;
     Ok(Json(json!({
         "window_seconds": ACTIVITY_WINDOW.num_seconds(),
         "covered_seconds": covered,
         "counts": counts,
         "failure_rate": failure_rate,
+        "per_minute": per_minute(&minutes, now),
     })))
+}
+
+/// The last hour as 60 minutes, oldest first, each with its confirmed,
+/// dead-lettered (`failed`), `cancelled` and `retried` counts (zeros where
+/// nothing happened), for the overview's chart.
+fn per_minute(counts: &[crate::queue::MinuteCount], now: DateTime<Utc>) -> Vec<Value> {
+    let minutes = ACTIVITY_WINDOW.num_minutes();
+    let this_minute = now.timestamp() / 60;
+    (0..minutes)
+        .map(|i| {
+            let start = this_minute - (minutes - 1 - i);
+            let of = |what: &str| {
+                counts
+                    .iter()
+                    .filter(|c| c.minute.timestamp() / 60 == start && c.what == what)
+                    .map(|c| c.count)
+                    .sum::<i64>()
+            };
+            json!({
+                "minute": DateTime::<Utc>::from_timestamp(start * 60, 0),
+                "confirmed": of("confirmed"), "failed": of("failed"),
+                "cancelled": of("cancelled"), "retried": of("retried"),
+            })
+        })
+        .collect()
 }
 
 /// Every dead letter counted by kind, last attempt class and whether its
@@ -285,8 +315,15 @@ pub(super) struct RecoverBody {
     /// or dead) to recover anyway, by id; others like them are left out.
     #[serde(default)]
     include_unknown: Vec<OpId>,
-    /// At most this many.
+    /// At most this many, the oldest (by id) first; absent: no limit
+    /// (up to 100,000).
     limit: Option<usize>,
+    /// What a preview (`dry_run`) answered in `would_recover`: then only
+    /// these are recovered, each if it still matches, and nothing else; the
+    /// answer says how the set changed since (`changed`: named but no longer
+    /// a matching dead letter; `not_in_preview`: matching but not named).
+    #[serde(default)]
+    ids: Option<Vec<OpId>>,
 }
 
 /// Bulk retry of dead letters by filter and time window. The first
@@ -295,7 +332,7 @@ pub(super) struct RecoverBody {
 #[utoipa::path(post, path = "/api/admin/outbox/recover", tag = "outbox",
     request_body = RecoverBody,
     security(("bearer" = ["outbox:write"])),
-    responses((status = 200, description = "`recovered`, `skipped` (changed meanwhile or coalesce conflict), `unknown_left_out`, `over_seconds`; with `dry_run`, `would_recover`", body = Value), Refusals, BodyRefusals))]
+    responses((status = 200, description = "`recovered`, `skipped` (changed meanwhile or coalesce conflict), `unknown_left_out`, `over_seconds`; with `ids`, `changed` (named, no longer matching) and `not_in_preview` (matching, not named, left alone); with `dry_run`, `would_recover`", body = Value), Refusals, BodyRefusals))]
 pub(super) async fn recover(
     State(state): State<ApiState>,
     headers: HeaderMap,
@@ -314,7 +351,19 @@ pub(super) async fn recover(
             return Err(ApiError::invalid("failed_after must be before failed_before"));
         }
     }
+    if body.ids.as_ref().is_some_and(|ids| ids.len() > MAX_RECOVER) {
+        return Err(ApiError::invalid(format!("ids: at most {MAX_RECOVER}")));
+    }
     let named: HashSet<OpId> = body.include_unknown.iter().copied().collect();
+    let previewed: Option<HashSet<OpId>> = body.ids.as_ref().map(|ids| ids.iter().copied().collect());
+    // Named ids define the set: every matching dead letter is looked at
+    // (to count those not named), up to twice the most one recover takes.
+    let (limit, scan_max) = match &previewed {
+        Some(ids) => (ids.len(), 2 * MAX_RECOVER),
+        None => (limit, usize::MAX),
+    };
+    let mut not_in_preview = 0usize;
+    let mut scanned = 0usize;
     let mut chosen = Vec::new();
     let mut unknown_left_out = Vec::new();
     let mut after = None;
@@ -335,20 +384,35 @@ pub(super) async fn recover(
         };
         after = Some(last.id);
         for op in page {
+            scanned += 1;
+            if scanned > scan_max {
+                break 'pages;
+            }
             let failed_at = op.finished_at.unwrap_or(op.updated_at);
             if body.failed_after.is_some_and(|a| failed_at < a) || body.failed_before.is_some_and(|b| failed_at >= b) {
+                continue;
+            }
+            if previewed.as_ref().is_some_and(|ids| !ids.contains(&op.id)) {
+                not_in_preview += 1;
                 continue;
             }
             if op.receipt.is_some() && !named.contains(&op.id) {
                 unknown_left_out.push(op.id);
                 continue;
             }
-            chosen.push((op.id, op.outbox));
-            if chosen.len() >= limit {
+            if chosen.len() < limit {
+                chosen.push((op.id, op.outbox));
+            } else if previewed.is_none() {
                 break 'pages;
             }
         }
     }
+    let changed: Vec<OpId> = previewed.as_ref().map_or_else(Vec::new, |ids| {
+        let found: HashSet<OpId> = chosen.iter().map(|(id, _)| *id).chain(unknown_left_out.iter().copied()).collect();
+        let mut gone: Vec<OpId> = ids.iter().copied().filter(|id| !found.contains(id)).collect();
+        gone.sort_unstable();
+        gone
+    });
     let ids: Vec<OpId> = chosen.iter().map(|(id, _)| *id).collect();
     if body.dry_run {
         return Ok(Json(json!({
@@ -414,7 +478,7 @@ pub(super) async fn recover(
         .await?;
     Ok(Json(json!({
         "recovered": recovered, "skipped": skipped, "unknown_left_out": unknown_left_out,
-        "over_seconds": seconds,
+        "over_seconds": seconds, "changed": changed, "not_in_preview": not_in_preview,
     })))
 }
 

@@ -3,13 +3,13 @@
 //! host's breakers. Reads need `outbox:read`, writes `outbox:write`; every
 //! write is audited.
 
-use axum::extract::rejection::{JsonRejection, PathRejection};
-use axum::extract::{Path, State};
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use super::error::{BodyRefusals, Refusals};
 use super::{ApiError, ApiState, ErrorBody};
@@ -100,13 +100,59 @@ pub(super) async fn resume(
     Ok(Json(json!({ "resumed": true })))
 }
 
-/// Strict lanes held by a dead letter.
+/// A page of held lanes.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(super) struct LanesQuery {
+    /// Only this outbox's.
+    outbox: Option<String>,
+    /// The cursor: the `next` of the previous page.
+    after: Option<String>,
+    limit: Option<u32>,
+}
+
+/// A held-lanes cursor: the last row's (outbox, lane, op id) as JSON, in
+/// base64url, so a lane's own characters need no escaping.
+fn lane_cursor(halt: &crate::queue::LaneHalt) -> String {
+    use base64::Engine as _;
+    let text = json!([halt.outbox, halt.lane, halt.op_id]).to_string();
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(text)
+}
+
+fn parse_lane_cursor(cursor: &str) -> Result<(String, String, crate::op::OpId), ApiError> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(cursor)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<(String, String, crate::op::OpId)>(&bytes).ok())
+        .ok_or_else(|| ApiError::invalid("after: not a cursor this API handed out"))
+}
+
+/// Strict lanes held by a dead letter, a page at a time (by outbox, lane).
 #[utoipa::path(get, path = "/api/admin/lanes", tag = "steering",
+    params(LanesQuery),
     security(("bearer" = ["outbox:read"])),
-    responses((status = 200, description = "`held` ({outbox, lane, op_id, halted_at})", body = Value), Refusals))]
-pub(super) async fn lanes(State(state): State<ApiState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+    responses((status = 200, description = "`held` ({outbox, lane, op_id, halted_at}) and `next` (the cursor for `after`, null on the last page)", body = Value), Refusals))]
+pub(super) async fn lanes(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    query: Result<Query<LanesQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
     state.authorize(&headers, "outbox:read").await?;
-    Ok(Json(json!({ "held": state.queue().lane_halts(None).await? })))
+    let Query(q) = query?;
+    let limit = state.page_limit(q.limit)?;
+    let after = q.after.as_deref().map(parse_lane_cursor).transpose()?;
+    let held = state
+        .queue()
+        .lane_halts_page(
+            q.outbox.as_deref(),
+            after.as_ref().map(|(o, l, id)| (o.as_str(), l.as_str(), *id)),
+            limit,
+        )
+        .await?;
+    let next = (held.len() == limit as usize).then(|| held.last().map(lane_cursor)).flatten();
+    Ok(Json(json!({ "held": held, "next": next })))
 }
 
 /// A held lane.

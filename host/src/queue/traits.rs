@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use super::{
     ApiKey, AuditEntry, Backend, BookRow, Cas, Claimed, Completion, DeadLetterGroup, Depth, Enqueued, Expect, ExpireTo,
     HaltedSubject, HostShare, KindRegistry, LaneHalt, Latency, LeaseSpec, NewApiKey, NewAuditEntry, NewOp, Occupant,
-    OpFilter, OutcomeCount, OutcomeEntry, Pause, PauseScope, PruneQuery, QueueError, QueueGauges, Record, Redeal,
+    MinuteCount, OpFilter, OutcomeCount, OutcomeEntry, Pause, PauseScope, PruneQuery, QueueError, QueueGauges, Record, Redeal,
     SlotLease, Subscription, Tombstone,
 };
 use crate::lanes::LaneRules;
@@ -56,6 +56,11 @@ pub trait OpStore: Send + Sync + std::fmt::Debug {
     /// whatever the table holds; a sum of `max_rows` means the window was
     /// cut short).
     async fn recent_outcomes(&self, since: DateTime<Utc>, max_rows: u32) -> Result<Vec<OutcomeCount>, QueueError>;
+
+    /// Per minute since `since`: transitions into each terminal status, and
+    /// attempts that failed short of a confirmation (`retried`), each
+    /// counted over the newest `max_rows` rows at most, oldest minute first.
+    async fn recent_minutes(&self, since: DateTime<Utc>, max_rows: u32) -> Result<Vec<MinuteCount>, QueueError>;
 
     /// Wake-ups from producers in other processes, where the backend has
     /// them (PostgreSQL `LISTEN`); `None` otherwise.
@@ -192,6 +197,15 @@ pub trait OperatorStore: Send + Sync + std::fmt::Debug {
 
     /// Strict lanes held by dead letters (all outboxes when `None`).
     async fn lane_halts(&self, outbox: Option<&str>) -> Result<Vec<LaneHalt>, QueueError>;
+
+    /// At most `limit` held lanes after `after` (outbox, lane, op id), in
+    /// that order: a page for a listing thousands long.
+    async fn lane_halts_page(
+        &self,
+        outbox: Option<&str>,
+        after: Option<(&str, &str, OpId)>,
+        limit: u32,
+    ) -> Result<Vec<LaneHalt>, QueueError>;
 
     /// Operator: lets a halted lane continue past its dead letter, which
     /// stays failed. Returns how many holds were removed.

@@ -391,6 +391,18 @@ pub struct OutcomeCount {
     pub since: DateTime<Utc>,
 }
 
+/// What happened in one minute, for the console's chart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MinuteCount {
+    /// The minute's start.
+    pub minute: DateTime<Utc>,
+    /// `confirmed`, `failed` (dead-lettered), `cancelled`, or `retried`
+    /// (attempts that failed short of a confirmation).
+    pub what: String,
+    /// How many.
+    pub count: i64,
+}
+
 /// A shared record: a JSON value under (namespace, key) with a version
 /// every write bumps, so hosts update it by compare-and-set.
 #[derive(Debug, Clone, PartialEq, Eq)]

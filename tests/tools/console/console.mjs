@@ -9,6 +9,8 @@
 //   LW_READ_KEY    a key with outbox:read only
 //   LW_DEAD_ID     the id of the dead letter to find and recover
 //   LW_HOSTILE_ID  an op whose payload and correlation id hold HTML
+//   LW_PRODUCER_KEY a key with ops:write, for dead letters made mid-run
+//   LW_REFUSING_INBOX an inbox that refuses every delivery for good
 //   LW_SHOTS       optional: a directory for a screenshot of each page
 //   CHROMIUM       optional: the browser (default /usr/bin/chromium)
 import { chromium } from 'playwright-core';
@@ -18,6 +20,8 @@ const adminKey = must('LW_ADMIN_KEY');
 const readKey = must('LW_READ_KEY');
 const dead = must('LW_DEAD_ID');
 const hostile = must('LW_HOSTILE_ID');
+const producerKey = must('LW_PRODUCER_KEY');
+const refusing = must('LW_REFUSING_INBOX');
 const shots = process.env.LW_SHOTS || '';
 const TIMEOUT = 20000;
 // The whole run ends by itself, whatever hangs.
@@ -32,6 +36,31 @@ function must(name) {
 function step(name) { console.log(`step: ${name}`); }
 
 function check(cond, message) { if (!cond) throw new Error(message); }
+
+async function call(method, path, key, body) {
+  const r = await fetch(`${base}${path}`, { method, headers: { Authorization: `Bearer ${key}`, 'Content-Type': 'application/json' }, body: body === undefined ? undefined : JSON.stringify(body) });
+  const text = await r.text();
+  if (!r.ok) throw new Error(`${method} ${path}: ${r.status} ${text}`);
+  return JSON.parse(text);
+}
+
+// Deliveries to the refusing inbox, one per recipient URL (each its own
+// lane), waited for until every one is a dead letter; their ids.
+async function deadLetters(recipients, activity) {
+  const answer = await call('POST', '/api/v1/activitypub/deliveries', producerKey, {
+    outbox: 'https://console.laneway.example/actor',
+    activity: { id: `https://console.laneway.example/a/${activity}`, type: 'Create' },
+    recipients,
+  });
+  const ids = answer.deliveries.map(d => d.id);
+  const until = Date.now() + TIMEOUT;
+  for (;;) {
+    const states = await Promise.all(ids.map(id => call('GET', `/api/admin/outbox/${id}`, adminKey).then(r => r.op.status)));
+    if (states.every(s => s === 'failed')) return ids;
+    check(Date.now() < until, `not dead-lettered in time: ${states}`);
+    await new Promise(r => setTimeout(r, 200));
+  }
+}
 
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
@@ -65,7 +94,16 @@ try {
   await page.click('button[type=submit]');
   await heading('Overview');
   await page.getByRole('heading', { name: 'Last hour' }).waitFor();
-  await page.getByText('dead-lettered').waitFor();
+  await page.getByText('dead-lettered').first().waitFor();
+  step('the overview charts the last hour and counts only held destinations');
+  await page.locator('#activity-chart').waitFor();
+  const totals = await page.evaluate(() => Object.fromEntries([...document.querySelectorAll('#activity-chart polyline')].map(l => [l.dataset.series, Number(l.dataset.total)])));
+  check(totals.confirmed >= 3 && totals.failed >= 1 && 'retried' in totals, `chart totals: ${JSON.stringify(totals)}`);
+  check(await page.locator('#activity-chart polyline').first().evaluate(l => l.getAttribute('points').split(' ').length) === 60, 'the chart does not have 60 minutes');
+  // failing.example is failing, not held: /metrics' destinations_held is 0.
+  const heldCard = await page.locator('.card', { hasText: 'destinations held' }).locator('.n').textContent();
+  check(heldCard === '0', `destinations held shows ${heldCard} for a host only failing`);
+  await page.getByText('No destination is held.').waitFor();
   await shot('overview');
 
   step('find the dead letter through the filters');
@@ -85,6 +123,8 @@ try {
   await heading('Dead letters');
   await page.getByRole('cell', { name: 'permanent' }).waitFor();
   await page.getByText('1 dead letter, by kind').waitFor();
+  // Empty means no limit, and the field says so.
+  check(await page.getAttribute('#r-limit', 'placeholder') === 'no limit', 'the limit field shows a number where empty means no limit');
   await page.fill('#r-kind', 'activitypub');
   await page.click('#recover-preview');
   await page.getByText('1 dead letter would be recovered').waitFor();
@@ -92,13 +132,28 @@ try {
   // Still a dead letter: the preview changed nothing.
   const before = await (await fetch(`${base}/api/admin/outbox/${dead}`, { headers: { Authorization: `Bearer ${adminKey}` } })).json();
   check(before.op.status === 'failed', `the preview changed the op: ${before.op.status}`);
+  // Two more dead letters of the same filter arrive after the preview: the
+  // confirmed recover must touch only what the operator was shown.
+  const late = await deadLetters([`${refusing}?late=1`, `${refusing}?late=2`], 'late');
   await page.click('#recover-run');
   await page.getByText('Recovered 1;').waitFor();
+  await page.locator('#recover-changed', { hasText: '2 dead letters matching the filter arrived after the preview' }).waitFor();
+  for (const id of late) {
+    const op = await call('GET', `/api/admin/outbox/${id}`, adminKey);
+    check(op.op.status === 'failed', `op ${id}, not in the preview, was recovered: ${op.op.status}`);
+  }
 
-  step('the op reaches confirmed live');
+  step('the op reaches confirmed live, then its page stops polling');
   await page.goto(`${base}/console/#/op/${dead}`);
   await heading(`Op #${dead}`);
   await page.locator('dd', { hasText: /^confirmed$/ }).waitFor();
+  await page.locator('#not-polling').waitFor();
+  let polls = 0;
+  const counter = (r) => { if (r.url().endsWith(`/api/admin/outbox/${dead}`)) polls += 1; };
+  page.on('request', counter);
+  await page.waitForTimeout(7000);
+  page.off('request', counter);
+  check(polls === 0, `a confirmed op's page polled ${polls} times in 7 s`);
 
   step('hostile text stays text');
   await page.goto(`${base}/console/#/op/${hostile}`);
@@ -118,6 +173,18 @@ try {
   await shot('steering');
   await page.click('button[data-resume="kind/activitypub"]');
   await page.getByText('Nothing is paused.').waitFor();
+
+  step('held lanes are paged');
+  await deadLetters(Array.from({ length: 52 }, (_, i) => `${refusing}?lane=${i}`), 'lanes');
+  await page.goto(`${base}/console/#/steering`);
+  await heading('Lanes, pauses, subjects');
+  await page.locator('#lanes-next').waitFor();
+  const firstPage = await page.getByRole('button', { name: 'Skip' }).count();
+  check(firstPage === 50, `the first page shows ${firstPage} held lanes`);
+  await page.click('#lanes-next');
+  await page.getByRole('link', { name: 'First held lanes' }).waitFor();
+  const secondPage = await page.getByRole('button', { name: 'Skip' }).count();
+  check(secondPage >= 2 && secondPage < 50, `the second page shows ${secondPage} held lanes`);
 
   step('destinations and audit');
   await page.getByRole('link', { name: 'Destinations' }).click();

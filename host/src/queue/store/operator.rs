@@ -121,6 +121,35 @@ impl OperatorStore for Store {
             .collect()
     }
 
+    async fn lane_halts_page(
+        &self,
+        outbox: Option<&str>,
+        after: Option<(&str, &str, OpId)>,
+        limit: u32,
+    ) -> Result<Vec<LaneHalt>, QueueError> {
+        let (after_outbox, after_lane, after_op) = after.unwrap_or(("", "", 0));
+        let mut conn = reader(&self.conns).await?;
+        let rows = sqlx::query(sql::operator::LANE_HALTS_PAGE)
+            .bind(outbox)
+            .bind(after_outbox)
+            .bind(after_lane)
+            .bind(after_op)
+            .bind(i64::from(limit))
+            .fetch_all(&mut *conn)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let op_id: OpId = get(row, 0, "op_id")?;
+                Ok(LaneHalt {
+                    outbox: get(row, op_id, "outbox")?,
+                    lane: get(row, op_id, "lane")?,
+                    op_id,
+                    halted_at: get::<Ts, _>(row, op_id, "halted_at")?.0,
+                })
+            })
+            .collect()
+    }
+
     async fn skip_lane(&self, outbox: &str, lane: &str) -> Result<u64, QueueError> {
         self.write_one(sqlx::query(sql::operator::SKIP_LANE).bind(outbox).bind(lane))
             .await

@@ -11,7 +11,7 @@ use crate::queue::codec::{get, Lanes, List, Rank, St, Ts};
 use crate::queue::dialect::Dialect;
 use crate::queue::policy::{check_versions, shared_payload, validate_new_ops};
 use crate::queue::{
-    Backend, Depth, Enqueued, KindRegistry, NewOp, OpFilter, OpStore, OutcomeCount, QueueError, Subscription,
+    Backend, Depth, Enqueued, KindRegistry, MinuteCount, NewOp, OpFilter, OpStore, OutcomeCount, QueueError, Subscription,
 };
 
 impl Store {
@@ -392,6 +392,37 @@ impl OpStore for Store {
                 })
             })
             .collect()
+    }
+
+    async fn recent_minutes(&self, since: DateTime<Utc>, max_rows: u32) -> Result<Vec<MinuteCount>, QueueError> {
+        let mut conn = reader(&self.conns).await?;
+        let outcomes = sqlx::query(sql::ops::RECENT_OUTCOMES_BY_MINUTE)
+            .bind(Ts(since))
+            .bind(i64::from(max_rows))
+            .fetch_all(&mut *conn)
+            .await?;
+        let retries = sqlx::query(sql::ops::RECENT_RETRIES_BY_MINUTE)
+            .bind(Ts(since))
+            .bind(i64::from(max_rows))
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut minutes = Vec::with_capacity(outcomes.len() + retries.len());
+        for row in &outcomes {
+            minutes.push(MinuteCount {
+                minute: get::<Ts, _>(row, 0, "minute")?.0,
+                what: get::<St, _>(row, 0, "status")?.0.as_str().to_owned(),
+                count: get(row, 0, "n")?,
+            });
+        }
+        for row in &retries {
+            minutes.push(MinuteCount {
+                minute: get::<Ts, _>(row, 0, "minute")?.0,
+                what: "retried".to_owned(),
+                count: get(row, 0, "n")?,
+            });
+        }
+        minutes.sort_by(|a, b| a.minute.cmp(&b.minute).then_with(|| a.what.cmp(&b.what)));
+        Ok(minutes)
     }
 
     async fn subscribe(&self) -> Result<Option<Box<dyn Subscription>>, QueueError> {

@@ -30,6 +30,12 @@ RETURNING ops.id
 -- name: lane_halts
 SELECT outbox, lane, op_id, halted_at FROM lane_halts WHERE $1::text IS NULL OR outbox = $1 ORDER BY outbox, lane, op_id
 
+-- A page of held lanes after a cursor (outbox, lane, op), in that order.
+-- name: lane_halts_page
+SELECT outbox, lane, op_id, halted_at FROM lane_halts
+WHERE ($1::text IS NULL OR outbox = $1) AND (outbox, lane, op_id) > ($2, $3, $4)
+ORDER BY outbox, lane, op_id LIMIT $5
+
 -- name: skip_lane
 DELETE FROM lane_halts WHERE outbox = $1 AND lane = $2
 
