@@ -430,7 +430,9 @@ plugin = "noop"
         queue.as_ref(),
         &laneway::events::Metrics::default(),
         "failing.example",
-        &[laneway::health::Event::Failed { error: "connection refused" }],
+        &[laneway::health::Event::Failed {
+            error: "connection refused",
+        }],
         "test",
         chrono::Utc::now(),
         &shared.destinations.health(),

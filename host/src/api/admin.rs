@@ -408,7 +408,11 @@ pub(super) async fn recover(
         }
     }
     let changed: Vec<OpId> = previewed.as_ref().map_or_else(Vec::new, |ids| {
-        let found: HashSet<OpId> = chosen.iter().map(|(id, _)| *id).chain(unknown_left_out.iter().copied()).collect();
+        let found: HashSet<OpId> = chosen
+            .iter()
+            .map(|(id, _)| *id)
+            .chain(unknown_left_out.iter().copied())
+            .collect();
         let mut gone: Vec<OpId> = ids.iter().copied().filter(|id| !found.contains(id)).collect();
         gone.sort_unstable();
         gone

@@ -151,7 +151,9 @@ pub(super) async fn lanes(
             limit,
         )
         .await?;
-    let next = (held.len() == limit as usize).then(|| held.last().map(lane_cursor)).flatten();
+    let next = (held.len() == limit as usize)
+        .then(|| held.last().map(lane_cursor))
+        .flatten();
     Ok(Json(json!({ "held": held, "next": next })))
 }
 

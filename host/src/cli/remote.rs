@@ -95,12 +95,7 @@ fn call_for(command: Command) -> Result<Call, CliError> {
         Command::Ops(OpsCommand::Cancel(a)) => Call::post(format!("/api/admin/outbox/{}/cancel", a.id), None, a.json),
         Command::Ops(OpsCommand::Stats(a)) => Call::get("/api/admin/outbox/stats".to_owned(), a.json),
         Command::Lanes(LanesCommand::List(a)) => {
-            if a.outbox.is_some() {
-                return Err(CliError::Input(
-                    "lanes list --outbox is not available with --url; the API lists every held lane".to_owned(),
-                ));
-            }
-            Call::get("/api/admin/lanes".to_owned(), a.json)
+            Call::get(format!("/api/admin/lanes{}", query(&[("outbox", a.outbox)])), a.json)
         }
         Command::Lanes(LanesCommand::Skip(a)) => Call::post(
             "/api/admin/lanes/skip".to_owned(),
@@ -168,7 +163,22 @@ pub async fn run(
         return outcomes(&api, args, out).await;
     }
     let call = call_for(command)?;
-    let body = api.send(&call).await?;
+    let mut body = api.send(&call).await?;
+    // Held lanes come a page at a time: every page, as the database lists them.
+    if call.path.starts_with("/api/admin/lanes") && call.method == reqwest::Method::GET {
+        let separator = if call.path.contains('?') { '&' } else { '?' };
+        while let Some(next) = body["next"].as_str().map(str::to_owned) {
+            let page = api
+                .send(&Call::get(
+                    format!("{}{separator}after={}", call.path, enc(&next)),
+                    true,
+                ))
+                .await?;
+            let mut held = body["held"].as_array().cloned().unwrap_or_default();
+            held.extend(page["held"].as_array().cloned().unwrap_or_default());
+            body = json!({ "held": held, "next": page["next"] });
+        }
+    }
     let printed = if call.json {
         body.to_string()
     } else {

@@ -176,6 +176,9 @@ pub struct DestinationsConfig {
     /// What laneway keeps per remote host (health, gone and shared inboxes,
     /// plugin notes) is forgotten once nothing has written it this long.
     pub forget_after_ms: u64,
+    /// How often each host reads the shared health records again (a
+    /// change it makes itself is read at once).
+    pub health_refresh_ms: u64,
 }
 
 impl DestinationsConfig {

@@ -189,6 +189,12 @@ pub(super) fn validate(config: &Config) -> Vec<Problem> {
             "expected at least 1 (to give every destination the full cap at once, set max_in_flight_unanswered = max_in_flight)".to_owned(),
         );
     }
+    if !(100..=3_600_000).contains(&d.health_refresh_ms) {
+        bad(
+            "destinations.health_refresh_ms",
+            format!("expected 100 to 3600000, got {}", d.health_refresh_ms),
+        );
+    }
     if d.forget_after_ms < 3_600_000 {
         bad(
             "destinations.forget_after_ms",

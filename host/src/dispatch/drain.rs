@@ -174,7 +174,6 @@ struct Pass {
 struct Issued {
     completions: Vec<Completion>,
     notes: Vec<Note>,
-    signals: Vec<(String, String, Signal)>,
     chosen: Vec<OpId>,
     permits: HashMap<OpId, Hold>,
     trials: Vec<(OpId, String)>,
@@ -528,7 +527,13 @@ impl Pass {
         let now = self.inner.clock.now();
         let rules = config.lane_rules();
         let finished = std::mem::take(&mut self.finished);
-        let signals = health_signals(&finished);
+        // Health first, and the decisions read it: an attempt planned on a
+        // view older than the record (another host's write, or this host's
+        // own not yet read back) never spends its op's last attempt against
+        // a host the record holds. A crash before the settle commits counts
+        // these failures once more than the attempts recorded; never an
+        // outcome.
+        self.record_health(health_signals(&finished), &config, now).await;
         let (completions, notes) = self.decide(finished, &config, now);
         // Ops this round confirms or dead-letters leave their lanes when the
         // round commits; the round may start the next op of such a lane,
@@ -591,7 +596,6 @@ impl Pass {
         let issued = Issued {
             completions,
             notes,
-            signals,
             chosen,
             permits,
             trials,
@@ -620,7 +624,6 @@ impl Pass {
         let Issued {
             completions,
             notes,
-            signals,
             chosen,
             permits,
             trials,
@@ -646,9 +649,6 @@ impl Pass {
             .flat_map(|((_, (claimed, _)), _)| claimed.op.lanes.iter().cloned())
             .collect();
         self.record_settles(&completions, notes, settled);
-        // After the settles commit: a crash between the two loses these
-        // attempts' health counts, never an outcome.
-        self.record_health(signals, &config, now).await;
         let claimed_ids: HashSet<OpId> = claimed.iter().map(|c| c.op.id).collect();
         for id in &chosen {
             if claimed_ids.contains(id) {
@@ -1365,8 +1365,17 @@ impl Pass {
             // letter: its destination is held, and so is it, until the next
             // probe.
             let probe = self.probing.remove(&op.id);
+            // Nor is an attempt that failed against a host its record now
+            // holds (this failure may be what made it unavailable): the
+            // record is written before deciding, so this does not depend
+            // on how fresh the view was when the attempt was planned.
+            let held = f
+                .destination
+                .as_deref()
+                .and_then(|d| self.health.get(d))
+                .is_some_and(crate::health::Health::held);
             let decision = match decision {
-                Decision::DeadLetter { error } if probe && f.outcome.destination_failed() == Some(true) => {
+                Decision::DeadLetter { error } if (probe || held) && f.outcome.destination_failed() == Some(true) => {
                     Decision::Retry {
                         at: now + chrono_duration(config.destinations.health().probe_every),
                         error,

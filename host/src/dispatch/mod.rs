@@ -87,7 +87,8 @@ pub(crate) struct Inner {
     pub handover: Mutex<handover::Handover>,
     /// What the events of this dispatcher count.
     pub metrics: Arc<Metrics>,
-    /// The shared destination health, read every [`HEALTH_REFRESH`] (and
+    /// The shared destination health, read every
+    /// `destinations.health_refresh_ms` (and
     /// at once after a change here) by one task, so drains read it without
     /// waiting on the database.
     pub health: ArcSwap<crate::destinations::HealthView>,
@@ -96,9 +97,6 @@ pub(crate) struct Inner {
     /// Ops in flight per destination host, for the per-destination cap.
     pub destination_load: Arc<load::DestinationLoad>,
 }
-
-/// How stale a drain's view of destination health may be.
-const HEALTH_REFRESH: Duration = Duration::from_secs(1);
 
 impl Inner {
     /// `true` if `kind` was already reported; marks it reported otherwise.
@@ -154,7 +152,7 @@ impl Inner {
         self.health_changed.notify_one();
     }
 
-    /// Reads the shared destination health every [`HEALTH_REFRESH`], or
+    /// Reads the shared destination health every `health_refresh_ms`, or
     /// at once when asked, until cancelled; a failed read keeps the last.
     pub async fn refresh_health(&self) {
         loop {
@@ -162,8 +160,9 @@ impl Inner {
                 Ok(view) => self.health.store(Arc::new(view)),
                 Err(e) => warn!(error = %e, "Could not read destination health; using the last view."),
             }
+            let every = Duration::from_millis(self.config.load().destinations.health_refresh_ms);
             tokio::select! {
-                () = tokio::time::sleep(HEALTH_REFRESH) => {}
+                () = tokio::time::sleep(every) => {}
                 () = self.health_changed.notified() => {}
                 () = self.cancel.cancelled() => return,
             }
@@ -422,6 +421,12 @@ impl Dispatcher {
             self.wake_due();
         }
         closed
+    }
+
+    /// A destination's health as this host's drains see it now (the shared
+    /// records as last read; `None`: nothing known against it).
+    pub fn destination_health(&self, host: &str) -> Option<crate::health::Health> {
+        self.inner.health_view().get(host).cloned()
     }
 
     /// Suspends a destination host on every host (an operator's hold with

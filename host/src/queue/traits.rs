@@ -9,9 +9,9 @@ use chrono::{DateTime, Utc};
 
 use super::{
     ApiKey, AuditEntry, Backend, BookRow, Cas, Claimed, Completion, DeadLetterGroup, Depth, Enqueued, Expect, ExpireTo,
-    HaltedSubject, HostShare, KindRegistry, LaneHalt, Latency, LeaseSpec, NewApiKey, NewAuditEntry, NewOp, Occupant,
-    MinuteCount, OpFilter, OutcomeCount, OutcomeEntry, Pause, PauseScope, PruneQuery, QueueError, QueueGauges, Record, Redeal,
-    SlotLease, Subscription, Tombstone,
+    HaltedSubject, HostShare, KindRegistry, LaneHalt, Latency, LeaseSpec, MinuteCount, NewApiKey, NewAuditEntry, NewOp,
+    Occupant, OpFilter, OutcomeCount, OutcomeEntry, Pause, PauseScope, PruneQuery, QueueError, QueueGauges, Record,
+    Redeal, SlotLease, Subscription, Tombstone,
 };
 use crate::lanes::LaneRules;
 use crate::op::{Attempt, Lease, Op, OpId, Priority, Status};

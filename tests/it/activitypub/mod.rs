@@ -151,6 +151,7 @@ crate::on_both_backends!(
     inbox_urls_the_client_rewrites_are_signed_as_sent_and_a_big_202_confirms,
     a_reboost_after_an_undo_of_a_pending_announce_is_delivered_last,
     a_host_failing_past_the_unavailable_period_is_held_probed_and_resumes_on_success,
+    an_attempt_planned_on_a_stale_view_never_dead_letters_an_op_of_a_held_host,
     a_personal_inbox_410_is_skipped_later_and_a_shared_inbox_410_suspends_its_host,
     rewritten_urls_verify_with_third_party_libraries_and_the_knock_is_remembered,
     an_accept_signature_challenge_is_learnt_and_an_ed25519_actor_signs_rfc9421,
@@ -673,6 +674,75 @@ async fn a_host_failing_past_the_unavailable_period_is_held_probed_and_resumes_o
         "the health record is cleared by the success"
     );
     Ok(())
+}
+
+/// The intermittent failure of the test above, made deterministic: an
+/// attempt planned on a view of destination health older than the record
+/// (here another host marked the destination unavailable, and this host's
+/// view is read again only hourly; in CI it was this host's own write not
+/// yet read back) fails against it with the op's last attempt. The record
+/// holds the host, so the op waits for its probe: it is not dead-lettered.
+async fn an_attempt_planned_on_a_stale_view_never_dead_letters_an_op_of_a_held_host(db: TestDb) -> anyhow::Result<()> {
+    let stale = "[destinations]\nunavailable_after_ms = 1\nprobe_every_ms = 60000\nhealth_refresh_ms = 3600000\n\
+                 [dispatch.breaker]\nthreshold = 100000\n";
+    let ap = setup_with(db, stale, "max_attempts = 1\n").await?;
+    ap.fake
+        .script("/users/down/inbox", std::iter::repeat_n(Reply::Status(503), 1_000));
+    let queue = ap.db.queue.as_ref();
+    let host = ap.base.trim_start_matches("http://").to_owned();
+    // This host's view is read once more (a change of its own asks for
+    // that), and then not for an hour.
+    ap.running
+        .dispatcher
+        .suspend_destination("marker.example", "test", "test")
+        .await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while ap.running.dispatcher.destination_health("marker.example").is_none() {
+        ensure!(tokio::time::Instant::now() < deadline, "the view was never read");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A read asked for while the start-up read ran follows it at once.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Another host saw it fail, then fail again: unavailable in the record.
+    let metrics = laneway::events::Metrics::default();
+    let health = ap.config.destinations.health();
+    let t0 = chrono::Utc::now();
+    for at in [t0, t0 + chrono::Duration::milliseconds(5)] {
+        laneway::destinations::apply(
+            queue,
+            &metrics,
+            &host,
+            &[laneway::health::Event::Failed { error: "503" }],
+            "another host",
+            at,
+            &health,
+        )
+        .await?;
+    }
+    ensure!(
+        laneway::destinations::view(queue, &host)
+            .await?
+            .is_some_and(|v| v.state == "unavailable"),
+        "the record does not hold the host"
+    );
+    let id = ap
+        .fan_out(announce(&format!("{ACTOR}/announce/stale"), 1), &[ap.inbox("down")])
+        .await?[0]
+        .id();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let op = loop {
+        let op = queue.get(id).await?.context("op")?;
+        if op.attempts >= 1 && op.status != Status::Submitted {
+            break op;
+        }
+        ensure!(tokio::time::Instant::now() < deadline, "never attempted: {op:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    ensure!(
+        op.status == Status::Pending,
+        "an op of a held host was dead-lettered on a stale view: {op:?}"
+    );
+    ap.running.stop().await
 }
 
 /// Many inboxes on one unavailable host: each probe interval lets exactly

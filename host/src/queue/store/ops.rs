@@ -11,7 +11,8 @@ use crate::queue::codec::{get, Lanes, List, Rank, St, Ts};
 use crate::queue::dialect::Dialect;
 use crate::queue::policy::{check_versions, shared_payload, validate_new_ops};
 use crate::queue::{
-    Backend, Depth, Enqueued, KindRegistry, MinuteCount, NewOp, OpFilter, OpStore, OutcomeCount, QueueError, Subscription,
+    Backend, Depth, Enqueued, KindRegistry, MinuteCount, NewOp, OpFilter, OpStore, OutcomeCount, QueueError,
+    Subscription,
 };
 
 impl Store {
