@@ -80,7 +80,8 @@ async fn receive(
 ) -> Result<Response, ApiError> {
     let config = state.dispatcher().config();
     let inbound_config = &config.inbound;
-    let Some(keys) = state.keys().filter(|_| inbound_config.enabled) else {
+    let inbound = state.inbound();
+    let Some(keys) = inbound.keys.as_deref().filter(|_| inbound_config.enabled) else {
         return Err(ApiError::not_found(
             "inboxes are not enabled ([inbound] enabled = true)",
         ));

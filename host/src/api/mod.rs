@@ -57,11 +57,9 @@ struct StateInner {
     plugins: Option<(Arc<PluginHost>, FileSource)>,
     /// The public route's token bucket (full at start).
     public_bucket: Mutex<crate::ratelimit::LocalBucket>,
-    /// Actors' keys for the inboxes (absent if `[inbound]`'s client could
-    /// not be built, which `check-config` reports).
-    keys: Option<Arc<crate::inbound::KeyCache>>,
-    /// The instance actor's path and document, when laneway serves it.
-    actor: Option<(String, Value)>,
+    /// The inboxes' key cache and the instance actor, for `[inbound]` as
+    /// last read.
+    inbound: Mutex<Arc<InboundSide>>,
     /// Places for `?wait=` requests held at once.
     waiters: Arc<tokio::sync::Semaphore>,
 }
@@ -70,42 +68,13 @@ impl ApiState {
     /// State over a dispatcher (its queue, config, executors and metrics)
     /// and, for the plugin routes, the plugin host with its config source.
     pub fn new(dispatcher: Dispatcher, plugins: Option<(Arc<PluginHost>, FileSource)>) -> Self {
-        let inbound = dispatcher.config().inbound.clone();
         let max_waiters = dispatcher.config().api.max_waiters;
-        // The instance actor whose key signs every key fetch; a problem
-        // with it (check-config reports it) leaves fetches unsigned.
-        let signer = match crate::inbound::FetchSigner::from_config(&dispatcher.config()) {
-            Ok(signer) => signer.map(Arc::new),
-            Err(e) => {
-                tracing::warn!(error = %e, "Cannot load the instance actor's key; key fetches go unsigned.");
-                None
-            }
-        };
-        let keys = match crate::inbound::key_client(&inbound) {
-            Ok(client) => Some(Arc::new(
-                crate::inbound::KeyCache::new(client, crate::inbound::KeySettings::of(&inbound))
-                    .signed_by(signer.clone()),
-            )),
-            Err(e) => {
-                tracing::warn!(error = %e, "Cannot build the inbound key client; the inboxes refuse every request.");
-                None
-            }
-        };
-        let actor = signer
-            .filter(|_| inbound.serve_fetch_actor)
-            .and_then(|signer| match signer.actor_document() {
-                Ok(document) => Some((signer.actor_path(), document)),
-                Err(e) => {
-                    tracing::warn!(error = %e, "Cannot publish the instance actor's document.");
-                    None
-                }
-            });
+        let inbound = Mutex::new(Arc::new(InboundSide::build(&dispatcher.config())));
         Self {
             inner: Arc::new(StateInner {
                 dispatcher,
                 plugins,
-                keys,
-                actor,
+                inbound,
                 waiters: Arc::new(tokio::sync::Semaphore::new(max_waiters)),
                 public_bucket: Mutex::default(),
             }),
@@ -121,8 +90,16 @@ impl ApiState {
         self.inner.waiters.clone().try_acquire_owned().ok()
     }
 
-    fn keys(&self) -> Option<&crate::inbound::KeyCache> {
-        self.inner.keys.as_deref()
+    /// The inboxes' key cache, signer and actor document for the config in
+    /// force: built again when a reload changed `[inbound]` or the fetch key
+    /// (keys cached before are then fetched again).
+    fn inbound(&self) -> Arc<InboundSide> {
+        let config = self.dispatcher().config();
+        let mut side = self.inner.inbound.lock().unwrap_or_else(PoisonError::into_inner);
+        if !side.built_for(&config) {
+            *side = Arc::new(InboundSide::build(&config));
+        }
+        side.clone()
     }
 
     fn queue(&self) -> &Arc<dyn Queue> {
@@ -284,6 +261,64 @@ pub fn router(state: ApiState) -> Router {
         .with_state(state)
 }
 
+/// What the inboxes need, built from one `[inbound]` (and its fetch key).
+struct InboundSide {
+    /// What it was built from.
+    config: crate::config::InboundConfig,
+    fetch_key: Option<crate::keys::KeySource>,
+    /// Actors' keys (absent if `[inbound]`'s client could not be built,
+    /// which `check-config` reports).
+    keys: Option<Arc<crate::inbound::KeyCache>>,
+    /// The instance actor's path and document, when laneway serves it.
+    actor: Option<(String, Value)>,
+}
+
+impl InboundSide {
+    fn build(config: &crate::config::Config) -> Self {
+        let inbound = config.inbound.clone();
+        // The instance actor whose key signs every key fetch; a problem
+        // with it (check-config reports it) leaves fetches unsigned.
+        let signer = match crate::inbound::FetchSigner::from_config(config) {
+            Ok(signer) => signer.map(Arc::new),
+            Err(e) => {
+                tracing::warn!(error = %e, "Cannot load the instance actor's key; key fetches go unsigned.");
+                None
+            }
+        };
+        let keys = match crate::inbound::key_client(&inbound) {
+            Ok(client) => Some(Arc::new(
+                crate::inbound::KeyCache::new(client, crate::inbound::KeySettings::of(&inbound))
+                    .signed_by(signer.clone()),
+            )),
+            Err(e) => {
+                tracing::warn!(error = %e, "Cannot build the inbound key client; the inboxes refuse every request.");
+                None
+            }
+        };
+        let actor = signer
+            .filter(|_| inbound.serve_fetch_actor)
+            .and_then(|signer| match signer.actor_document() {
+                Ok(document) => Some((signer.actor_path(), document)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "Cannot publish the instance actor's document.");
+                    None
+                }
+            });
+        Self {
+            fetch_key: config.keys.get(&inbound.fetch_key).cloned(),
+            config: inbound,
+            keys,
+            actor,
+        }
+    }
+
+    /// Whether `config` would build the same (a key file rewritten under
+    /// the same path is read at the next change of `[inbound]`).
+    fn built_for(&self, config: &crate::config::Config) -> bool {
+        self.config == config.inbound && self.fetch_key.as_ref() == config.keys.get(&config.inbound.fetch_key)
+    }
+}
+
 /// The instance actor's document at its path (served from the fallback, so
 /// no configured path can collide with a route), else 404.
 async fn instance_actor_or_not_found(
@@ -292,7 +327,7 @@ async fn instance_actor_or_not_found(
     uri: axum::http::Uri,
 ) -> axum::response::Response {
     use axum::response::IntoResponse as _;
-    match &state.inner.actor {
+    match &state.inbound().actor {
         Some((path, document)) if method == axum::http::Method::GET && uri.path() == path => (
             [(axum::http::header::CONTENT_TYPE, "application/activity+json")],
             document.to_string(),

@@ -28,9 +28,10 @@ impl Drop for Host {
     }
 }
 
-/// A migrated SQLite host with the inboxes on, signing its key fetches as
-/// `/actor` (served by itself) with a fresh RSA key; its base URL.
-async fn start_host(dir: &std::path::Path) -> anyhow::Result<(Host, String)> {
+/// A migrated SQLite host with the inboxes on, its key fetches unsigned;
+/// its base URL, config file, and the lines that make it sign them as
+/// `/actor` (served by itself) with a fresh RSA key.
+async fn start_host(dir: &std::path::Path) -> anyhow::Result<(Host, String, std::path::PathBuf, String)> {
     let bin = crate::support::laneway_binary()?;
     let instance = rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 2048)?;
     let instance_pem = dir.join("instance.pem");
@@ -52,8 +53,6 @@ listen = "127.0.0.1:{port}"
 enabled = true
 allowed_hosts = ["http://127.0.0.1:*"]
 allowed_internal = ["127.0.0.1"]
-fetch_actor = "{base}/actor"
-fetch_key = "instance"
 [keys.instance]
 algorithm = "rsa-sha256"
 file = "{instance}"
@@ -102,16 +101,26 @@ config = {{ url = "http://127.0.0.1:9/app", key = "hooks" }}
         ensure!(tokio::time::Instant::now() < deadline, "laneway did not start");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // Its instance actor: an Application listing the key it signs with.
+    let signing = format!("fetch_actor = \"{base}/actor\"\nfetch_key = \"instance\"\n");
+    let _ = &instance;
+    Ok((host, base, config, signing))
+}
+
+/// The instance actor laneway serves: an Application listing `key`.
+async fn served_actor(base: &str, key: &rsa::RsaPublicKey) -> anyhow::Result<bool> {
+    let http = reqwest::Client::new();
+    let answer = http.get(format!("{base}/actor")).send().await?;
+    if !answer.status().is_success() {
+        return Ok(false);
+    }
     let document: Value = serde_json::from_str(&http.get(format!("{base}/actor")).send().await?.text().await?)?;
     ensure!(
         document["id"] == format!("{base}/actor")
             && document["publicKey"]["id"] == format!("{base}/actor#main-key")
-            && document["publicKey"]["publicKeyPem"]
-                == instance.to_public_key().to_public_key_pem(Default::default())?.as_str(),
+            && document["publicKey"]["publicKeyPem"] == key.to_public_key_pem(Default::default())?.as_str(),
         "{document}"
     );
-    Ok((host, base))
+    Ok(true)
 }
 
 /// The GETs the Node server answered, as (scheme, status).
@@ -159,9 +168,9 @@ async fn activities_from_authorized_fetch_servers_verify_through_signed_key_fetc
     );
     ensure!(unsigned.failures_len() == 1);
 
-    // Signed (draft-cavage) by the laneway process: the activity verifies.
+    // The laneway process, unsigned: refused, and told what to set.
     let dir = tempfile::tempdir()?;
-    let (_host, base) = start_host(dir.path()).await?;
+    let (_host, base, config, signing) = start_host(dir.path()).await?;
     let http = reqwest::Client::new();
     let actor = format!("{}/actors/alice", node.base);
     let inbox = format!("{base}/inbox/alice");
@@ -169,9 +178,33 @@ async fn activities_from_authorized_fetch_servers_verify_through_signed_key_fetc
         .send()
         .await?;
     let status = answer.status();
+    let text = answer.text().await?;
+    ensure!(status == 401 && text.contains("fetch_actor"), "{status}: {text}");
+    ensure!(fetches(&node).len() == 2, "{:?}", fetches(&node));
+
+    // The operator edits the config in place to sign fetches: the reload
+    // serves the actor, and signed fetches (draft-cavage) verify.
+    let instance_key = {
+        use rsa::pkcs8::DecodePrivateKey as _;
+        rsa::RsaPrivateKey::from_pkcs8_pem(&std::fs::read_to_string(dir.path().join("instance.pem"))?)?.to_public_key()
+    };
+    let text = std::fs::read_to_string(&config)?;
+    std::fs::write(
+        &config,
+        text.replace("allowed_internal = [\"127.0.0.1\"]\n[keys.instance]", &format!("allowed_internal = [\"127.0.0.1\"]\n{signing}[keys.instance]")),
+    )?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !served_actor(&base, &instance_key).await? {
+        ensure!(tokio::time::Instant::now() < deadline, "the edited config was not applied");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let answer = signed(&http, &inbox, &activity(&actor, 1), sender_key, &key_id, false)?
+        .send()
+        .await?;
+    let status = answer.status();
     ensure!(status == 202, "{status}: {}", answer.text().await?);
     ensure!(
-        fetches(&node) == [("none".to_owned(), 401), ("cavage".to_owned(), 200)],
+        fetches(&node)[2..] == [("cavage".to_owned(), 200)],
         "{:?}",
         fetches(&node)
     );
