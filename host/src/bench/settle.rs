@@ -51,7 +51,11 @@ pub(super) async fn settles_by_in_flight() -> anyhow::Result<()> {
             per_op.first().copied().unwrap_or_default(),
             per_op.last().copied().unwrap_or_default(),
         );
-        let plan = if shipped { "by index (shipped)" } else { "as the statistics say (before)" };
+        let plan = if shipped {
+            "by index (shipped)"
+        } else {
+            "as the statistics say (before)"
+        };
         println!("| {in_flight} | {plan} | {median:.0} | {min:.0} | {max:.0} |");
     }
     Ok(())

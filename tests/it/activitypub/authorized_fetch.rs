@@ -191,11 +191,17 @@ async fn activities_from_authorized_fetch_servers_verify_through_signed_key_fetc
     let text = std::fs::read_to_string(&config)?;
     std::fs::write(
         &config,
-        text.replace("allowed_internal = [\"127.0.0.1\"]\n[keys.instance]", &format!("allowed_internal = [\"127.0.0.1\"]\n{signing}[keys.instance]")),
+        text.replace(
+            "allowed_internal = [\"127.0.0.1\"]\n[keys.instance]",
+            &format!("allowed_internal = [\"127.0.0.1\"]\n{signing}[keys.instance]"),
+        ),
     )?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while !served_actor(&base, &instance_key).await? {
-        ensure!(tokio::time::Instant::now() < deadline, "the edited config was not applied");
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the edited config was not applied"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let answer = signed(&http, &inbox, &activity(&actor, 1), sender_key, &key_id, false)?
