@@ -11,16 +11,6 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context};
 use tokio::io::AsyncWriteExt as _;
 
-/// `laneway run`, killed when dropped.
-struct Host(std::process::Child);
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The soft and hard open-files limits of process `pid`.
 fn open_files_limits(pid: u32) -> anyhow::Result<(String, String)> {
     let limits = std::fs::read_to_string(format!("/proc/{pid}/limits"))?;
@@ -46,17 +36,11 @@ async fn past_the_connection_cap_health_still_answers_within_a_second() -> anyho
             dir.path().join("queue.db").display()
         ),
     )?;
-    let migrated = std::process::Command::new(&bin)
-        .arg("--config")
-        .arg(&config)
-        .arg("migrate")
-        .stdout(Stdio::null())
-        .status()?;
-    ensure!(migrated.success(), "migrate: {migrated}");
+    crate::support::migrate_with(&bin, &config)?;
     let (_, hard) = open_files_limits(std::process::id())?;
     let log = dir.path().join("laneway.log");
     // As systemd starts a service: a soft limit of 1,024 under the hard one.
-    let host = Host(
+    let host = crate::support::Process(
         std::process::Command::new("sh")
             .arg("-c")
             .arg("ulimit -Sn 1024 && exec \"$0\" --config \"$1\" run")
@@ -67,17 +51,8 @@ async fn past_the_connection_cap_health_still_answers_within_a_second() -> anyho
             .spawn()?,
     );
     let base = format!("http://127.0.0.1:{port}");
+    crate::support::wait_healthy(&base).await?;
     let http = reqwest::Client::builder().pool_max_idle_per_host(0).build()?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !http
-        .get(format!("{base}/healthz"))
-        .send()
-        .await
-        .is_ok_and(|r| r.status().is_success())
-    {
-        ensure!(Instant::now() < deadline, "laneway did not start");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
     let (soft_now, hard_now) = open_files_limits(host.0.id())?;
     ensure!(
         soft_now == hard && hard_now == hard,

@@ -456,3 +456,44 @@ pub(crate) fn laneway_binary() -> anyhow::Result<PathBuf> {
     );
     Ok(bin)
 }
+
+/// A `laneway` process, killed (and reaped) when dropped.
+pub(crate) struct Process(pub(crate) std::process::Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `laneway --config CONFIG migrate`, which must succeed.
+pub(crate) fn migrate_with(bin: &Path, config: &Path) -> anyhow::Result<()> {
+    let status = std::process::Command::new(bin)
+        .arg("--config")
+        .arg(config)
+        .arg("migrate")
+        .stdout(std::process::Stdio::null())
+        .status()?;
+    ensure!(status.success(), "migrate: {status}");
+    Ok(())
+}
+
+/// Waits until `GET {base}/healthz` answers 2xx.
+pub(crate) async fn wait_healthy(base: &str) -> anyhow::Result<()> {
+    let http = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !http
+        .get(format!("{base}/healthz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "laneway did not start at {base}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    Ok(())
+}

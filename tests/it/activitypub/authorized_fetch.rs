@@ -17,21 +17,12 @@ use serde_json::{json, Value};
 use super::actor_key;
 use super::inbound::{activity, signed};
 use super::independent::NodeInbox;
-
-/// `laneway run`, killed when dropped.
-struct Host(std::process::Child);
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use crate::support::{migrate_with, wait_healthy, Process};
 
 /// A migrated SQLite host with the inboxes on, its key fetches unsigned;
 /// its base URL, config file, and the lines that make it sign them as
 /// `/actor` (served by itself) with a fresh RSA key.
-async fn start_host(dir: &std::path::Path) -> anyhow::Result<(Host, String, std::path::PathBuf, String)> {
+async fn start_host(dir: &std::path::Path) -> anyhow::Result<(Process, String, std::path::PathBuf, String)> {
     let bin = crate::support::laneway_binary()?;
     let instance = rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 2048)?;
     let instance_pem = dir.join("instance.pem");
@@ -74,14 +65,8 @@ config = {{ url = "http://127.0.0.1:9/app", key = "hooks" }}
             webhook = crate::runtime::wasm("webhook")?.display(),
         ),
     )?;
-    let status = std::process::Command::new(&bin)
-        .arg("--config")
-        .arg(&config)
-        .arg("migrate")
-        .stdout(Stdio::null())
-        .status()?;
-    ensure!(status.success(), "migrate: {status}");
-    let host = Host(
+    migrate_with(&bin, &config)?;
+    let host = Process(
         std::process::Command::new(&bin)
             .arg("--config")
             .arg(&config)
@@ -90,17 +75,7 @@ config = {{ url = "http://127.0.0.1:9/app", key = "hooks" }}
             .stderr(Stdio::null())
             .spawn()?,
     );
-    let http = reqwest::Client::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !http
-        .get(format!("{base}/healthz"))
-        .send()
-        .await
-        .is_ok_and(|r| r.status().is_success())
-    {
-        ensure!(tokio::time::Instant::now() < deadline, "laneway did not start");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_healthy(&base).await?;
     let signing = format!("fetch_actor = \"{base}/actor\"\nfetch_key = \"instance\"\n");
     let _ = &instance;
     Ok((host, base, config, signing))

@@ -108,17 +108,7 @@ impl OperatorStore for Store {
             .bind(outbox)
             .fetch_all(&mut *conn)
             .await?;
-        rows.iter()
-            .map(|row| {
-                let op_id: OpId = get(row, 0, "op_id")?;
-                Ok(LaneHalt {
-                    outbox: get(row, op_id, "outbox")?,
-                    lane: get(row, op_id, "lane")?,
-                    op_id,
-                    halted_at: get::<Ts, _>(row, op_id, "halted_at")?.0,
-                })
-            })
-            .collect()
+        rows.iter().map(lane_halt).collect()
     }
 
     async fn lane_halts_page(
@@ -137,17 +127,7 @@ impl OperatorStore for Store {
             .bind(i64::from(limit))
             .fetch_all(&mut *conn)
             .await?;
-        rows.iter()
-            .map(|row| {
-                let op_id: OpId = get(row, 0, "op_id")?;
-                Ok(LaneHalt {
-                    outbox: get(row, op_id, "outbox")?,
-                    lane: get(row, op_id, "lane")?,
-                    op_id,
-                    halted_at: get::<Ts, _>(row, op_id, "halted_at")?.0,
-                })
-            })
-            .collect()
+        rows.iter().map(lane_halt).collect()
     }
 
     async fn skip_lane(&self, outbox: &str, lane: &str) -> Result<u64, QueueError> {
@@ -397,4 +377,15 @@ impl OperatorStore for Store {
             })
             .collect()
     }
+}
+
+/// A held lane as read.
+fn lane_halt(row: &super::Row) -> Result<LaneHalt, QueueError> {
+    let op_id: OpId = get(row, 0, "op_id")?;
+    Ok(LaneHalt {
+        outbox: get(row, op_id, "outbox")?,
+        lane: get(row, op_id, "lane")?,
+        op_id,
+        halted_at: get::<Ts, _>(row, op_id, "halted_at")?.0,
+    })
 }
