@@ -349,15 +349,24 @@ fn execute_outcome(fate: Fate, receipt: &Receipt, settings: &Settings) -> Outcom
     match fate {
         Fate::Landed { ledger, hash } => landed(receipt, ledger, &hash),
         Fate::Failed { code } => failed_on_chain(&code),
-        Fate::Stuck => retry(
-            format!(
-                "not included after {} ledgers; fee-bumping at the next bid",
-                settings.bump_after_ledgers
-            ),
-            Some("stuck"),
-            Some(Duration::ZERO),
-            true,
-        ),
+        Fate::Stuck => {
+            // Only a transaction seen stuck is bumped by the next attempt.
+            let mut stuck = receipt.clone();
+            stuck.stuck = true;
+            resave(
+                &stuck,
+                "could not mark the transaction stuck; the next attempt resends it unbumped",
+            );
+            retry(
+                format!(
+                    "not included after {} ledgers; fee-bumping at the next bid",
+                    settings.bump_after_ledgers
+                ),
+                Some("stuck"),
+                Some(Duration::ZERO),
+                true,
+            )
+        }
         Fate::Expired => retry(
             "not included before its ledger bound; resubmitting with a bumped fee",
             Some("expired"),
@@ -517,6 +526,7 @@ fn seal(
         max_ledger: bounds.max_ledger,
         max_time: bounds.max_time,
         rejected: false,
+        stuck: false,
         restore,
         sequence,
         inclusion_fee: Some(inclusion_fee),
@@ -781,13 +791,14 @@ impl Executor for Vault {
             }
             Lookup::NotFound => {}
         }
-        // It may still land. Priced so that a fee bump replaces the queued
-        // envelope (tenfold its bid) and with time left for the bump to land,
-        // it is fee-bumped; either way the newest envelope is sent (again:
+        // It may still land. Stuck (not included while valid), priced so
+        // that a fee bump replaces the queued envelope (tenfold its bid) and
+        // with time left for the bump to land, it is fee-bumped; either way the newest envelope is sent (again:
         // a queued copy makes this a DUPLICATE) and its fate awaited. A bump
         // under tenfold would only be refused, and one past the bounds too.
         let worth_bumping = |bid: u64| {
-            receipt.bid().is_some_and(|b| bid > b)
+            receipt.stuck
+                && receipt.bid().is_some_and(|b| bid > b)
                 && receipt.queued_bid().is_some_and(|queued| {
                     cadence::bump_can_land(bid, queued, &tip, receipt.max_ledger, receipt.max_time, unix_now_ms())
                 })
@@ -863,6 +874,8 @@ fn bump(settings: &Settings, mut receipt: Receipt, inclusion_fee: u64) -> Result
     let payer = Source::payer_of_receipt(settings, &receipt)?;
     let bump = fee_bump(settings, &receipt, &payer, inclusion_fee)?;
     receipt.bumps.push(bump);
+    // The bump waits its own ledgers before it counts as stuck.
+    receipt.stuck = false;
     checkpointed(receipt, inclusion_fee)
 }
 

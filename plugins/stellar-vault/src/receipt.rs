@@ -17,6 +17,11 @@ pub struct Receipt {
     /// The network rejected it (`ERROR`): it can never land.
     #[serde(default)]
     pub rejected: bool,
+    /// Its newest envelope waited `bump_after_ledgers` ledgers valid and not
+    /// included: the next attempt may fee-bump it. An attempt that only
+    /// lost its answer (a timeout, a 504, a lease) resends, never bumps.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stuck: bool,
     /// A RestoreFootprint transaction, not the op's call: landing it does
     /// not settle the op.
     #[serde(default)]
@@ -163,6 +168,7 @@ mod tests {
             max_ledger: 110,
             max_time: 0,
             rejected: false,
+            stuck: false,
             restore: false,
             sequence: 7,
             inclusion_fee: Some(100),

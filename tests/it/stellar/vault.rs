@@ -553,8 +553,10 @@ async fn a_recovered_receipt_goes_before_a_critical_op(url: String) -> anyhow::R
     // Lease 1 s, drain slot 2 s; the transaction is applied 30 ledgers
     // (4.5 s) after it is accepted, past both, well inside its ledger bound
     // (60 ledgers here).
-    // Bids doubling, so the recovery's higher bid is under the replace
-    // rule and no fee bump is sent: the same envelope is what lands.
+    // The transaction waits 30 ledgers queued, so it is seen stuck and the
+    // shipped policy's tenfold bid would replace it; bids doubling cannot
+    // (under the replace rule no bump is sent), so the same envelope is
+    // what lands, which is what this test follows.
     let config = chain.config(
         "bump_multiplier = 2.0",
         &format!("[database]\nurl = {url:?}\n[queue]\nlease_ms = 1000\n[kinds.deposit.config]\nledger_window = 60\n"),
