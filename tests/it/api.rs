@@ -1223,6 +1223,63 @@ async fn the_cli_acts_through_the_api_with_a_key_and_no_database(db: TestDb) -> 
         Err(e) => ensure!(e.to_string().contains("--url applies to"), "{e}"),
         Ok(out) => anyhow::bail!("migrate over the API: {out}"),
     }
+    // A producer enqueues and fans out through the API with its key.
+    let producer = served.key("producer", &["ops:write"]).await?;
+    let files = tempfile::tempdir()?;
+    let payload = files.path().join("payload.json");
+    std::fs::write(&payload, r#"{"note": "remote"}"#)?;
+    let activity = files.path().join("activity.json");
+    std::fs::write(&activity, r#"{"id": "https://a.example/remote/1", "type": "Create"}"#)?;
+    let env = [("LW_API_KEY", producer.as_str())];
+    let payload_arg = payload.display().to_string();
+    let enqueued = cli(
+        &[
+            "--url",
+            &url,
+            "enqueue",
+            "--kind",
+            "activitypub",
+            "--outbox",
+            "o",
+            "--lane",
+            "https://r.example/inbox",
+            "--payload",
+            &payload_arg,
+            "--json",
+        ],
+        &env,
+    )
+    .await?
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let enqueued: Value = serde_json::from_str(enqueued.trim())?;
+    let id = enqueued["id"].as_i64().with_context(|| enqueued.to_string())?;
+    let op = served.queue.get(id).await?.context("the op")?;
+    ensure!(op.payload == r#"{"note":"remote"}"#, "{op:?}");
+    let activity_arg = activity.display().to_string();
+    let fanned = cli(
+        &[
+            "--url",
+            &url,
+            "fanout",
+            "--outbox",
+            "o",
+            "--to",
+            "https://x.example/inbox",
+            "--to",
+            "https://y.example/u/inbox=https://y.example/inbox",
+            "--activity",
+            &activity_arg,
+            "--json",
+        ],
+        &env,
+    )
+    .await?
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let fanned: Value = serde_json::from_str(fanned.trim())?;
+    ensure!(
+        fanned["deliveries"].as_array().is_some_and(|d| d.len() == 2),
+        "{fanned}"
+    );
     served.running.stop().await
 }
 

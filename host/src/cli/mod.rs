@@ -33,8 +33,9 @@ pub struct Cli {
     #[arg(long, global = true, env = "LANEWAY_CONFIG")]
     pub config: Option<PathBuf>,
     /// Act through a running host's HTTP API (e.g. http://127.0.0.1:7480)
-    /// instead of the database: ops, lanes, subjects, pause, resume, pauses,
-    /// audit and outcomes. The API key is read from LW_API_KEY.
+    /// instead of the database: enqueue, fanout, ops, lanes, subjects,
+    /// pause, resume, pauses, audit and outcomes. The API key is read from
+    /// LW_API_KEY.
     #[arg(long, global = true, value_name = "URL")]
     pub url: Option<String>,
     /// With --url: allow plain http:// to a host that is not loopback (the
@@ -466,7 +467,7 @@ pub async fn run(cli: Cli, io: Io<'_>) -> Result<(), CliError> {
     }
     // Remote mode needs no config file or database: only the API and a key.
     if let Some(url) = &cli.url {
-        return remote::run(url, cli.insecure, cli.command, &io.env, io.stdout).await;
+        return remote::run(url, cli.insecure, cli.command, &io.env, (io.stdin, io.stdout)).await;
     }
     let file = match &cli.config {
         Some(path) => FileSource::Explicit(path.clone()),

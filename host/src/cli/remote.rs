@@ -1,7 +1,8 @@
 //! Remote mode: with `--url`, the operator commands (`ops`, `lanes`,
-//! `subjects`, `pause`, `resume`, `pauses`, `audit`, `outcomes`) go to a running host's
-//! HTTP API instead of the database, so an operator needs an API key, not
-//! database credentials, and every write is audited under the key's name.
+//! `subjects`, `pause`, `resume`, `pauses`, `audit`, `outcomes`) and the
+//! producer's (`enqueue`, `fanout`) go to a running host's HTTP API instead
+//! of the database, so an operator needs an API key, not database
+//! credentials, and every write is audited under the key's name.
 //!
 //! The key comes from [`KEY_VAR`], outside the `LANEWAY_*` names (each of
 //! which the config loader reads as a config key). Answers are printed as
@@ -11,7 +12,7 @@ use std::io::Write;
 
 use serde_json::{json, Value};
 
-use super::{CliError, Command, LanesCommand, OpsCommand, SubjectsCommand};
+use super::{CliError, Command, EnqueueArgs, FanoutArgs, LanesCommand, OpsCommand, SubjectsCommand};
 
 /// The variable remote mode reads the API key from.
 pub const KEY_VAR: &str = "LW_API_KEY";
@@ -69,9 +70,53 @@ fn query(pairs: &[(&str, Option<String>)]) -> String {
     }
 }
 
+/// The JSON a command reads from a file or standard input.
+fn document(source: &str, what: &str, stdin: &mut dyn std::io::Read) -> Result<Value, CliError> {
+    let text = super::read_input(source, what, stdin)?;
+    serde_json::from_str(&text).map_err(|e| CliError::Input(format!("the {what} is not JSON: {e}")))
+}
+
+/// `enqueue` as `POST /api/v1/ops`.
+fn enqueue_call(a: EnqueueArgs, stdin: &mut dyn std::io::Read) -> Result<Call, CliError> {
+    let payload = document(&a.payload, "payload", stdin)?;
+    Ok(Call::post(
+        "/api/v1/ops".to_owned(),
+        Some(json!({
+            "kind": a.kind, "outbox": a.outbox, "priority": a.priority, "lanes": a.lanes,
+            "payload": payload, "idempotency_key": a.idempotency_key, "coalesce_key": a.coalesce_key,
+            "subject": a.subject, "correlation_id": a.correlation_id, "delay_ms": a.delay_ms,
+        })),
+        a.json,
+    ))
+}
+
+/// `fanout` as `POST /api/v1/activitypub/deliveries` (`INBOX=SHARED` as
+/// `{inbox, shared_inbox}`).
+fn fanout_call(a: FanoutArgs, stdin: &mut dyn std::io::Read) -> Result<Call, CliError> {
+    let activity = document(&a.activity, "activity", stdin)?;
+    let recipients: Vec<Value> = a
+        .recipients
+        .iter()
+        .map(|r| match r.split_once('=') {
+            Some((inbox, shared)) => json!({ "inbox": inbox, "shared_inbox": shared }),
+            None => json!(r),
+        })
+        .collect();
+    Ok(Call::post(
+        "/api/v1/activitypub/deliveries".to_owned(),
+        Some(json!({
+            "kind": a.kind, "outbox": a.outbox, "activity": activity, "recipients": recipients,
+            "priority": a.priority, "subject": a.subject,
+        })),
+        a.json,
+    ))
+}
+
 /// The API call a command makes, or why it has none.
-fn call_for(command: Command) -> Result<Call, CliError> {
+fn call_for(command: Command, stdin: &mut dyn std::io::Read) -> Result<Call, CliError> {
     Ok(match command {
+        Command::Enqueue(a) => enqueue_call(a, stdin)?,
+        Command::Fanout(a) => fanout_call(a, stdin)?,
         Command::Ops(OpsCommand::List(a)) => Call::get(
             format!(
                 "/api/admin/outbox{}",
@@ -137,8 +182,8 @@ fn call_for(command: Command) -> Result<Call, CliError> {
         ),
         _ => {
             return Err(CliError::Input(
-                "--url applies to ops, lanes, subjects, pause, resume, pauses, audit and outcomes; \
-                 other commands work on the database or the config"
+                "--url applies to enqueue, fanout, ops, lanes, subjects, pause, resume, pauses, audit and \
+                 outcomes; other commands work on the database or the config"
                     .to_owned(),
             ))
         }
@@ -156,13 +201,13 @@ pub async fn run(
     insecure: bool,
     command: Command,
     env: &[(String, String)],
-    out: &mut dyn Write,
+    (stdin, out): (&mut dyn std::io::Read, &mut dyn Write),
 ) -> Result<(), CliError> {
     let api = Api::new(base, insecure, env)?;
     if let Command::Outcomes(args) = command {
         return outcomes(&api, args, out).await;
     }
-    let call = call_for(command)?;
+    let call = call_for(command, stdin)?;
     let mut body = api.send(&call).await?;
     // Held lanes come a page at a time: every page, as the database lists them.
     if call.path.starts_with("/api/admin/lanes") && call.method == reqwest::Method::GET {
