@@ -32,11 +32,27 @@ async fn past_the_connection_cap_health_still_answers_within_a_second() -> anyho
         &config,
         format!(
             "[database]\nurl = \"sqlite://{}\"\n[api]\nlisten = \"127.0.0.1:{port}\"\n\
-             max_connections = 1024\nmax_connections_per_ip = 100\nheader_timeout_ms = 60000\n",
+             max_connections = 1024\nmax_connections_per_ip = 100\nheader_timeout_ms = 60000\n\
+             [kinds.parked]\nlanes = \"optional\"\n",
             dir.path().join("queue.db").display()
         ),
     )?;
     crate::support::migrate_with(&bin, &config)?;
+    let minted = std::process::Command::new(&bin)
+        .args(["--config"])
+        .arg(&config)
+        .args([
+            "api-keys",
+            "new",
+            "--name",
+            "producer",
+            "--scopes",
+            "ops:write",
+            "--json",
+        ])
+        .output()?;
+    let minted: serde_json::Value = serde_json::from_slice(&minted.stdout)?;
+    let key = minted["secret"].as_str().context("a key")?.to_owned();
     let (_, hard) = open_files_limits(std::process::id())?;
     let log = dir.path().join("laneway.log");
     // As systemd starts a service: a soft limit of 1,024 under the hard one.
@@ -61,6 +77,22 @@ async fn past_the_connection_cap_health_still_answers_within_a_second() -> anyho
     let logged = std::fs::read_to_string(&log)?;
     ensure!(logged.contains("Raised the open-files limit"), "{logged}");
 
+    // A request in progress when the cap is reached (an enqueue waiting up
+    // to 4 s for an outcome that never comes: `parked` has no plugin) must
+    // not be the connection that gives way.
+    let waiting = {
+        let http = http.clone();
+        let url = format!("{base}/api/v1/ops?wait=4");
+        tokio::spawn(async move {
+            http.post(url)
+                .bearer_auth(key)
+                .header("content-type", "application/json")
+                .body(r#"{"kind":"parked","outbox":"o","payload":{}}"#)
+                .send()
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
     // 1,116 slow connections from 12 addresses, 93 each (under the
     // per-address cap of 100), each sending part of a request line.
     let mut slow = Vec::new();
@@ -86,6 +118,8 @@ async fn past_the_connection_cap_health_still_answers_within_a_second() -> anyho
         ensure!(answer.status().is_success(), "{}", answer.status());
         ensure!(started.elapsed() < Duration::from_secs(1));
     }
+    let answered = waiting.await?.context("the request in progress was cut")?;
+    ensure!(answered.status() == 202, "the waiting enqueue: {}", answered.status());
     drop(slow);
     Ok(())
 }

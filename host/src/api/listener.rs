@@ -250,12 +250,19 @@ pub async fn serve(
             let router = router.clone();
             let busy = InRequest::new(&serving);
             async move {
-                let _busy = busy;
                 if declared_length(&request).is_some_and(|n| n > max_body) {
-                    return Ok(too_large(max_body));
+                    return Ok::<_, std::convert::Infallible>(too_large(max_body));
                 }
                 let request = request.map(|body| Body::new(Deadline::new(body, body_timeout)));
-                router.oneshot(request).await
+                // The request counts until its answer's last byte is sent,
+                // not when the handler returns.
+                let response = router.oneshot(request).await?;
+                Ok(response.map(|body| {
+                    Body::new(Counted {
+                        inner: body,
+                        _busy: busy,
+                    })
+                }))
             }
         });
         let stopping = shutdown.clone();
@@ -326,6 +333,33 @@ fn too_large(max: usize) -> axum::response::Response {
         hyper::header::HeaderValue::from_static("close"),
     );
     response
+}
+
+/// An answer's body that keeps its request counted until it is sent whole
+/// (or dropped), so a connection streaming an answer never gives way.
+struct Counted {
+    inner: Body,
+    _busy: InRequest,
+}
+
+impl http_body::Body for Counted {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// A request body that fails once its deadline passes, however slowly its
