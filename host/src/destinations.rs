@@ -277,8 +277,8 @@ impl HealthView {
 
 /// Whether a stored health record holds its host suspended (an
 /// operator's decision, never forgotten by age).
-pub fn is_suspended(value: &str) -> bool {
-    serde_json::from_str::<Health>(value).is_ok_and(|h| h.state == HealthState::Suspended)
+pub fn is_suspended(host: &str, value: &str) -> bool {
+    parse_health(host, value).is_ok_and(|h| h.state == HealthState::Suspended)
 }
 
 /// Marks inboxes as shared inboxes (a fan-out delivers to them for several

@@ -199,10 +199,6 @@ impl QueueNotes {
         format!("{plugin}\u{1f}{host}\u{1f}{key}")
     }
 
-    fn namespace(plugin: &str) -> String {
-        note_namespace(plugin)
-    }
-
     fn key(host: &str, key: &str) -> String {
         // A unit separator cannot occur in a host name.
         format!("{host}\u{1f}{key}")
@@ -218,7 +214,7 @@ impl Notes for QueueNotes {
         }
         let value = self
             .queue
-            .record(&Self::namespace(plugin), &Self::key(host, key))
+            .record(&note_namespace(plugin), &Self::key(host, key))
             .await?
             .map(|r| r.value);
         self.cache.remember(cached, value.clone());
@@ -228,7 +224,7 @@ impl Notes for QueueNotes {
     async fn set(&self, plugin: &str, host: &str, key: &str, value: &str) -> Result<(), QueueError> {
         self.queue
             .put_record(
-                &Self::namespace(plugin),
+                &note_namespace(plugin),
                 &Self::key(host, key),
                 value,
                 crate::queue::Expect::Any,

@@ -151,7 +151,7 @@ impl Pruner {
                 if now - record.updated_at < age {
                     continue;
                 }
-                if namespace == HEALTH && crate::destinations::is_suspended(&record.value) {
+                if namespace == HEALTH && crate::destinations::is_suspended(&record.key, &record.value) {
                     continue;
                 }
                 if self

@@ -21,27 +21,19 @@ async fn stale_remote_state_is_forgotten(db: TestDb) -> anyhow::Result<()> {
     )?;
     let metrics = laneway::events::Metrics::default();
     let health = config.destinations.health();
+    let apply = |host: String, event: laneway::health::Event<'static>| {
+        let (queue, metrics, health) = (db.queue.clone(), &metrics, &health);
+        let now = db.clock.now();
+        async move { laneway::destinations::apply(queue.as_ref(), metrics, &host, &[event], "test", now, health).await }
+    };
+    let failed = laneway::health::Event::Failed { error: "refused" };
     // 500 distinct failing hosts, as a flood would leave them.
     for n in 0..500 {
-        laneway::destinations::apply(
-            db.queue.as_ref(),
-            &metrics,
-            &format!("h{n}.example"),
-            &[laneway::health::Event::Failed { error: "refused" }],
-            "test",
-            db.clock.now(),
-            &health,
-        )
-        .await?;
+        apply(format!("h{n}.example"), failed).await?;
     }
-    laneway::destinations::apply(
-        db.queue.as_ref(),
-        &metrics,
-        "held.example",
-        &[laneway::health::Event::Suspend { reason: "abuse" }],
-        "operator",
-        db.clock.now(),
-        &health,
+    apply(
+        "held.example".to_owned(),
+        laneway::health::Event::Suspend { reason: "abuse" },
     )
     .await?;
     laneway::destinations::inbox_gone(
@@ -58,16 +50,7 @@ async fn stale_remote_state_is_forgotten(db: TestDb) -> anyhow::Result<()> {
     put("note:ap", "h1.example\u{1f}scheme").await?;
     put("note:other", "kept: not a configured plugin").await?;
     db.clock.advance(chrono::Duration::days(31));
-    laneway::destinations::apply(
-        db.queue.as_ref(),
-        &metrics,
-        "h7.example",
-        &[laneway::health::Event::Failed { error: "refused" }],
-        "test",
-        db.clock.now(),
-        &health,
-    )
-    .await?;
+    apply("h7.example".to_owned(), failed).await?;
     let pruner = laneway::pruner::Pruner::new(db.queue.clone(), Arc::new(db.clock.clone()));
     let report = pruner.run_once(&config, "host-a").await?.context("the lease")?;
     let left: Vec<String> = db

@@ -140,10 +140,11 @@ const ACTIVITY_ROWS: u32 = 100_000;
 pub(super) async fn activity(State(state): State<ApiState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     state.authorize(&headers, "outbox:read").await?;
     let now = Utc::now();
-    let counts = state
+    let minutes = state
         .queue()
-        .recent_outcomes(now - ACTIVITY_WINDOW, ACTIVITY_ROWS)
+        .recent_minutes(now - ACTIVITY_WINDOW, ACTIVITY_ROWS)
         .await?;
+    let counts = status_counts(&minutes);
     let total: i64 = counts.iter().map(|c| c.count).sum();
     let covered = if total >= i64::from(ACTIVITY_ROWS) {
         counts
@@ -168,10 +169,6 @@ pub(super) async fn activity(State(state): State<ApiState>, headers: HeaderMap) 
     } else {
         None
     };
-    let minutes = state
-        .queue()
-        .recent_minutes(now - ACTIVITY_WINDOW, ACTIVITY_ROWS)
-        .await?;
     Ok(Json(json!({
         "window_seconds": ACTIVITY_WINDOW.num_seconds(),
         "covered_seconds": covered,
@@ -179,6 +176,27 @@ pub(super) async fn activity(State(state): State<ApiState>, headers: HeaderMap) 
         "failure_rate": failure_rate,
         "per_minute": per_minute(&minutes, now),
     })))
+}
+
+/// The minutes' terminal transitions summed per status (the earliest of
+/// each kept), in status order.
+fn status_counts(minutes: &[crate::queue::MinuteCount]) -> Vec<crate::queue::OutcomeCount> {
+    let mut by_status: std::collections::BTreeMap<&str, (i64, DateTime<Utc>)> = std::collections::BTreeMap::new();
+    for m in minutes.iter().filter(|m| m.what != crate::queue::RETRIED) {
+        let entry = by_status.entry(m.what.as_str()).or_insert((0, m.since));
+        entry.0 += m.count;
+        entry.1 = entry.1.min(m.since);
+    }
+    by_status
+        .into_iter()
+        .filter_map(|(what, (count, since))| {
+            Some(crate::queue::OutcomeCount {
+                status: what.parse().ok()?,
+                count,
+                since,
+            })
+        })
+        .collect()
 }
 
 /// The last hour as 60 minutes, oldest first, each with its confirmed,

@@ -111,44 +111,29 @@ impl Drop for InRequest {
 
 /// Raises the process's soft limit on open files to its hard limit, so
 /// `max_connections` is not cut short by a service manager's default
-/// (1,024 under systemd), and says so. Returns the limit now in force.
-pub fn raise_open_files_limit() -> Option<u64> {
+/// (1,024 under systemd), and says so.
+pub fn raise_open_files_limit() {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     let limit = getrlimit(Resource::Nofile);
-    let (soft, hard) = (limit.current, limit.maximum);
-    match (soft, hard) {
-        (Some(soft), Some(hard)) if soft < hard => {
-            match setrlimit(
-                Resource::Nofile,
-                Rlimit {
-                    current: Some(hard),
-                    maximum: Some(hard),
-                },
-            ) {
-                Ok(()) => {
-                    tracing::info!(from = soft, to = hard, "Raised the open-files limit to its hard limit.");
-                    Some(hard)
-                }
-                Err(e) => {
-                    tracing::warn!(limit = soft, error = %e, "Could not raise the open-files limit.");
-                    Some(soft)
-                }
-            }
-        }
-        (Some(soft), None) => {
-            // No hard limit: take a generous one rather than none.
-            let wanted = soft.max(1 << 20);
-            let raised = setrlimit(
-                Resource::Nofile,
-                Rlimit {
-                    current: Some(wanted),
-                    maximum: None,
-                },
-            )
-            .is_ok();
-            Some(if raised { wanted } else { soft })
-        }
-        (soft, _) => soft,
+    let Some(soft) = limit.current else {
+        return;
+    };
+    // No hard limit: a generous one rather than none.
+    let wanted = limit.maximum.unwrap_or(soft.max(1 << 20));
+    if soft >= wanted {
+        return;
+    }
+    let raised = Rlimit {
+        current: Some(wanted),
+        maximum: limit.maximum,
+    };
+    match setrlimit(Resource::Nofile, raised) {
+        Ok(()) => tracing::info!(
+            from = soft,
+            to = wanted,
+            "Raised the open-files limit to its hard limit."
+        ),
+        Err(e) => tracing::warn!(limit = soft, error = %e, "Could not raise the open-files limit."),
     }
 }
 

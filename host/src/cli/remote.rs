@@ -90,16 +90,16 @@ fn enqueue_call(a: EnqueueArgs, stdin: &mut dyn std::io::Read) -> Result<Call, C
     ))
 }
 
-/// `fanout` as `POST /api/v1/activitypub/deliveries` (`INBOX=SHARED` as
-/// `{inbox, shared_inbox}`).
+/// `fanout` as `POST /api/v1/activitypub/deliveries` (`INBOX=SHARED` read
+/// as the local `fanout` reads it, sent as `{inbox, shared_inbox}`).
 fn fanout_call(a: FanoutArgs, stdin: &mut dyn std::io::Read) -> Result<Call, CliError> {
     let activity = document(&a.activity, "activity", stdin)?;
     let recipients: Vec<Value> = a
         .recipients
         .iter()
-        .map(|r| match r.split_once('=') {
-            Some((inbox, shared)) => json!({ "inbox": inbox, "shared_inbox": shared }),
-            None => json!(r),
+        .map(|r| {
+            let recipient = crate::fanout::Recipient::parse(r);
+            json!({ "inbox": recipient.inbox, "shared_inbox": recipient.shared_inbox })
         })
         .collect();
     Ok(Call::post(
@@ -354,6 +354,32 @@ mod tests {
         );
         assert_eq!(query(&[("kind", None)]), "");
         assert_eq!(enc("josé"), "jos%C3%A9");
+    }
+
+    #[test]
+    fn a_remote_fanout_reads_recipients_as_the_local_one_does() {
+        let args = FanoutArgs {
+            kind: "activitypub".to_owned(),
+            outbox: "o".to_owned(),
+            recipients: vec![
+                "https://a.example/inbox?token=abc=".to_owned(),
+                "https://b.example/u/inbox=https://b.example/inbox".to_owned(),
+            ],
+            activity: "-".to_owned(),
+            priority: None,
+            subject: None,
+            json: true,
+        };
+        let mut stdin: &[u8] = br#"{"id":"https://o.example/1"}"#;
+        let call = fanout_call(args, &mut stdin).expect("a call");
+        let body = call.body.expect("a body");
+        assert_eq!(
+            body["recipients"],
+            json!([
+                { "inbox": "https://a.example/inbox?token=abc=", "shared_inbox": null },
+                { "inbox": "https://b.example/u/inbox", "shared_inbox": "https://b.example/inbox" },
+            ])
+        );
     }
 
     #[test]

@@ -10,8 +10,8 @@ use chrono::{DateTime, Utc};
 use super::{
     ApiKey, AuditEntry, Backend, BookRow, Cas, Claimed, Completion, DeadLetterGroup, Depth, Enqueued, Expect, ExpireTo,
     HaltedSubject, HostShare, KindRegistry, LaneHalt, Latency, LeaseSpec, MinuteCount, NewApiKey, NewAuditEntry, NewOp,
-    Occupant, OpFilter, OutcomeCount, OutcomeEntry, Pause, PauseScope, PruneQuery, QueueError, QueueGauges, Record,
-    Redeal, SlotLease, Subscription, Tombstone,
+    Occupant, OpFilter, OutcomeEntry, Pause, PauseScope, PruneQuery, QueueError, QueueGauges, Record, Redeal,
+    SlotLease, Subscription, Tombstone,
 };
 use crate::lanes::LaneRules;
 use crate::op::{Attempt, Lease, Op, OpId, Priority, Status};
@@ -51,15 +51,11 @@ pub trait OpStore: Send + Sync + std::fmt::Debug {
     /// Queue depth by status and priority.
     async fn depth(&self) -> Result<Vec<Depth>, QueueError>;
 
-    /// Transitions into each terminal status at or after `since`, counted
-    /// over the newest `max_rows` outcomes at most (so the cost is bounded
-    /// whatever the table holds; a sum of `max_rows` means the window was
-    /// cut short).
-    async fn recent_outcomes(&self, since: DateTime<Utc>, max_rows: u32) -> Result<Vec<OutcomeCount>, QueueError>;
-
     /// Per minute since `since`: transitions into each terminal status, and
     /// attempts that failed short of a confirmation (`retried`), each
-    /// counted over the newest `max_rows` rows at most, oldest minute first.
+    /// counted over the newest `max_rows` rows at most (so the cost is
+    /// bounded whatever the tables hold; outcomes summing to `max_rows`
+    /// mean the window was cut short), oldest minute first.
     async fn recent_minutes(&self, since: DateTime<Utc>, max_rows: u32) -> Result<Vec<MinuteCount>, QueueError>;
 
     /// Wake-ups from producers in other processes, where the backend has

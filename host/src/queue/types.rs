@@ -391,16 +391,21 @@ pub struct OutcomeCount {
     pub since: DateTime<Utc>,
 }
 
-/// What happened in one minute, for the console's chart.
+/// [`MinuteCount::what`] of attempts that failed short of a confirmation.
+pub const RETRIED: &str = "retried";
+
+/// What happened in one minute, for the console's last hour.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct MinuteCount {
     /// The minute's start.
     pub minute: DateTime<Utc>,
-    /// `confirmed`, `failed` (dead-lettered), `cancelled`, or `retried`
-    /// (attempts that failed short of a confirmation).
+    /// A terminal status (`confirmed`, `failed`: dead-lettered,
+    /// `cancelled`), or [`RETRIED`].
     pub what: String,
     /// How many.
     pub count: i64,
+    /// The earliest of them.
+    pub since: DateTime<Utc>,
 }
 
 /// A shared record: a JSON value under (namespace, key) with a version

@@ -11,8 +11,7 @@ use crate::queue::codec::{get, Lanes, List, Rank, St, Ts};
 use crate::queue::dialect::Dialect;
 use crate::queue::policy::{check_versions, shared_payload, validate_new_ops};
 use crate::queue::{
-    Backend, Depth, Enqueued, KindRegistry, MinuteCount, NewOp, OpFilter, OpStore, OutcomeCount, QueueError,
-    Subscription,
+    Backend, Depth, Enqueued, KindRegistry, MinuteCount, NewOp, OpFilter, OpStore, QueueError, Subscription, RETRIED,
 };
 
 impl Store {
@@ -377,24 +376,6 @@ impl OpStore for Store {
             .collect()
     }
 
-    async fn recent_outcomes(&self, since: DateTime<Utc>, max_rows: u32) -> Result<Vec<OutcomeCount>, QueueError> {
-        let mut conn = reader(&self.conns).await?;
-        let rows = sqlx::query(sql::ops::RECENT_OUTCOMES)
-            .bind(Ts(since))
-            .bind(i64::from(max_rows))
-            .fetch_all(&mut *conn)
-            .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(OutcomeCount {
-                    status: get::<St, _>(row, 0, "status")?.0,
-                    count: get(row, 0, "n")?,
-                    since: get::<Ts, _>(row, 0, "since")?.0,
-                })
-            })
-            .collect()
-    }
-
     async fn recent_minutes(&self, since: DateTime<Utc>, max_rows: u32) -> Result<Vec<MinuteCount>, QueueError> {
         let mut conn = reader(&self.conns).await?;
         let outcomes = sqlx::query(sql::ops::RECENT_OUTCOMES_BY_MINUTE)
@@ -413,13 +394,15 @@ impl OpStore for Store {
                 minute: get::<Ts, _>(row, 0, "minute")?.0,
                 what: get::<St, _>(row, 0, "status")?.0.as_str().to_owned(),
                 count: get(row, 0, "n")?,
+                since: get::<Ts, _>(row, 0, "since")?.0,
             });
         }
         for row in &retries {
             minutes.push(MinuteCount {
                 minute: get::<Ts, _>(row, 0, "minute")?.0,
-                what: "retried".to_owned(),
+                what: RETRIED.to_owned(),
                 count: get(row, 0, "n")?,
+                since: get::<Ts, _>(row, 0, "since")?.0,
             });
         }
         minutes.sort_by(|a, b| a.minute.cmp(&b.minute).then_with(|| a.what.cmp(&b.what)));

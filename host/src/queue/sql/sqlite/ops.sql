@@ -85,23 +85,18 @@ SELECT status, priority, kind, COUNT(*) AS n FROM laneway_ops AS ops WHERE statu
 GROUP BY status, priority, kind
 ORDER BY status, priority, kind
 
--- The newest outcomes only, at most $2 of them, through the primary key:
--- what the console's last hour shows costs the same at any table size.
--- name: recent_outcomes
-SELECT status, COUNT(*) AS n, MIN(at) AS since
-FROM (SELECT status, at FROM laneway_outcomes AS outcomes ORDER BY seq DESC LIMIT $2) recent
-WHERE at >= $1 GROUP BY status ORDER BY status
-
--- The same newest outcomes by minute, for the console's chart.
+-- The newest outcomes only, at most $2 of them, through the primary key,
+-- by minute and status: what the console's last hour shows costs the same
+-- at any table size.
 -- name: recent_outcomes_by_minute
-SELECT (at / 60000) * 60000 AS minute, status, COUNT(*) AS n
+SELECT (at / 60000) * 60000 AS minute, status, COUNT(*) AS n, MIN(at) AS since
 FROM (SELECT status, at FROM laneway_outcomes AS outcomes ORDER BY seq DESC LIMIT $2) recent
 WHERE at >= $1 GROUP BY 1, 2 ORDER BY 1, 2
 
 -- Attempts that failed and did not confirm, by minute: the newest ops'
 -- attempts only, at most $2, through the primary key (no index on time).
 -- name: recent_retries_by_minute
-SELECT (finished_at / 60000) * 60000 AS minute, COUNT(*) AS n
+SELECT (finished_at / 60000) * 60000 AS minute, COUNT(*) AS n, MIN(finished_at) AS since
 FROM (SELECT finished_at, outcome FROM laneway_attempts AS attempts ORDER BY op_id DESC, attempt DESC LIMIT $2) recent
 WHERE finished_at >= $1 AND outcome IN ('retryable', 'plugin_fault', 'lease_expired') GROUP BY 1 ORDER BY 1
 
