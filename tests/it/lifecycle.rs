@@ -394,6 +394,40 @@ async fn postgres_notifies_each_outcome_and_a_late_commit_is_not_skipped() -> an
     Ok(())
 }
 
+/// An idle transaction in another database of the same server (one that
+/// has written, so it holds an xid) delayed every webhook for as long as it
+/// stayed open: the feed's horizon was the cluster-wide xmin. It is now the
+/// oldest transaction of laneway's own database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_idle_transaction_in_another_database_does_not_hold_the_feed_back() -> anyhow::Result<()> {
+    use sqlx::Connection as _;
+    let db = support::postgres_live().await?;
+    let elsewhere_url = match support::pg_url().rsplit_once('/') {
+        Some((server, _)) => format!("{server}/postgres"),
+        None => anyhow::bail!("no database in the test URL"),
+    };
+    let mut elsewhere = sqlx::PgConnection::connect(&elsewhere_url).await?;
+    let mut idle = elsewhere.begin().await?;
+    sqlx::query("SELECT pg_current_xact_id()").execute(&mut *idle).await?;
+    let id = db.queue.enqueue(&[to("o", "a", 1)]).await?[0].id();
+    db.queue.cancel(id).await?;
+    // Other tests' short transactions on this database may hold it a moment.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let page = db.queue.outcomes(None, 10).await?;
+        if page.iter().any(|e| e.op.id == id) {
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the outcome waited behind another database's open transaction"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    idle.rollback().await?;
+    Ok(())
+}
+
 async fn the_pruner_removes_and_archives_exactly_what_its_policy_says(db: TestDb) -> anyhow::Result<()> {
     let archive = tempfile::tempdir()?;
     let config = fast_config(&format!(

@@ -228,7 +228,7 @@ fn per_minute(counts: &[crate::queue::MinuteCount], now: DateTime<Utc>) -> Vec<V
 /// outcome is unknown (what the console's dead-letter page groups by).
 #[utoipa::path(get, path = "/api/admin/outbox/dead-letters", tag = "outbox",
     security(("bearer" = ["outbox:read"])),
-    responses((status = 200, description = "`groups` ({kind, class, unknown, count, newest}), largest first; `class` is the last attempt's (permanent, retryable, plugin_fault, lease_expired) or null", body = Value), Refusals))]
+    responses((status = 200, description = "`groups` ({kind, class, unknown, count, newest}), largest first; `class` is the last attempt's (permanent, retryable, plugin_fault, lease_expired, invalid) or null", body = Value), Refusals))]
 pub(super) async fn dead_letters(State(state): State<ApiState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     state.authorize(&headers, "outbox:read").await?;
     Ok(Json(json!({ "groups": state.queue().dead_letter_groups().await? })))

@@ -109,7 +109,7 @@ pub(super) struct OutcomePage {
 #[derive(Serialize, ToSchema)]
 pub(super) struct FinalAttempt {
     attempt: i64,
-    /// confirmed, retryable, permanent, plugin_fault or lease_expired.
+    /// confirmed, retryable, permanent, plugin_fault, lease_expired or invalid.
     class: String,
     detail: Option<String>,
     error: Option<String>,

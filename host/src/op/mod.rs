@@ -115,6 +115,9 @@ pub enum AttemptClass {
     PluginFault,
     /// The dispatcher holding the lease vanished before reporting.
     LeaseExpired,
+    /// Never tried: laneway could not read the op as written (set aside by
+    /// a migration, `last_error` saying which value).
+    Invalid,
 }
 
 impl AttemptClass {
@@ -126,6 +129,7 @@ impl AttemptClass {
             AttemptClass::Permanent => "permanent",
             AttemptClass::PluginFault => "plugin_fault",
             AttemptClass::LeaseExpired => "lease_expired",
+            AttemptClass::Invalid => "invalid",
         }
     }
 
@@ -137,6 +141,7 @@ impl AttemptClass {
             "permanent" => AttemptClass::Permanent,
             "plugin_fault" => AttemptClass::PluginFault,
             "lease_expired" => AttemptClass::LeaseExpired,
+            "invalid" => AttemptClass::Invalid,
             _ => return None,
         })
     }

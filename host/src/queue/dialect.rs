@@ -105,17 +105,16 @@ pub trait Dialect: Clone + std::fmt::Debug + Send + Sync + 'static {
         lanes: &[String],
     ) -> Result<HashSet<String>, QueueError>;
 
-    /// Takes the enqueue locks of `outboxes` in one order before a batch's
-    /// inserts (PostgreSQL: each insert takes its outbox's lock, so ids
-    /// become visible in order per outbox; sorted first, two batches never
-    /// deadlock. SQLite's one writer needs none).
-    async fn lock_outboxes(
-        conn: &mut <Self::Db as Database>::Connection,
-        outboxes: &[String],
-    ) -> Result<(), QueueError>;
+    /// The first id of `outbox` a read of its book may not pass yet: every
+    /// smaller id was taken by a transaction that has ended (PostgreSQL:
+    /// `laneway_ops_horizon`, from the writers' announcements, migration
+    /// 20261208000001; SQLite's one writer commits ids in order, so none).
+    /// Asked in a statement of its own, before the read's snapshot.
+    async fn ops_horizon(conn: &mut <Self::Db as Database>::Connection, outbox: &str) -> Result<i64, QueueError>;
 
     /// Bounds how long laneway's own enqueue transaction waits for a lock
-    /// another transaction holds (PostgreSQL: `lock_timeout`, for this
+    /// another transaction holds (an idempotency key a producer's open
+    /// transaction is inserting) (PostgreSQL: `lock_timeout`, for this
     /// transaction only; SQLite's write lock is bounded by `busy_timeout`).
     async fn bound_lock_waits(&self, conn: &mut <Self::Db as Database>::Connection) -> Result<(), QueueError>;
 

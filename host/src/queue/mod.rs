@@ -63,7 +63,7 @@ impl From<sqlx::Error> for QueueError {
             if busy {
                 return QueueError::Busy(format!(
                     "another transaction held a lock laneway needed past its bound ({}): on PostgreSQL most \
-                     often a producer's transaction that enqueued into the same outbox and has not committed, \
+                     often a producer's transaction that is inserting the same idempotency key and has not committed, \
                      on SQLite any other write transaction on the file; retry, and keep such transactions short",
                     db.message()
                 ));

@@ -217,14 +217,11 @@ impl Dialect for Conns {
         }
     }
 
-    async fn lock_outboxes(conn: &mut Conn, outboxes: &[String]) -> Result<(), QueueError> {
-        if outboxes.len() > 1 {
-            sqlx::query(sql::ops::LOCK_OUTBOXES)
-                .bind(outboxes)
-                .execute(&mut *conn)
-                .await?;
-        }
-        Ok(())
+    async fn ops_horizon(conn: &mut Conn, outbox: &str) -> Result<i64, QueueError> {
+        Ok(sqlx::query_scalar(sql::dispatch::OPS_HORIZON)
+            .bind(outbox)
+            .fetch_one(&mut *conn)
+            .await?)
     }
 
     async fn bound_lock_waits(&self, conn: &mut Conn) -> Result<(), QueueError> {

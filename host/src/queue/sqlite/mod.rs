@@ -220,9 +220,9 @@ impl Dialect for Conns {
         }
     }
 
-    async fn lock_outboxes(_conn: &mut Conn, _outboxes: &[String]) -> Result<(), QueueError> {
+    async fn ops_horizon(_conn: &mut Conn, _outbox: &str) -> Result<i64, QueueError> {
         // `BEGIN IMMEDIATE`: ids are taken and committed in one order.
-        Ok(())
+        Ok(i64::MAX)
     }
 
     async fn bound_lock_waits(&self, _conn: &mut Conn) -> Result<(), QueueError> {

@@ -226,11 +226,15 @@ impl DispatchStore for Store {
             ScanOrder::Dispatch
         };
         let statement = scan_sql(sql::dispatch::SCAN_TIER, Priority::Critical, order);
-        self.read_book(
+        let mut conn = reader(&self.conns).await?;
+        let horizon = Conns::ops_horizon(&mut conn, outbox).await?;
+        read_book(
+            &mut conn,
             sqlx::query(&statement)
                 .bind(outbox)
                 .bind(after.unwrap_or(0))
-                .bind(i64::from(limit)),
+                .bind(i64::from(limit))
+                .bind(horizon),
         )
         .await
     }
@@ -242,13 +246,17 @@ impl DispatchStore for Store {
         per_set: u32,
         limit: u32,
     ) -> Result<Vec<BookRow>, QueueError> {
-        self.read_book(
+        let mut conn = reader(&self.conns).await?;
+        let horizon = Conns::ops_horizon(&mut conn, outbox).await?;
+        read_book(
+            &mut conn,
             sqlx::query(sql::dispatch::SCAN_BEYOND)
                 .bind(outbox)
                 .bind(Rank(from.0))
                 .bind(from.1)
                 .bind(i64::from(per_set))
-                .bind(i64::from(limit)),
+                .bind(i64::from(limit))
+                .bind(horizon),
         )
         .await
     }
@@ -486,10 +494,7 @@ impl DispatchStore for Store {
     }
 }
 
-impl Store {
-    /// Runs a read of book rows (the dialect's `book_columns`) on a reader.
-    async fn read_book(&self, query: Query<'_>) -> Result<Vec<BookRow>, QueueError> {
-        let mut conn = reader(&self.conns).await?;
-        query.fetch_all(&mut *conn).await?.iter().map(book_row).collect()
-    }
+/// Runs a read of book rows (the dialect's `book_columns`) on `conn`.
+async fn read_book(conn: &mut Conn, query: Query<'_>) -> Result<Vec<BookRow>, QueueError> {
+    query.fetch_all(&mut *conn).await?.iter().map(book_row).collect()
 }

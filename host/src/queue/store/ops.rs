@@ -23,10 +23,6 @@ impl Store {
     /// [`QueueError::InvalidOp`] (nothing written) or a database error.
     pub async fn enqueue_in(&self, conn: &mut Conn, ops: &[NewOp]) -> Result<Vec<Enqueued>, QueueError> {
         let checked = validate_new_ops(ops, self.limits)?;
-        let mut outboxes: Vec<String> = checked.iter().map(|op| op.outbox.clone()).collect();
-        outboxes.sort_unstable();
-        outboxes.dedup();
-        Conns::lock_outboxes(&mut *conn, &outboxes).await?;
         let now = self.now();
         // A fan-out's ops share one payload: it is hashed and written once
         // per batch, not once per recipient.
@@ -181,7 +177,11 @@ async fn insert_one(
     let (payload, payload_ref) = store_payload(conn, op, shared_from, stored).await?;
     // A conflicting op can reach a terminal state between the insert and the
     // look-up that explains the conflict; then the insert is simply retried.
-    for _ in 0..3 {
+    // An idempotency key's first conflict is retried at once: the op it
+    // met may have committed while the insert waited for it, unseen by the
+    // contract's check, which the second insert makes (a key reused for
+    // another op is refused, not answered with that op).
+    for round in 0..3 {
         let inserted: Option<i64> = sqlx::query_scalar(sql::ops::INSERT_OP)
             .bind(&op.outbox)
             .bind(&op.kind)
@@ -199,6 +199,9 @@ async fn insert_one(
             .await?;
         if let Some(id) = inserted {
             return Ok(Enqueued::Created(id));
+        }
+        if round == 0 && op.idempotency_key.is_some() {
+            continue;
         }
         if let Some(key) = &op.idempotency_key {
             for statement in [sql::ops::OP_BY_IDEMPOTENCY_KEY, sql::ops::TOMBSTONE_BY_IDEMPOTENCY_KEY] {
@@ -258,8 +261,8 @@ impl OpStore for Store {
 
     async fn enqueue(&self, ops: &[NewOp]) -> Result<Vec<Enqueued>, QueueError> {
         let mut tx = self.conns.write().await?;
-        // A producer's transaction that enqueued into the same outbox holds
-        // its lock until it commits: answer busy after a bounded wait.
+        // A producer's open transaction inserting the same idempotency key
+        // holds it until it ends: answer busy after a bounded wait.
         self.conns.bound_lock_waits(&mut tx).await?;
         let results = self.enqueue_in(&mut tx, ops).await?;
         tx.commit().await?;

@@ -15,15 +15,8 @@ ops.finished_at, ops.payload_ref
 -- name: insert_payload
 INSERT INTO payloads (hash, body) VALUES ($1, $2::json) ON CONFLICT DO NOTHING
 
--- A batch's outboxes locked in one order before its inserts, which take
--- the same locks row by row (migration 20261203000002: ids visible in
--- order per outbox): two batches sharing outboxes queue, never deadlock.
--- name: lock_outboxes
-SELECT count(pg_advisory_xact_lock(1819768953, h))
-FROM (SELECT DISTINCT hashtext(o) AS h FROM unnest($1::text[]) AS o ORDER BY h) AS sorted
-
 -- laneway's own enqueue waits this long for a lock a producer's open
--- transaction holds, this transaction only; $1 like '5000ms'.
+-- transaction holds (an idempotency key it is inserting too), this transaction only; $1 like '5000ms'.
 -- name: set_lock_timeout
 SELECT set_config('lock_timeout', $1, true)
 

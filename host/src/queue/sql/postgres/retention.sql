@@ -3,11 +3,25 @@
 -- A cursor is "xid.seq": a row is served only once no transaction that could
 -- still write an earlier one is running (see the outcomes migration).
 
+-- The horizon: the oldest transaction still running that could write an
+-- outcome, read from this statement's snapshot. A transaction of another
+-- database never writes this one's rows, so it is passed over when
+-- pg_stat_activity (whose database and xid columns every role may read)
+-- shows it running there: an idle transaction elsewhere on the server does
+-- not hold the feed back. Any other (this database's, a prepared one, one
+-- that ended since the snapshot) still counts.
+-- name: feed_horizon
+least(pg_snapshot_xmax(pg_current_snapshot()),
+    (SELECT min(x) FROM pg_snapshot_xip(pg_current_snapshot()) AS x WHERE NOT EXISTS (
+        SELECT 1 FROM pg_stat_activity a
+        WHERE a.backend_xid::text::bigint = x::text::bigint % 4294967296
+          AND a.datid <> (SELECT d.oid FROM pg_database d WHERE d.datname = current_database()))))
+
 -- The store binds (xid, seq, limit).
 -- name: outcomes
 SELECT f.seq, f.xid::text::bigint AS fxid, f.status AS fstatus, f.at AS fat, {{op_columns}} FROM ops JOIN
     (SELECT seq, xid, op_id, status, at FROM outcomes
-     WHERE xid < pg_snapshot_xmin(pg_current_snapshot()) AND (xid, seq) > ($1::text::xid8, $2)
+     WHERE xid < {{feed_horizon}} AND (xid, seq) > ($1::text::xid8, $2)
      ORDER BY xid, seq LIMIT $3) f
     ON f.op_id = ops.id
 ORDER BY f.xid, f.seq

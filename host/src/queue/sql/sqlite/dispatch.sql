@@ -16,20 +16,24 @@ id, outbox, kind, priority, lanes, status, receipt IS NOT NULL AS in_doubt
 -- name: occupying
 (status = 'submitted' OR (status = 'pending' AND receipt IS NOT NULL))
 
+-- none: ops_horizon: the one writer commits ids in order
+
 -- The tiers of a scan, one index range each; the store fills in {rank} and
--- {after} (the parameter or 0) for each tier it reads.
+-- {after} (the parameter or 0) for each tier it reads. $4: the outbox's
+-- horizon (ops_horizon), the first id not to read yet.
 -- name: scan_tier
 SELECT * FROM (SELECT {{book_columns}} FROM laneway_ops AS ops WHERE outbox = $1 AND status IN ('pending', 'submitted')
-    AND priority = {rank} AND id > {after} ORDER BY id LIMIT $3) AS tier{rank}
+    AND priority = {rank} AND id > {after} AND id < $4 ORDER BY id LIMIT $3) AS tier{rank}
 
 -- Past a prefix crowded by a few lane sets: the first $4 ops of each lane
--- set after a position ($2 rank, $3 id), in dispatch order, at most $5. The
+-- set after a position ($2 rank, $3 id) and below the horizon ($6), in
+-- dispatch order, at most $5. The
 -- database ranks the rows within their sets, so a read past a deep backlog
 -- decodes a few rows per set, not every row of the outbox.
 -- name: scan_beyond
 SELECT {{book_columns}} FROM laneway_ops AS ops WHERE id IN (
     SELECT id FROM (SELECT id, row_number() OVER (PARTITION BY lanes ORDER BY priority, id) AS n
-        FROM laneway_ops AS ops WHERE outbox = $1 AND status IN ('pending', 'submitted') AND (priority, id) > ($2, $3)) AS ranked
+        FROM laneway_ops AS ops WHERE outbox = $1 AND status IN ('pending', 'submitted') AND (priority, id) > ($2, $3) AND id < $6) AS ranked
     WHERE n <= $4)
 ORDER BY priority, id LIMIT $5
 

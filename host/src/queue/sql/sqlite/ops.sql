@@ -19,8 +19,6 @@ laneway_ops.finished_at, laneway_ops.payload_ref
 -- name: insert_payload
 INSERT INTO laneway_payloads AS payloads (hash, body) VALUES ($1, $2) ON CONFLICT DO NOTHING
 
--- none: lock_outboxes: the one writer commits in id order already
-
 -- none: set_lock_timeout: the file's one write lock waits busy_timeout_ms
 
 -- name: insert_op

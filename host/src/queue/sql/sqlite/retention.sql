@@ -3,6 +3,8 @@
 -- SQLite has one writer, so the feed's sequence is its commit order and a
 -- cursor is the sequence alone.
 
+-- none: feed_horizon: the one writer commits the feed in sequence order
+
 -- The store binds (xid, seq, limit); SQLite's cursor has no xid.
 -- name: outcomes
 SELECT f.seq, 0 AS fxid, f.fstatus, f.fat, {{op_columns}} FROM laneway_ops AS ops JOIN
