@@ -387,6 +387,48 @@ fn state_changes_bind_their_statuses() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The decisions are pure (the lane scheduler, the state machine, the
+/// retry policy, fee maths, a finished attempt's verdict): no runtime, no
+/// queue, no clock, no random numbers, no I/O, so a table test reproduces
+/// any of them. Their test modules may use what they like.
+#[test]
+fn the_decisions_are_pure() -> anyhow::Result<()> {
+    let pure = [
+        "lanes.rs",
+        "op/state.rs",
+        "retry.rs",
+        "fees.rs",
+        "health.rs",
+        "dispatch/verdict.rs",
+    ];
+    let needles = [
+        "tokio",
+        "crate::queue",
+        "Utc::now",
+        "Instant::now",
+        "SystemTime",
+        "rand::",
+        "std::fs",
+        "std::net",
+        "sqlx",
+        "reqwest",
+        "async fn",
+        ".await",
+    ];
+    let mut wrong = Vec::new();
+    for file in pure {
+        let text = std::fs::read_to_string(repo().join("host/src").join(file))?;
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for needle in needles {
+            if code.contains(needle) {
+                wrong.push(format!("{file}: {needle}"));
+            }
+        }
+    }
+    anyhow::ensure!(wrong.is_empty(), "{wrong:#?}");
+    Ok(())
+}
+
 /// The queue stays in files a reader can hold: none over 600 lines, and
 /// each dialect's own Rust under 700 in all.
 #[test]

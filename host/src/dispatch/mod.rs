@@ -5,15 +5,17 @@
 //! or [`Dispatcher::trigger`] (at once), PostgreSQL `NOTIFY` from producers
 //! anywhere, and a safety-net poll that also recovers expired leases.
 
+mod attempt;
 mod book;
-mod drain;
 mod handover;
 mod load;
+mod pass;
 mod paused;
 mod redeal;
 mod share;
 pub mod slots;
 mod slow;
+mod verdict;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -202,7 +204,7 @@ impl Inner {
             return;
         }
         if self.slots.trigger(outbox) == Trigger::Start {
-            self.tasks.spawn(drain::drain(self.clone(), outbox.to_owned()));
+            self.tasks.spawn(pass::drain(self.clone(), outbox.to_owned()));
         }
     }
 
