@@ -113,8 +113,8 @@ pub trait Dialect: Clone + std::fmt::Debug + Send + Sync + 'static {
     async fn ops_horizon(conn: &mut <Self::Db as Database>::Connection, outbox: &str) -> Result<i64, QueueError>;
 
     /// Bounds how long laneway's own enqueue transaction waits for a lock
-    /// another transaction holds (an idempotency key a producer's open
-    /// transaction is inserting) (PostgreSQL: `lock_timeout`, for this
+    /// another transaction holds, such as an idempotency key a producer's
+    /// open transaction is inserting (PostgreSQL: `lock_timeout`, for this
     /// transaction only; SQLite's write lock is bounded by `busy_timeout`).
     async fn bound_lock_waits(&self, conn: &mut <Self::Db as Database>::Connection) -> Result<(), QueueError>;
 

@@ -378,25 +378,6 @@ impl Pass {
         Ok(())
     }
 
-    /// Starts an execution task for each claimed op.
-    fn spawn(
-        &mut self,
-        claimed: Vec<Claimed>,
-        permits: HashMap<OpId, Hold>,
-        bids: &HashMap<OpId, FeeBid>,
-        config: &Config,
-    ) {
-        attempt::spawn(
-            &self.inner,
-            (&mut self.running, &mut self.flights),
-            claimed,
-            permits,
-            bids,
-            config,
-            &self.slowed,
-        );
-    }
-
     /// Attempts of this pass that turned slow and gave their permits back.
     fn slow_now(&self) -> usize {
         self.flights.values().filter(|f| SlowWatch::is_slow(&f.slow)).count()

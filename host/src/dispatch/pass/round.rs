@@ -205,7 +205,15 @@ impl Pass {
         if !claimed.is_empty() {
             self.favoured = false;
         }
-        self.spawn(claimed, permits, &bids, &config);
+        attempt::spawn(
+            &self.inner,
+            (&mut self.running, &mut self.flights),
+            claimed,
+            permits,
+            &bids,
+            &config,
+            &self.slowed,
+        );
         // Permits this round freed and left to the share of others.
         self.inner.wake_starved();
         Ok(())

@@ -226,15 +226,12 @@ impl DispatchStore for Store {
             ScanOrder::Dispatch
         };
         let statement = scan_sql(sql::dispatch::SCAN_TIER, Priority::Critical, order);
-        let mut conn = reader(&self.conns).await?;
-        let horizon = Conns::ops_horizon(&mut conn, outbox).await?;
-        read_book(
-            &mut conn,
+        self.read_book(
+            outbox,
             sqlx::query(&statement)
                 .bind(outbox)
                 .bind(after.unwrap_or(0))
-                .bind(i64::from(limit))
-                .bind(horizon),
+                .bind(i64::from(limit)),
         )
         .await
     }
@@ -246,17 +243,14 @@ impl DispatchStore for Store {
         per_set: u32,
         limit: u32,
     ) -> Result<Vec<BookRow>, QueueError> {
-        let mut conn = reader(&self.conns).await?;
-        let horizon = Conns::ops_horizon(&mut conn, outbox).await?;
-        read_book(
-            &mut conn,
+        self.read_book(
+            outbox,
             sqlx::query(sql::dispatch::SCAN_BEYOND)
                 .bind(outbox)
                 .bind(Rank(from.0))
                 .bind(from.1)
                 .bind(i64::from(per_set))
-                .bind(i64::from(limit))
-                .bind(horizon),
+                .bind(i64::from(limit)),
         )
         .await
     }
@@ -494,7 +488,20 @@ impl DispatchStore for Store {
     }
 }
 
-/// Runs a read of book rows (the dialect's `book_columns`) on `conn`.
-async fn read_book(conn: &mut Conn, query: Query<'_>) -> Result<Vec<BookRow>, QueueError> {
-    query.fetch_all(&mut *conn).await?.iter().map(book_row).collect()
+impl Store {
+    /// Runs a read of `outbox`'s book rows (the dialect's `book_columns`) on
+    /// a reader, below the outbox's horizon: asked first, in a statement of
+    /// its own (before the read's snapshot), and bound as the read's last
+    /// parameter.
+    async fn read_book(&self, outbox: &str, query: Query<'_>) -> Result<Vec<BookRow>, QueueError> {
+        let mut conn = reader(&self.conns).await?;
+        let horizon = Conns::ops_horizon(&mut conn, outbox).await?;
+        query
+            .bind(horizon)
+            .fetch_all(&mut *conn)
+            .await?
+            .iter()
+            .map(book_row)
+            .collect()
+    }
 }

@@ -16,7 +16,8 @@ ops.finished_at, ops.payload_ref
 INSERT INTO payloads (hash, body) VALUES ($1, $2::json) ON CONFLICT DO NOTHING
 
 -- laneway's own enqueue waits this long for a lock a producer's open
--- transaction holds (an idempotency key it is inserting too), this transaction only; $1 like '5000ms'.
+-- transaction holds (an idempotency key it is inserting too), this
+-- transaction only; $1 like '5000ms'.
 -- name: set_lock_timeout
 SELECT set_config('lock_timeout', $1, true)
 
